@@ -1,0 +1,284 @@
+//! Loading, validation and matching of limits files.
+
+use std::path::Path;
+
+use super::Config;
+use crate::limiter::Unit;
+
+fn load(text: &str) -> Result<Config, crate::ConfigError> {
+    Config::from_files([(Path::new("limits/test.yaml"), text)])
+}
+
+fn error(text: &str) -> crate::ConfigError {
+    match load(text) {
+        Ok(_) => panic!("config should have been refused:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+fn assert_refused(text: &str, reason_contains: &str) {
+    let e = error(text);
+    assert_eq!(e.file, Path::new("limits/test.yaml"));
+    assert!(
+        e.reason.contains(reason_contains),
+        "reason {:?} should mention {reason_contains:?}",
+        e.reason
+    );
+}
+
+/// The rule name (or path) matched by a request's entries in domain `d`.
+fn matched(config: &Config, entries: &[(&str, &str)]) -> Option<String> {
+    config
+        .domain("d")
+        .and_then(|d| d.rules.find(entries.iter().copied()))
+        .map(|r| r.name.clone().unwrap_or_else(|| r.path.clone()))
+}
+
+#[test]
+fn loads_envoy_ratelimit_example() {
+    let config = load(
+        r#"
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: SECOND
+      requests_per_unit: 500
+    shadow_mode: true
+    detailed_metric: true
+"#,
+    )
+    .unwrap();
+    let domain = config.domain("mongo_cps").unwrap();
+    let rule = domain.rules.find([("database", "default")].into_iter()).unwrap();
+    let rate = rule.rate.as_ref().unwrap();
+    assert_eq!((rate.requests_per_unit, rate.unit), (500, Unit::Second));
+    assert!(rule.shadow_mode && rule.detailed_metric);
+    assert_eq!(rule.path, "database_default");
+}
+
+#[test]
+fn every_unit_parses_case_insensitively() {
+    for (name, unit) in [
+        ("second", Unit::Second),
+        ("Minute", Unit::Minute),
+        ("HOUR", Unit::Hour),
+        ("day", Unit::Day),
+        ("week", Unit::Week),
+        ("month", Unit::Month),
+        ("year", Unit::Year),
+    ] {
+        let config = load(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {name}, requests_per_unit: 1}}\n"
+        ))
+        .unwrap();
+        let rule = config.domain("d").unwrap().rules.find([("k", "v")].into_iter()).unwrap();
+        assert_eq!(rule.rate.as_ref().unwrap().unit, unit);
+    }
+}
+
+#[test]
+fn scalar_values_are_text() {
+    let config = load(
+        "domain: d\ndescriptors:\n  - key: code\n    value: 429\n    rate_limit: {unit: second, requests_per_unit: 1, name: n}\n",
+    )
+    .unwrap();
+    assert_eq!(matched(&config, &[("code", "429")]).as_deref(), Some("n"));
+}
+
+#[test]
+fn refuses_unknown_keys_with_line() {
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limt: {unit: second, requests_per_unit: 1}\n");
+    assert_eq!(e.line, Some(4), "{e}");
+    assert!(e.reason.contains("unknown field `rate_limt`"), "{e}");
+    assert!(e.to_string().starts_with("limits/test.yaml:4: "), "{e}");
+
+    let e = error("domain: d\nfoo: 1\n");
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.reason.contains("unknown field `foo`"), "{e}");
+
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algo: x}\n");
+    assert!(e.reason.contains("unknown field `algo`"), "{e}");
+}
+
+#[test]
+fn refuses_bad_unit_with_line() {
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n");
+    assert!(e.reason.contains("unknown unit \"fortnight\""), "{e}");
+    assert_eq!(e.line, Some(5), "{e}");
+}
+
+#[test]
+fn refuses_syntax_errors_with_line() {
+    let e = error("domain: d\ndescriptors:\n  - key: [unclosed\n");
+    assert!(e.line.is_some(), "{e}");
+}
+
+#[test]
+fn refuses_invalid_rules() {
+    let cases = [
+        ("descriptors: []\n", "domain must not be empty"),
+        ("domain: ''\n", "domain must not be empty"),
+        ("", "domain must not be empty"),
+        ("domain: d\ndescriptors:\n  - value: v\n", "descriptors[0]: the descriptor key must not be empty"),
+        ("domain: d\ndescriptors:\n  - key: ''\n", "key must not be empty"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: ''\n",
+            "descriptors[0].descriptors[0]: the descriptor key must not be empty",
+        ),
+        ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", "duplicate descriptor \"k\""),
+        (
+            "domain: d\ndescriptors:\n  - {key: k, value: v}\n  - {key: k, value: v}\n",
+            "descriptors[1]: duplicate descriptor \"k_v\"",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+            "unlimited rate limit must not have a unit",
+        ),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 5}\n", "unit is missing"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n", "requests_per_unit is missing"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: []}\n",
+            "replaces must not be an empty list",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n",
+            "every entry needs a name",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}\n",
+            "replaces itself",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+            "requests_per_unit: invalid type: integer `-1`, expected u32",
+        ),
+    ];
+    for (text, reason) in cases {
+        assert_refused(text, reason);
+    }
+}
+
+#[test]
+fn same_key_with_and_without_value_is_not_a_duplicate() {
+    let config = load(
+        "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1, name: any}}\n  - {key: k, value: v, rate_limit: {unit: second, requests_per_unit: 1, name: exact}}\n",
+    )
+    .unwrap();
+    assert_eq!(matched(&config, &[("k", "v")]).as_deref(), Some("exact"));
+    assert_eq!(matched(&config, &[("k", "w")]).as_deref(), Some("any"));
+}
+
+#[test]
+fn refuses_duplicate_domains_naming_both_files() {
+    let text = "domain: d\n";
+    let e = Config::from_files([(Path::new("a.yaml"), text), (Path::new("b.yaml"), text)]).unwrap_err();
+    assert_eq!(e.file, Path::new("b.yaml"));
+    assert!(e.reason.contains("duplicate domain \"d\"") && e.reason.contains("a.yaml"), "{e}");
+}
+
+const MATCHING: &str = r#"
+domain: d
+descriptors:
+  - key: plan
+    value: free
+    rate_limit: {unit: minute, requests_per_unit: 1, name: plan_free}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 100, name: free_user}
+      - key: user
+        value: vip
+        rate_limit: {unit: minute, requests_per_unit: 1000, name: free_vip}
+  - key: plan
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 10, name: other_plan_user}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: second, requests_per_unit: 5, name: api_wild}
+  - key: path
+    value: "/api/v1*"
+    rate_limit: {unit: second, requests_per_unit: 5, name: v1_wild}
+  - key: path
+    value: "/api/v1/exact"
+    rate_limit: {unit: second, requests_per_unit: 5, name: exact}
+  - key: path
+    value: "*.png"
+    rate_limit: {unit: second, requests_per_unit: 5, name: png}
+  - key: parent_only
+    rate_limit: {unit: second, requests_per_unit: 5, name: parent}
+    descriptors:
+      - key: child
+        value: limited
+        rate_limit: {unit: second, requests_per_unit: 5, name: child}
+  - key: open
+    rate_limit: {unlimited: true, name: open}
+"#;
+
+#[test]
+fn matching_follows_envoy_ratelimit() {
+    let config = load(MATCHING).unwrap();
+    let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+        // Exact value.
+        (&[("plan", "free")], Some("plan_free")),
+        // Nested: value-less default key under an exact value.
+        (&[("plan", "free"), ("user", "alice")], Some("free_user")),
+        // Nested exact beats the default.
+        (&[("plan", "free"), ("user", "vip")], Some("free_vip")),
+        // Value-less parent for an unknown plan.
+        (&[("plan", "gold"), ("user", "alice")], Some("other_plan_user")),
+        // The value-less parent has no limit of its own.
+        (&[("plan", "gold")], None),
+        // Wildcards in file order; exact first.
+        (&[("path", "/api/v1/users")], Some("api_wild")),
+        (&[("path", "/api/v1/exact")], Some("exact")),
+        (&[("path", "/img/logo.png")], Some("png")),
+        (&[("path", "/other")], None),
+        // No fallback to the parent's limit when the child does not match.
+        (&[("parent_only", "x"), ("child", "unlimited")], None),
+        (&[("parent_only", "x"), ("child", "limited")], Some("child")),
+        // Deeper than the tree.
+        (&[("plan", "free"), ("user", "a"), ("extra", "b")], None),
+        // Unknown key, empty entries.
+        (&[("nope", "x")], None),
+        (&[], None),
+        (&[("open", "x")], Some("open")),
+    ];
+    for (entries, expected) in cases {
+        assert_eq!(matched(&config, entries).as_deref(), *expected, "entries {entries:?}");
+    }
+    let open = config.domain("d").unwrap().rules.find([("open", "x")].into_iter()).unwrap();
+    assert!(open.rate.is_none(), "unlimited rules carry no rate");
+}
+
+#[test]
+fn load_dir_skips_hidden_and_non_yaml_and_follows_symlinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("..data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("a.yaml"), "domain: a\n").unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("..data/a.yaml", dir.path().join("a.yaml")).unwrap();
+    std::fs::write(dir.path().join("b.yml"), "domain: b\n").unwrap();
+    std::fs::write(dir.path().join("README.md"), "not yaml").unwrap();
+    std::fs::write(dir.path().join(".hidden.yaml"), "domain: hidden\n").unwrap();
+    let config = Config::load_dir(dir.path()).unwrap();
+    assert_eq!(config.domain_names(), vec!["a", "b"]);
+}
+
+#[test]
+fn load_dir_reports_the_broken_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("good.yaml"), "domain: a\n").unwrap();
+    std::fs::write(dir.path().join("bad.yaml"), "domain: b\nextra: 1\n").unwrap();
+    let e = Config::load_dir(dir.path()).unwrap_err();
+    assert!(e.file.ends_with("bad.yaml"), "{e}");
+    assert_eq!(e.line, Some(2));
+    assert!(Config::load_dir(&dir.path().join("missing")).is_err());
+}

@@ -1,0 +1,39 @@
+//! # ratekeeper
+//!
+//! A distributed rate-limit decision service. Callers — an Envoy proxy's
+//! external rate limit filter or any gRPC client — ask
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` whether a
+//! request may go ahead; ratekeeper answers from counters kept in Redis (or,
+//! for a single replica, in memory), so any number of replicas enforce one
+//! limit together.
+//!
+//! A tour of the modules, in the order a request meets them:
+//!
+//! - [`server`] binds the gRPC server: the rate limit service, gRPC health,
+//!   reflection, and the config watcher.
+//! - [`service`] holds the gRPC services: [`service::rls`] validates a
+//!   request against [`service::caps`], matches its descriptors and answers.
+//! - [`config`] loads the limits directory (envoyproxy/ratelimit's YAML) and
+//!   reloads it on change; [`rules`] is the compiled descriptor matcher.
+//! - [`keys`] turns a descriptor into its counter key (injective, with a
+//!   Redis Cluster hash tag).
+//! - [`limiter`] is the policy: units, algorithms, the check/outcome types.
+//! - [`store`] applies a request's checks atomically: [`store::memory`] in
+//!   process, [`store::redis`] through one Lua script call (`lua/`).
+//! - [`telemetry`] sets up logs and the Prometheus endpoint; [`clock`] is the
+//!   time source tests can pin.
+//!
+//! `main.rs` only parses flags and calls into these.
+
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod keys;
+pub mod limiter;
+pub mod rules;
+pub mod server;
+pub mod service;
+pub mod store;
+pub mod telemetry;
+
+pub use error::{ConfigError, Error, Result};

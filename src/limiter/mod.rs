@@ -1,0 +1,144 @@
+//! Rate-limit policy: units, algorithms and the per-limit check/outcome types
+//! that flow between the service and the stores.
+//!
+//! The policy math lives here once, in Rust, for the in-memory store; each
+//! algorithm's Redis twin is a Lua script in `lua/` with the same semantics,
+//! and the conformance tests run one table against both.
+
+pub mod fixed_window;
+
+use std::fmt;
+
+/// A rate limit's time unit, as in envoyproxy/ratelimit's limits files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// The window length. Months are 30 days and years 365, as envoyproxy/ratelimit does.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    /// Parses a unit name, case-insensitively.
+    pub fn parse(name: &str) -> Option<Unit> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    /// The enum value Envoy uses on the wire (`RateLimitResponse.RateLimit.Unit`
+    /// and `envoy.type.v3.RateLimitUnit` share it).
+    pub fn to_envoy(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// The inverse of [`Unit::to_envoy`]; `None` for UNKNOWN or out of range.
+    pub fn from_envoy(value: i32) -> Option<Unit> {
+        Some(match value {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            7 => Unit::Week,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a limit counts. Only Envoy's fixed window exists so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Counters per window aligned to the Unix epoch (envoyproxy/ratelimit's).
+    FixedWindow,
+}
+
+impl Algorithm {
+    /// Short tag used in counter keys, stable across releases.
+    pub fn key_tag(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fw",
+        }
+    }
+}
+
+/// One limit to apply to one counter, as part of a request's batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Counter key (see `keys`).
+    pub key: String,
+    pub algorithm: Algorithm,
+    /// Requests allowed per period.
+    pub limit: u64,
+    /// Window length in milliseconds (> 0).
+    pub period_ms: u64,
+    /// Hits to consume; 0 checks without consuming.
+    pub hits: u64,
+    /// Whether being over this limit refuses the request (false in shadow mode).
+    pub enforce: bool,
+}
+
+/// The store's verdict on one [`Check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// This limit alone would refuse the request.
+    pub over: bool,
+    /// Requests left in the current window after this request.
+    pub remaining: u64,
+    /// Milliseconds until the window resets.
+    pub reset_ms: u64,
+}
+
+/// Hits above this are treated as this (any real limit is a `u32`), so sums
+/// stay exact in Lua's doubles and never overflow.
+pub const MAX_HITS: u64 = 1 << 32;

@@ -1,0 +1,156 @@
+//! The `ratekeeper` binary: flags and environment in, a running server out.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use ratekeeper::clock::SystemClock;
+use ratekeeper::config::watch::{record_load, SharedConfig};
+use ratekeeper::config::Config;
+use ratekeeper::server::Server;
+use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store};
+use ratekeeper::telemetry::{self, LogFormat};
+use ratekeeper::{keys, Error, Result};
+use tokio::net::TcpListener;
+
+/// A distributed rate-limit decision service (Envoy rate limit API v3).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Directory of limits files (envoyproxy/ratelimit YAML, one domain each).
+    #[arg(long, env = "CONFIG_DIR", default_value = "config")]
+    config_dir: PathBuf,
+    /// gRPC listen address.
+    #[arg(long, env = "GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Prometheus `/metrics` listen address, or `off`.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    metrics_addr: String,
+    /// Redis URL (`redis://host:port` or envoyproxy/ratelimit's `host:port`).
+    /// Absent: counters are kept in memory (one replica only).
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
+    /// Multiplexed connections to Redis.
+    #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4)]
+    redis_pool_size: usize,
+    /// Deadline of one Redis call, in milliseconds.
+    #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 20)]
+    redis_timeout_ms: u64,
+    /// Deadline for connecting to Redis, in milliseconds.
+    #[arg(long, env = "REDIS_CONNECT_TIMEOUT_MS", default_value_t = 1_000)]
+    redis_connect_timeout_ms: u64,
+    /// Prefix of every counter key.
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = keys::DEFAULT_PREFIX)]
+    key_prefix: String,
+    /// How often the limits directory is checked for changes, in milliseconds.
+    #[arg(long, env = "RELOAD_INTERVAL_MS", default_value_t = 1_000)]
+    reload_interval_ms: u64,
+    /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a directive.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(error) = run(cli).await {
+        eprintln!("ratekeeper: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format)?;
+    if cli.key_prefix.contains(['{', '}']) {
+        return Err(Error::Startup("the key prefix must not contain '{' or '}'".into()));
+    }
+    let metrics = match cli.metrics_addr.as_str() {
+        "off" | "" => None,
+        addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
+    };
+
+    let config = Config::load_dir(&cli.config_dir);
+    record_load(config.as_ref().map(|_| ()));
+    let config = config?;
+    tracing::info!(dir = %cli.config_dir.display(), domains = ?config.domain_names(), "limits loaded");
+
+    let store = match &cli.redis_url {
+        None => Store::Memory(MemoryStore::new(Arc::new(SystemClock))),
+        Some(url) => {
+            let url = if url.contains("://") { url.clone() } else { format!("redis://{url}") };
+            let settings = RedisSettings {
+                url,
+                connections: cli.redis_pool_size,
+                connect_timeout: Duration::from_millis(cli.redis_connect_timeout_ms),
+                call_timeout: Duration::from_millis(cli.redis_timeout_ms),
+            };
+            Store::Redis(Arc::new(RedisStore::new(&settings, None)?))
+        }
+    };
+
+    let grpc = bind(&cli.grpc_addr.to_string(), "gRPC").await?;
+    let grpc_addr = local_addr(&grpc)?;
+    let metrics_addr = match metrics {
+        Some((listener, handle)) => {
+            let addr = local_addr(&listener)?;
+            tokio::spawn(telemetry::serve_metrics(listener, handle));
+            addr.to_string()
+        }
+        None => "off".into(),
+    };
+    // One plain line on stdout for scripts and tests that start us on port 0.
+    println!("listening grpc={grpc_addr} metrics={metrics_addr}");
+
+    Server {
+        grpc,
+        config_dir: Some(cli.config_dir),
+        config: SharedConfig::new(config),
+        store,
+        key_prefix: cli.key_prefix,
+        reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
+    }
+    .run(shutdown_signal())
+    .await
+}
+
+async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|source| Error::Io {
+        context: format!("cannot listen for {what} on {addr}"),
+        source,
+    })
+}
+
+fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {
+    listener.local_addr().map_err(|source| Error::Io {
+        context: "listener address".into(),
+        source,
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch SIGTERM");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,195 @@
+//! Descriptor -> rule matching, compiled once per config load.
+//!
+//! Matching follows envoyproxy/ratelimit: the request's entries are walked
+//! level by level; at each level an entry matches, in order, the node with the
+//! exact `key`/`value`, then the first wildcard value (in file order) that
+//! matches, then the value-less `key` node. The limit on the node matched by
+//! the *last* entry applies; a parent's limit is never used as a fallback.
+//! Matching allocates nothing.
+
+use std::collections::HashMap;
+
+use crate::limiter::{Algorithm, Unit};
+
+/// A requests-per-unit rate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rate {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub algorithm: Algorithm,
+}
+
+impl Rate {
+    /// The part of a counter key that identifies this rate's counter. Stable
+    /// across reloads, so editing the number of requests keeps the counts.
+    pub fn counter_id(&self) -> String {
+        format!("{}.{}", self.algorithm.key_tag(), self.unit.seconds())
+    }
+}
+
+/// Per-rule Prometheus counters, registered once when the config is compiled.
+#[derive(Debug, Clone)]
+pub struct RuleMetrics {
+    pub total_hits: metrics::Counter,
+    pub over_limit: metrics::Counter,
+    pub near_limit: metrics::Counter,
+    pub within_limit: metrics::Counter,
+    pub shadow_mode: metrics::Counter,
+}
+
+impl RuleMetrics {
+    pub fn register(domain: &str, rule: &str) -> Self {
+        let counter = |name: &'static str| {
+            metrics::counter!(name, "domain" => domain.to_owned(), "rule" => rule.to_owned())
+        };
+        RuleMetrics {
+            total_hits: counter("ratekeeper_rate_limit_total_hits"),
+            over_limit: counter("ratekeeper_rate_limit_over_limit"),
+            near_limit: counter("ratekeeper_rate_limit_near_limit"),
+            within_limit: counter("ratekeeper_rate_limit_within_limit"),
+            shadow_mode: counter("ratekeeper_rate_limit_shadow_mode"),
+        }
+    }
+}
+
+/// A limit attached to one node of a domain's descriptor tree.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// `rate_limit.name`, used by `replaces` and reported in `current_limit`.
+    pub name: Option<String>,
+    /// `None` when the rule is `unlimited`.
+    pub rate: Option<Rate>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    /// Names of rules this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// The node's path, e.g. `plan_free.user_id`: the metrics label.
+    pub path: String,
+    pub metrics: RuleMetrics,
+}
+
+/// A value pattern with `*` wildcards, each matching zero or more characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wildcard {
+    parts: Vec<String>,
+}
+
+impl Wildcard {
+    pub fn new(pattern: &str) -> Self {
+        Wildcard {
+            parts: pattern.split('*').map(str::to_owned).collect(),
+        }
+    }
+
+    pub fn matches(&self, value: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(split) => split,
+            None => return value.is_empty(),
+        };
+        let Some(mut tail) = value.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return tail.is_empty();
+        };
+        for part in middle {
+            match tail.find(part.as_str()) {
+                Some(at) => tail = &tail[at + part.len()..],
+                None => return false,
+            }
+        }
+        tail.len() >= last.len() && tail.ends_with(last.as_str())
+    }
+}
+
+/// The nodes sharing one descriptor key at one level.
+#[derive(Debug, Default)]
+pub struct KeyNodes {
+    pub exact: HashMap<String, Node>,
+    pub wildcards: Vec<(Wildcard, Node)>,
+    pub default: Option<Node>,
+}
+
+/// One level of a descriptor tree.
+#[derive(Debug, Default)]
+pub struct Level {
+    pub keys: HashMap<String, KeyNodes>,
+}
+
+/// A descriptor node: maybe a rule, maybe deeper levels.
+#[derive(Debug, Default)]
+pub struct Node {
+    /// Index into [`RuleTree::rules`].
+    pub rule: Option<usize>,
+    pub children: Level,
+}
+
+/// A domain's compiled descriptor tree.
+#[derive(Debug, Default)]
+pub struct RuleTree {
+    pub root: Level,
+    pub rules: Vec<Rule>,
+}
+
+impl RuleTree {
+    /// The rule for a request descriptor's `(key, value)` entries, if any.
+    pub fn find<'a, 'e>(
+        &'a self,
+        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<&'a Rule> {
+        let last = entries.len().checked_sub(1)?;
+        let mut level = &self.root;
+        for (i, (key, value)) in entries.enumerate() {
+            let nodes = level.keys.get(key)?;
+            let node = nodes
+                .exact
+                .get(value)
+                .or_else(|| {
+                    nodes
+                        .wildcards
+                        .iter()
+                        .find(|(pattern, _)| pattern.matches(value))
+                        .map(|(_, node)| node)
+                })
+                .or(nodes.default.as_ref())?;
+            if i == last {
+                return node.rule.map(|r| &self.rules[r]);
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_anywhere() {
+        let cases = [
+            ("foo*", "foo", true),
+            ("foo*", "foobar", true),
+            ("foo*", "fo", false),
+            ("*bar", "bar", true),
+            ("*bar", "foobar", true),
+            ("*bar", "barfoo", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "a-b-b-c", true),
+            ("a*b*c", "acb", false),
+            ("a*a", "a", false),
+            ("a*a", "aa", true),
+            ("*", "", true),
+            ("*", "anything", true),
+            ("/api/*/users", "/api/v1/users", true),
+            ("/api/*/users", "/api/v1/groups", false),
+        ];
+        for (pattern, value, expected) in cases {
+            assert_eq!(
+                Wildcard::new(pattern).matches(value),
+                expected,
+                "{pattern:?} vs {value:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Assembles the gRPC server: the rate limit service, health, reflection,
+//! config hot reload and the store health probe, with graceful shutdown.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::config::watch::{self, SharedConfig};
+use crate::service::{caps, RateLimiter};
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// Descriptor set of Envoy's rate limit service, for reflection (build.rs).
+pub const ENVOY_RLS_DESCRIPTOR: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/envoy_rls_descriptor.bin"));
+
+const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// Everything a running server needs.
+#[derive(Debug)]
+pub struct Server {
+    /// Where gRPC is served (already bound, so port 0 works).
+    pub grpc: TcpListener,
+    /// The limits directory, watched for changes when set.
+    pub config_dir: Option<PathBuf>,
+    /// The config to start with.
+    pub config: SharedConfig,
+    pub store: Store,
+    /// Prefix of every counter key.
+    pub key_prefix: String,
+    /// How often the limits directory is checked for changes.
+    pub reload_interval: Duration,
+}
+
+impl Server {
+    /// Serves until `shutdown` resolves, then drains in-flight calls.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
+        let addr = self
+            .grpc
+            .local_addr()
+            .map_err(|source| Error::Io { context: "gRPC listener".into(), source })?;
+        let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.key_prefix);
+        let rls = RateLimitServiceServer::new(limiter)
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let probe = tokio::spawn(probe_store(self.store.clone(), reporter));
+        let watcher = self.config_dir.map(|dir| {
+            tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval))
+        });
+
+        // grpcurl 1.8 asks for v1alpha, newer clients for v1: offer both.
+        let reflection_v1 = reflection()
+            .build_v1()
+            .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
+        let reflection_v1alpha = reflection()
+            .build_v1alpha()
+            .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
+
+        tracing::info!(%addr, store = self.store.kind(), "serving gRPC");
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(rls)
+            .serve_with_incoming_shutdown(TcpIncoming::from(self.grpc).with_nodelay(Some(true)), shutdown)
+            .await;
+        probe.abort();
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
+        tracing::info!("gRPC server stopped");
+        served.map_err(|e| Error::Startup(format!("gRPC server: {e}")))
+    }
+}
+
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ENVOY_RLS_DESCRIPTOR)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// Keeps the health status in step with the store: SERVING while it answers.
+async fn probe_store(store: Store, reporter: HealthReporter) {
+    let mut last = None;
+    loop {
+        let status = match store.ping().await {
+            Ok(()) => ServingStatus::Serving,
+            Err(error) => {
+                tracing::warn!(%error, "store health probe failed");
+                ServingStatus::NotServing
+            }
+        };
+        if last != Some(status) {
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status(RLS_SERVICE, status).await;
+            last = Some(status);
+        }
+        let pause = if status == ServingStatus::Serving { 5_000 } else { 500 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}

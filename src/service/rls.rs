@@ -1,0 +1,347 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//!
+//! For each descriptor: find its rule (or the request's `limit` override),
+//! apply `replaces`, then send every limited descriptor of the request to the
+//! store as one atomic batch and answer with one status per descriptor.
+//! Semantics follow envoyproxy/ratelimit, except that a refused request
+//! consumes nothing (all-or-nothing; see the README).
+
+use std::time::Instant;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::{Request, Response, Status};
+
+use super::caps;
+use crate::config::watch::SharedConfig;
+use crate::keys::counter_key;
+use crate::limiter::{Algorithm, Check, Outcome, Unit, MAX_HITS};
+use crate::rules::{Rate, Rule, RuleMetrics};
+use crate::store::Store;
+
+/// Share of a limit above which admitted hits count as `near_limit`.
+const NEAR_LIMIT_RATIO: f64 = 0.8;
+
+/// The `ShouldRateLimit` implementation.
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    config: SharedConfig,
+    store: Store,
+    key_prefix: String,
+}
+
+/// The limit that applies to one descriptor of a request.
+enum Applied<'c> {
+    /// No rule matched (or it was replaced): OK, no `current_limit`.
+    None,
+    /// An `unlimited` rule: OK, remaining `u32::MAX`.
+    Unlimited,
+    /// A counted limit: a configured rule or the descriptor's override.
+    Counted {
+        rule: Option<&'c Rule>,
+        rate: Rate,
+        check: usize,
+    },
+}
+
+impl RateLimiter {
+    pub fn new(config: SharedConfig, store: Store, key_prefix: impl Into<String>) -> Self {
+        RateLimiter {
+            config,
+            store,
+            key_prefix: key_prefix.into(),
+        }
+    }
+
+    /// Decides one request. `Err` only for a request that cannot be evaluated.
+    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        validate(request)?;
+        let config = self.config.current();
+        let Some(domain) = config.domain(&request.domain) else {
+            metrics::counter!("ratekeeper_domain_not_found").increment(1);
+            tracing::debug!(domain = %request.domain, "unknown domain");
+            return Ok(unlimited_response(request.descriptors.len(), None));
+        };
+
+        let mut matched: Vec<Option<&Rule>> = Vec::with_capacity(request.descriptors.len());
+        let mut overrides: Vec<Option<Rate>> = Vec::with_capacity(request.descriptors.len());
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            match &descriptor.limit {
+                Some(limit) => {
+                    let unit = Unit::from_envoy(limit.unit).ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "descriptors[{i}].limit: unit {} is not a known rate limit unit",
+                            limit.unit
+                        ))
+                    })?;
+                    overrides.push(Some(Rate {
+                        requests_per_unit: limit.requests_per_unit,
+                        unit,
+                        algorithm: Algorithm::FixedWindow,
+                    }));
+                    matched.push(None);
+                }
+                None => {
+                    overrides.push(None);
+                    matched.push(domain.rules.find(entries(descriptor)));
+                }
+            }
+        }
+        drop_replaced(&mut matched);
+
+        let mut checks = Vec::new();
+        let applied: Vec<Applied<'_>> = request
+            .descriptors
+            .iter()
+            .zip(matched.into_iter().zip(overrides))
+            .map(|(descriptor, (rule, override_rate))| {
+                let (rule, rate) = match (override_rate, rule) {
+                    (Some(rate), _) => (None, rate),
+                    (None, None) => return Applied::None,
+                    (None, Some(rule)) => match &rule.rate {
+                        None => return Applied::Unlimited,
+                        Some(rate) => (Some(rule), rate.clone()),
+                    },
+                };
+                let mut counter_id = rate.counter_id();
+                if rule.is_none() {
+                    // Overrides count apart from configured rules and from
+                    // each other, like envoyproxy/ratelimit's override keys.
+                    counter_id.push_str(&format!(".o{}", rate.requests_per_unit));
+                }
+                checks.push(Check {
+                    key: counter_key(&self.key_prefix, &request.domain, entries(descriptor), &counter_id),
+                    algorithm: rate.algorithm,
+                    limit: u64::from(rate.requests_per_unit),
+                    period_ms: rate.unit.seconds() * 1_000,
+                    hits: hits(request, descriptor),
+                    enforce: !rule.is_some_and(|r| r.shadow_mode),
+                });
+                Applied::Counted {
+                    rule,
+                    rate,
+                    check: checks.len() - 1,
+                }
+            })
+            .collect();
+
+        let outcomes = match self.store.apply(&checks).await {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                // Fail open: the request goes ahead, the failure is visible.
+                metrics::counter!("ratekeeper_store_errors").increment(1);
+                tracing::warn!(%error, store = self.store.kind(), "store failed; allowing the request");
+                return Ok(unlimited_response(request.descriptors.len(), Some(&applied)));
+            }
+        };
+
+        let mut overall = Code::Ok;
+        let statuses = applied
+            .iter()
+            .zip(&request.descriptors)
+            .map(|(applied, descriptor)| match applied {
+                Applied::None => status(Code::Ok, None, 0, None),
+                Applied::Unlimited => status(Code::Ok, None, u32::MAX, None),
+                Applied::Counted { rule, rate, check } => {
+                    let outcome = outcomes[*check];
+                    let hits = checks[*check].hits;
+                    if let Some(rule) = rule {
+                        record(&request.domain, rule, descriptor, rate, &outcome, hits);
+                    }
+                    let code = if outcome.over && checks[*check].enforce {
+                        overall = Code::OverLimit;
+                        Code::OverLimit
+                    } else {
+                        Code::Ok
+                    };
+                    status(
+                        code,
+                        Some(current_limit(*rule, rate)),
+                        u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
+                        Some(outcome.reset_ms),
+                    )
+                }
+            })
+            .collect();
+        Ok(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..Default::default()
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        let result = self.decide(request.get_ref()).await;
+        metrics::histogram!("ratekeeper_request_duration_seconds").record(started.elapsed().as_secs_f64());
+        if let Err(status) = &result {
+            tracing::debug!(code = ?status.code(), message = status.message(), "request refused");
+        }
+        result.map(Response::new)
+    }
+}
+
+/// Checks the request against the caps and Envoy's own rules.
+fn validate(request: &RateLimitRequest) -> Result<(), Status> {
+    let invalid = |m: String| Err(Status::invalid_argument(m));
+    if request.domain.is_empty() {
+        return invalid("the rate limit domain must not be empty".into());
+    }
+    if request.domain.len() > caps::MAX_DOMAIN_BYTES {
+        return invalid(format!("the domain is longer than {} bytes", caps::MAX_DOMAIN_BYTES));
+    }
+    if request.descriptors.is_empty() {
+        return invalid("the rate limit descriptor list must not be empty".into());
+    }
+    if request.descriptors.len() > caps::MAX_DESCRIPTORS {
+        return invalid(format!(
+            "{} descriptors: at most {} are accepted per request",
+            request.descriptors.len(),
+            caps::MAX_DESCRIPTORS
+        ));
+    }
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.len() > caps::MAX_ENTRIES {
+            return invalid(format!(
+                "descriptors[{i}] has {} entries: at most {} are accepted",
+                descriptor.entries.len(),
+                caps::MAX_ENTRIES
+            ));
+        }
+        if descriptor.is_negative_hits {
+            return invalid(format!("descriptors[{i}]: is_negative_hits is not supported"));
+        }
+        for (j, entry) in descriptor.entries.iter().enumerate() {
+            if entry.key.is_empty() {
+                return invalid(format!("descriptors[{i}].entries[{j}]: the key must not be empty"));
+            }
+            if entry.key.len() > caps::MAX_KEY_BYTES {
+                return invalid(format!(
+                    "descriptors[{i}].entries[{j}]: the key is longer than {} bytes",
+                    caps::MAX_KEY_BYTES
+                ));
+            }
+            if entry.value.len() > caps::MAX_VALUE_BYTES {
+                return invalid(format!(
+                    "descriptors[{i}].entries[{j}]: the value is longer than {} bytes",
+                    caps::MAX_VALUE_BYTES
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn entries(descriptor: &RateLimitDescriptor) -> impl ExactSizeIterator<Item = (&str, &str)> {
+    descriptor
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()))
+}
+
+/// Hits to consume for one descriptor: its own `hits_addend` when set (0
+/// allowed: check only), else the request's, where 0 means 1.
+fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    let hits = match &descriptor.hits_addend {
+        Some(own) => own.value,
+        None => u64::from(request.hits_addend.max(1)),
+    };
+    hits.min(MAX_HITS)
+}
+
+/// A matched rule named in another matched rule's `replaces` does not apply.
+fn drop_replaced(matched: &mut [Option<&Rule>]) {
+    let replaced: Vec<&str> = matched
+        .iter()
+        .flatten()
+        .flat_map(|rule| rule.replaces.iter().map(String::as_str))
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for slot in matched.iter_mut() {
+        if slot.is_some_and(|rule| rule.name.as_deref().is_some_and(|n| replaced.contains(&n))) {
+            *slot = None;
+        }
+    }
+}
+
+fn current_limit(rule: Option<&Rule>, rate: &Rate) -> RateLimit {
+    RateLimit {
+        name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
+        requests_per_unit: rate.requests_per_unit,
+        unit: rate.unit.to_envoy(),
+    }
+}
+
+fn status(code: Code, limit: Option<RateLimit>, remaining: u32, reset_ms: Option<u64>) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: limit,
+        limit_remaining: remaining,
+        duration_until_reset: reset_ms.map(|ms| envoy_types::pb::google::protobuf::Duration {
+            seconds: (ms / 1_000) as i64,
+            nanos: ((ms % 1_000) * 1_000_000) as i32,
+        }),
+        quota: None,
+    }
+}
+
+/// All-OK answer: for an unknown domain (`applied` = None) or when the store
+/// failed and the request is let through (limits still reported).
+fn unlimited_response(descriptors: usize, applied: Option<&[Applied<'_>]>) -> RateLimitResponse {
+    let statuses = (0..descriptors)
+        .map(|i| match applied.map(|a| &a[i]) {
+            Some(Applied::Counted { rule, rate, .. }) => {
+                status(Code::Ok, Some(current_limit(*rule, rate)), 0, None)
+            }
+            Some(Applied::Unlimited) => status(Code::Ok, None, u32::MAX, None),
+            _ => status(Code::Ok, None, 0, None),
+        })
+        .collect();
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses,
+        ..Default::default()
+    }
+}
+
+/// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with
+/// `detailed_metric` also per descriptor value.
+fn record(domain: &str, rule: &Rule, descriptor: &RateLimitDescriptor, rate: &Rate, outcome: &Outcome, hits: u64) {
+    let limit = u64::from(rate.requests_per_unit);
+    let used = limit.saturating_sub(outcome.remaining);
+    let near = used as f64 > (limit as f64 * NEAR_LIMIT_RATIO).floor();
+    let count = |m: &RuleMetrics| {
+        m.total_hits.increment(hits);
+        if outcome.over {
+            m.over_limit.increment(hits);
+            if rule.shadow_mode {
+                m.shadow_mode.increment(hits);
+            }
+        } else if near {
+            m.near_limit.increment(hits);
+        } else {
+            m.within_limit.increment(hits);
+        }
+    };
+    count(&rule.metrics);
+    if rule.detailed_metric {
+        let detailed: Vec<String> = descriptor
+            .entries
+            .iter()
+            .map(|e| format!("{}_{}", e.key, e.value))
+            .collect();
+        count(&RuleMetrics::register(domain, &detailed.join(".")));
+    }
+}

@@ -1,0 +1,174 @@
+//! The embedded in-memory store: the default when no Redis is configured,
+//! for one replica (or tests). Sharded maps behind mutexes; a request's
+//! batch locks every shard it touches (in shard order, so batches never
+//! deadlock) and is therefore atomic like a Lua script on Redis. Expired
+//! counters are swept in the background, a slice of the shards per tick.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::limiter::{fixed_window, Check, Outcome};
+
+const SHARDS: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    window: u64,
+    count: u64,
+    expires_at_ms: u64,
+}
+
+type Shard = HashMap<String, Slot>;
+
+/// Counters kept in this process.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Vec<Mutex<Shard>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    /// A store reading time from `clock`, with a background sweeper (when
+    /// called inside a Tokio runtime) that stops when the store is dropped.
+    pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+        let store = Arc::new(MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            clock,
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep_forever(Arc::downgrade(&store)));
+        }
+        store
+    }
+
+    fn shard_of(key: &str) -> usize {
+        let mut h = DefaultHasher::new();
+        key.hash(&mut h);
+        (h.finish() as usize) % SHARDS
+    }
+
+    fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+        // A panic while holding the lock cannot leave a slot half-written
+        // (slots are replaced whole), so a poisoned shard is still consistent.
+        shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Applies one request's checks atomically.
+    pub fn apply(&self, checks: &[Check]) -> Vec<Outcome> {
+        let now = self.clock.now_ms();
+        let mut indices: Vec<usize> = checks.iter().map(|c| Self::shard_of(&c.key)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let mut table = LockedShards {
+            guards: indices
+                .iter()
+                .map(|&i| (i, Self::lock(&self.shards[i])))
+                .collect(),
+        };
+        fixed_window::evaluate(&mut table, checks, now)
+    }
+
+    /// Number of live (unexpired or not yet swept) counters.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| Self::lock(s).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops expired counters from shards `[from, from + count)`.
+    fn sweep(&self, from: usize, count: usize) {
+        let now = self.clock.now_ms();
+        for shard in self.shards.iter().skip(from).take(count) {
+            Self::lock(shard).retain(|_, slot| slot.expires_at_ms > now);
+        }
+    }
+}
+
+async fn sweep_forever(store: Weak<MemoryStore>) {
+    const PER_TICK: usize = 4;
+    let mut next = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        store.sweep(next, PER_TICK);
+        next = (next + PER_TICK) % SHARDS;
+    }
+}
+
+struct LockedShards<'a> {
+    guards: Vec<(usize, MutexGuard<'a, Shard>)>,
+}
+
+impl LockedShards<'_> {
+    fn shard(&mut self, key: &str) -> &mut Shard {
+        let index = MemoryStore::shard_of(key);
+        let pos = self
+            .guards
+            .iter()
+            .position(|(i, _)| *i == index)
+            .unwrap_or(0);
+        &mut self.guards[pos].1
+    }
+}
+
+impl fixed_window::Counters for LockedShards<'_> {
+    fn read(&mut self, key: &str, now_ms: u64) -> Option<(u64, u64)> {
+        self.shard(key)
+            .get(key)
+            .filter(|slot| slot.expires_at_ms > now_ms)
+            .map(|slot| (slot.window, slot.count))
+    }
+
+    fn write(&mut self, key: &str, window: u64, count: u64, expires_at_ms: u64) {
+        let slot = Slot {
+            window,
+            count,
+            expires_at_ms,
+        };
+        let shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(existing) => *existing = slot,
+            None => {
+                shard.insert(key.to_owned(), slot);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::Algorithm;
+
+    fn check(key: &str, limit: u64, hits: u64) -> Check {
+        Check {
+            key: key.into(),
+            algorithm: Algorithm::FixedWindow,
+            limit,
+            period_ms: 1_000,
+            hits,
+            enforce: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn expired_counters_are_swept() {
+        let clock = Arc::new(ManualClock::new(10_000));
+        let store = MemoryStore::new(clock.clone());
+        for i in 0..1_000 {
+            store.apply(&[check(&format!("k{i}"), 5, 1)]);
+        }
+        assert_eq!(store.len(), 1_000);
+        clock.advance(1_000);
+        store.sweep(0, SHARDS);
+        assert!(store.is_empty());
+    }
+}
