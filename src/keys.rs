@@ -19,8 +19,16 @@ fn push_escaped(out: &mut String, part: &str) {
             '%' | '{' | '}' | '|' | '=' | ':' | '\u{0}'..='\u{1f}' | '\u{7f}' => {
                 let b = ch as u32;
                 out.push('%');
-                out.push(char::from_digit(b >> 4, 16).unwrap_or('0').to_ascii_uppercase());
-                out.push(char::from_digit(b & 0xf, 16).unwrap_or('0').to_ascii_uppercase());
+                out.push(
+                    char::from_digit(b >> 4, 16)
+                        .unwrap_or('0')
+                        .to_ascii_uppercase(),
+                );
+                out.push(
+                    char::from_digit(b & 0xf, 16)
+                        .unwrap_or('0')
+                        .to_ascii_uppercase(),
+                );
             }
             _ => out.push(ch),
         }
@@ -62,9 +70,15 @@ mod tests {
 
     #[test]
     fn separators_in_values_never_collide() {
-        let pairs: &[(&str, &[(&str, &str)], &str, &[(&str, &str)])] = &[
+        type Entries<'a> = &'a [(&'a str, &'a str)];
+        let pairs: &[(&str, Entries<'_>, &str, Entries<'_>)] = &[
             ("d", &[("a_b", "c")], "d", &[("a", "b_c")]),
-            ("d", &[("k", "a:b"), ("c", "")], "d", &[("k", "a"), ("b:c", "")]),
+            (
+                "d",
+                &[("k", "a:b"), ("c", "")],
+                "d",
+                &[("k", "a"), ("b:c", "")],
+            ),
             ("d", &[("a:b", "c")], "d", &[("a", "b:c")]),
             ("d", &[("k", "a|k=b")], "d", &[("k", "a"), ("k", "b")]),
             ("d|k", &[("v", "x")], "d", &[("k", "v"), ("x", "")]),

@@ -47,6 +47,9 @@ struct Cli {
     /// How often the limits directory is checked for changes, in milliseconds.
     #[arg(long, env = "RELOAD_INTERVAL_MS", default_value_t = 1_000)]
     reload_interval_ms: u64,
+    /// On SIGTERM, how long open connections may drain, in milliseconds.
+    #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 5_000)]
+    shutdown_grace_ms: u64,
     /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a directive.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -67,7 +70,9 @@ async fn main() {
 async fn run(cli: Cli) -> Result<()> {
     telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format)?;
     if cli.key_prefix.contains(['{', '}']) {
-        return Err(Error::Startup("the key prefix must not contain '{' or '}'".into()));
+        return Err(Error::Startup(
+            "the key prefix must not contain '{' or '}'".into(),
+        ));
     }
     let metrics = match cli.metrics_addr.as_str() {
         "off" | "" => None,
@@ -82,7 +87,11 @@ async fn run(cli: Cli) -> Result<()> {
     let store = match &cli.redis_url {
         None => Store::Memory(MemoryStore::new(Arc::new(SystemClock))),
         Some(url) => {
-            let url = if url.contains("://") { url.clone() } else { format!("redis://{url}") };
+            let url = if url.contains("://") {
+                url.clone()
+            } else {
+                format!("redis://{url}")
+            };
             let settings = RedisSettings {
                 url,
                 connections: cli.redis_pool_size,
@@ -113,6 +122,7 @@ async fn run(cli: Cli) -> Result<()> {
         store,
         key_prefix: cli.key_prefix,
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
+        shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
     }
     .run(shutdown_signal())
     .await
@@ -137,14 +147,15 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch SIGTERM");
-                let _ = interrupt.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch SIGTERM");
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = interrupt => {}
             _ = term.recv() => {}

@@ -39,9 +39,7 @@ pub struct RuleMetrics {
 
 impl RuleMetrics {
     pub fn register(domain: &str, rule: &str) -> Self {
-        let counter = |name: &'static str| {
-            metrics::counter!(name, "domain" => domain.to_owned(), "rule" => rule.to_owned())
-        };
+        let counter = |name: &'static str| metrics::counter!(name, "domain" => domain.to_owned(), "rule" => rule.to_owned());
         RuleMetrics {
             total_hits: counter("ratekeeper_rate_limit_total_hits"),
             over_limit: counter("ratekeeper_rate_limit_over_limit"),

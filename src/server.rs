@@ -3,10 +3,12 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -36,24 +38,27 @@ pub struct Server {
     pub key_prefix: String,
     /// How often the limits directory is checked for changes.
     pub reload_interval: Duration,
+    /// After shutdown is asked, how long in-flight calls and open connections
+    /// may drain before they are cut (Envoy keeps its connection open).
+    pub shutdown_grace: Duration,
 }
 
 impl Server {
     /// Serves until `shutdown` resolves, then drains in-flight calls.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-        let addr = self
-            .grpc
-            .local_addr()
-            .map_err(|source| Error::Io { context: "gRPC listener".into(), source })?;
+        let addr = self.grpc.local_addr().map_err(|source| Error::Io {
+            context: "gRPC listener".into(),
+            source,
+        })?;
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.key_prefix);
-        let rls = RateLimitServiceServer::new(limiter)
-            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let rls =
+            RateLimitServiceServer::new(limiter).max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
 
         let (reporter, health) = tonic_health::server::health_reporter();
         let probe = tokio::spawn(probe_store(self.store.clone(), reporter));
-        let watcher = self.config_dir.map(|dir| {
-            tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval))
-        });
+        let watcher = self
+            .config_dir
+            .map(|dir| tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval)));
 
         // grpcurl 1.8 asks for v1alpha, newer clients for v1: offer both.
         let reflection_v1 = reflection()
@@ -64,13 +69,31 @@ impl Server {
             .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
 
         tracing::info!(%addr, store = self.store.kind(), "serving gRPC");
-        let served = tonic::transport::Server::builder()
+        let asked = Arc::new(Notify::new());
+        let signal = {
+            let asked = asked.clone();
+            async move {
+                shutdown.await;
+                asked.notify_one();
+            }
+        };
+        let serving = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(rls)
-            .serve_with_incoming_shutdown(TcpIncoming::from(self.grpc).with_nodelay(Some(true)), shutdown)
-            .await;
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
+                signal,
+            );
+        let grace = self.shutdown_grace;
+        let served = tokio::select! {
+            served = serving => served,
+            () = async { asked.notified().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!(?grace, "connections still open after the shutdown grace; closing them");
+                Ok(())
+            }
+        };
         probe.abort();
         if let Some(watcher) = watcher {
             watcher.abort();
@@ -102,7 +125,11 @@ async fn probe_store(store: Store, reporter: HealthReporter) {
             reporter.set_service_status(RLS_SERVICE, status).await;
             last = Some(status);
         }
-        let pause = if status == ServingStatus::Serving { 5_000 } else { 500 };
+        let pause = if status == ServingStatus::Serving {
+            5_000
+        } else {
+            500
+        };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }

@@ -40,7 +40,8 @@ pub fn init_logging(level: &str, format: LogFormat) -> Result<()> {
 /// rules register their counters against the recorder in place.
 pub fn install_recorder() -> Result<PrometheusHandle> {
     const LATENCY_BUCKETS: &[f64] = &[
-        0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+        0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+        1.0,
     ];
     PrometheusBuilder::new()
         .set_buckets_for_metric(
@@ -84,7 +85,8 @@ async fn answer(mut stream: TcpStream, handle: &PrometheusHandle) -> std::io::Re
         request.extend_from_slice(&buf[..n]);
     }
     let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
-    let (status, body) = if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET /metrics?") {
+    let (status, body) = if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET /metrics?")
+    {
         ("200 OK", handle.render())
     } else {
         ("404 Not Found", "not found: try GET /metrics\n".to_owned())

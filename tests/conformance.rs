@@ -23,7 +23,10 @@ fn c(key: &str, limit: u64, hits: u64) -> Check {
 }
 
 fn shadow(check: Check) -> Check {
-    Check { enforce: false, ..check }
+    Check {
+        enforce: false,
+        ..check
+    }
 }
 
 fn minute(check: Check) -> Check {
@@ -51,24 +54,89 @@ struct Step {
 }
 
 fn table() -> Vec<Step> {
-    let s = |at, checks, expect, why| Step { at, checks, expect, why };
+    let s = |at, checks, expect, why| Step {
+        at,
+        checks,
+        expect,
+        why,
+    };
     vec![
         s(0, vec![c("a", 3, 1)], vec![o(false, 2, 1000)], "first hit"),
-        s(100, vec![c("a", 3, 1)], vec![o(false, 1, 900)], "second hit, reset shrinks"),
-        s(200, vec![c("a", 3, 1)], vec![o(false, 0, 800)], "last allowed"),
-        s(300, vec![c("a", 3, 1)], vec![o(true, 0, 700)], "over the limit"),
-        s(999, vec![c("a", 3, 1)], vec![o(true, 0, 1)], "still over at the window's end"),
-        s(1000, vec![c("a", 3, 1)], vec![o(false, 2, 1000)], "new window"),
+        s(
+            100,
+            vec![c("a", 3, 1)],
+            vec![o(false, 1, 900)],
+            "second hit, reset shrinks",
+        ),
+        s(
+            200,
+            vec![c("a", 3, 1)],
+            vec![o(false, 0, 800)],
+            "last allowed",
+        ),
+        s(
+            300,
+            vec![c("a", 3, 1)],
+            vec![o(true, 0, 700)],
+            "over the limit",
+        ),
+        s(
+            999,
+            vec![c("a", 3, 1)],
+            vec![o(true, 0, 1)],
+            "still over at the window's end",
+        ),
+        s(
+            1000,
+            vec![c("a", 3, 1)],
+            vec![o(false, 2, 1000)],
+            "new window",
+        ),
         // hits_addend
         s(1000, vec![c("b", 10, 4)], vec![o(false, 6, 1000)], "hits 4"),
-        s(1000, vec![c("b", 10, 7)], vec![o(true, 6, 1000)], "7 > 6 left: refused, nothing consumed"),
-        s(1000, vec![c("b", 10, 6)], vec![o(false, 0, 1000)], "exactly what is left"),
-        s(1000, vec![c("b2", 10, 11)], vec![o(true, 10, 1000)], "more than the capacity, nothing consumed"),
-        s(1000, vec![c("b2", 10, MAX_HITS)], vec![o(true, 10, 1000)], "huge hits"),
+        s(
+            1000,
+            vec![c("b", 10, 7)],
+            vec![o(true, 6, 1000)],
+            "7 > 6 left: refused, nothing consumed",
+        ),
+        s(
+            1000,
+            vec![c("b", 10, 6)],
+            vec![o(false, 0, 1000)],
+            "exactly what is left",
+        ),
+        s(
+            1000,
+            vec![c("b2", 10, 11)],
+            vec![o(true, 10, 1000)],
+            "more than the capacity, nothing consumed",
+        ),
+        s(
+            1000,
+            vec![c("b2", 10, MAX_HITS)],
+            vec![o(true, 10, 1000)],
+            "huge hits",
+        ),
         // check only
-        s(1000, vec![c("c", 1, 0)], vec![o(false, 1, 1000)], "check only consumes nothing"),
-        s(1000, vec![c("c", 1, 1)], vec![o(false, 0, 1000)], "consume the one"),
-        s(1000, vec![c("c", 1, 0)], vec![o(true, 0, 1000)], "check only at the limit is over"),
+        s(
+            1000,
+            vec![c("c", 1, 0)],
+            vec![o(false, 1, 1000)],
+            "check only consumes nothing",
+        ),
+        s(
+            1000,
+            vec![c("c", 1, 1)],
+            vec![o(false, 0, 1000)],
+            "consume the one",
+        ),
+        s(
+            1000,
+            vec![c("c", 1, 0)],
+            vec![o(true, 0, 1000)],
+            "check only at the limit is over",
+        ),
         // all-or-nothing across a request's limits
         s(
             2000,
@@ -102,12 +170,32 @@ fn table() -> Vec<Step> {
             vec![o(false, 3, 1000), o(true, 3, 1000)],
             "same key twice, second over: nothing consumed",
         ),
-        s(4000, vec![c("g", 3, 3)], vec![o(false, 0, 1000)], "all 3 still there"),
+        s(
+            4000,
+            vec![c("g", 3, 3)],
+            vec![o(false, 0, 1000)],
+            "all 3 still there",
+        ),
         // windows are aligned to the epoch, per unit
-        s(4500, vec![minute(c("h", 2, 1))], vec![o(false, 1, 55_500)], "minute window"),
-        s(60_000, vec![minute(c("h", 2, 1))], vec![o(false, 1, 60_000)], "next minute"),
+        s(
+            4500,
+            vec![minute(c("h", 2, 1))],
+            vec![o(false, 1, 55_500)],
+            "minute window",
+        ),
+        s(
+            60_000,
+            vec![minute(c("h", 2, 1))],
+            vec![o(false, 1, 60_000)],
+            "next minute",
+        ),
         // a limit of 0 refuses everything
-        s(60_000, vec![c("z", 0, 1)], vec![o(true, 0, 1000)], "limit 0"),
+        s(
+            60_000,
+            vec![c("z", 0, 1)],
+            vec![o(true, 0, 1000)],
+            "limit 0",
+        ),
     ]
 }
 
@@ -121,7 +209,13 @@ async fn fixed_window_table_agrees_on_every_store() {
         for (i, step) in table().into_iter().enumerate() {
             clock.set(start + step.at);
             let got = store.apply(&step.checks).await.expect("store");
-            assert_eq!(got, step.expect, "{} step {i}: {}", backend.name(), step.why);
+            assert_eq!(
+                got,
+                step.expect,
+                "{} step {i}: {}",
+                backend.name(),
+                step.why
+            );
         }
     }
 }
@@ -131,7 +225,10 @@ async fn redis_counters_always_carry_a_ttl() {
     let redis = common::RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000_250));
     let store = redis.store(Some(clock));
-    store.apply(&[minute(c("ttl", 10, 1)), c("ttl2", 10, 1)]).await.unwrap();
+    store
+        .apply(&[minute(c("ttl", 10, 1)), c("ttl2", 10, 1)])
+        .await
+        .unwrap();
     // Refused and check-only requests write nothing.
     store.apply(&[c("refused", 1, 5)]).await.unwrap();
     store.apply(&[c("checked", 1, 0)]).await.unwrap();
@@ -140,7 +237,11 @@ async fn redis_counters_always_carry_a_ttl() {
     assert_eq!(keys.len(), 2, "{keys:?}");
     for key in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
-        let max = if key.ends_with("ttl}:fw.1") { 59_750 } else { 750 };
+        let max = if key.ends_with("ttl}:fw.1") {
+            59_750
+        } else {
+            750
+        };
         assert!(ttl > 0 && ttl <= max, "{key} has PTTL {ttl}");
     }
 }
@@ -153,7 +254,10 @@ async fn redis_script_is_reloaded_after_script_flush() {
     let mut conn = redis.client().get_connection().unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
     let after = store.apply(&[c("x", 5, 1)]).await.unwrap();
-    assert_eq!(after[0].remaining, 3, "the counter survived, the script was reloaded");
+    assert_eq!(
+        after[0].remaining, 3,
+        "the counter survived, the script was reloaded"
+    );
 }
 
 #[tokio::test]
@@ -169,5 +273,9 @@ async fn redis_reads_its_own_clock_when_none_is_pinned() {
         .as_millis() as u64;
     let expected = 60_000 - now_ms % 60_000;
     let skew = expected.abs_diff(out[0].reset_ms);
-    assert!(skew < 2_000 || skew > 58_000, "reset {} vs expected {expected}", out[0].reset_ms);
+    assert!(
+        !(2_000..=58_000).contains(&skew),
+        "reset {} vs expected {expected}",
+        out[0].reset_ms
+    );
 }

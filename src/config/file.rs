@@ -163,7 +163,10 @@ impl TreeBuilder<'_> {
             if !seen.insert((key.clone(), value.clone())) {
                 return Err(format!(
                     "{here}: duplicate descriptor {label:?} at this level (key {key:?}{})",
-                    value.as_ref().map(|v| format!(", value {v:?}")).unwrap_or_default()
+                    value
+                        .as_ref()
+                        .map(|v| format!(", value {v:?}"))
+                        .unwrap_or_default()
                 ));
             }
             let path = if parent.is_empty() {
@@ -203,7 +206,9 @@ impl TreeBuilder<'_> {
     ) -> Result<usize, String> {
         let rate = match (raw.unlimited, raw.unit, raw.requests_per_unit) {
             (true, Some(_), _) => {
-                return Err(format!("{at}.rate_limit: an unlimited rate limit must not have a unit"))
+                return Err(format!(
+                    "{at}.rate_limit: an unlimited rate limit must not have a unit"
+                ))
             }
             (true, None, _) => None,
             (false, None, _) => return Err(format!("{at}.rate_limit: the unit is missing")),
@@ -225,13 +230,17 @@ impl TreeBuilder<'_> {
         let replaces = match raw.replaces {
             None => Vec::new(),
             Some(list) if list.is_empty() => {
-                return Err(format!("{at}.rate_limit: replaces must not be an empty list"))
+                return Err(format!(
+                    "{at}.rate_limit: replaces must not be an empty list"
+                ))
             }
             Some(list) => list
                 .into_iter()
                 .map(|r| match r.name {
                     Some(Scalar(n)) if !n.is_empty() => Ok(n),
-                    _ => Err(format!("{at}.rate_limit.replaces: every entry needs a name")),
+                    _ => Err(format!(
+                        "{at}.rate_limit.replaces: every entry needs a name"
+                    )),
                 })
                 .collect::<Result<_, _>>()?,
         };

@@ -73,14 +73,15 @@ pub fn limits_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         .map_err(|e| ConfigError::new(dir, format!("cannot read the limits directory: {e}")))?;
     let mut files = Vec::new();
     for entry in entries {
-        let entry =
-            entry.map_err(|e| ConfigError::new(dir, format!("cannot read the limits directory: {e}")))?;
+        let entry = entry
+            .map_err(|e| ConfigError::new(dir, format!("cannot read the limits directory: {e}")))?;
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
         // `metadata` follows symlinks: a ConfigMap's files are links into `..data`.
-        if name.starts_with('.') || !is_yaml || !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+        if name.starts_with('.') || !is_yaml || !std::fs::metadata(&path).is_ok_and(|m| m.is_file())
+        {
             continue;
         }
         files.push(path);

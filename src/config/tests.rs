@@ -56,7 +56,10 @@ descriptors:
     )
     .unwrap();
     let domain = config.domain("mongo_cps").unwrap();
-    let rule = domain.rules.find([("database", "default")].into_iter()).unwrap();
+    let rule = domain
+        .rules
+        .find([("database", "default")].into_iter())
+        .unwrap();
     let rate = rule.rate.as_ref().unwrap();
     assert_eq!((rate.requests_per_unit, rate.unit), (500, Unit::Second));
     assert!(rule.shadow_mode && rule.detailed_metric);
@@ -78,7 +81,12 @@ fn every_unit_parses_case_insensitively() {
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {name}, requests_per_unit: 1}}\n"
         ))
         .unwrap();
-        let rule = config.domain("d").unwrap().rules.find([("k", "v")].into_iter()).unwrap();
+        let rule = config
+            .domain("d")
+            .unwrap()
+            .rules
+            .find([("k", "v")].into_iter())
+            .unwrap();
         assert_eq!(rule.rate.as_ref().unwrap().unit, unit);
     }
 }
@@ -178,9 +186,13 @@ fn same_key_with_and_without_value_is_not_a_duplicate() {
 #[test]
 fn refuses_duplicate_domains_naming_both_files() {
     let text = "domain: d\n";
-    let e = Config::from_files([(Path::new("a.yaml"), text), (Path::new("b.yaml"), text)]).unwrap_err();
+    let e =
+        Config::from_files([(Path::new("a.yaml"), text), (Path::new("b.yaml"), text)]).unwrap_err();
     assert_eq!(e.file, Path::new("b.yaml"));
-    assert!(e.reason.contains("duplicate domain \"d\"") && e.reason.contains("a.yaml"), "{e}");
+    assert!(
+        e.reason.contains("duplicate domain \"d\"") && e.reason.contains("a.yaml"),
+        "{e}"
+    );
 }
 
 const MATCHING: &str = r#"
@@ -224,7 +236,8 @@ descriptors:
 #[test]
 fn matching_follows_envoy_ratelimit() {
     let config = load(MATCHING).unwrap();
-    let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+    type Entries<'a> = &'a [(&'a str, &'a str)];
+    let cases: &[(Entries<'_>, Option<&str>)] = &[
         // Exact value.
         (&[("plan", "free")], Some("plan_free")),
         // Nested: value-less default key under an exact value.
@@ -232,7 +245,10 @@ fn matching_follows_envoy_ratelimit() {
         // Nested exact beats the default.
         (&[("plan", "free"), ("user", "vip")], Some("free_vip")),
         // Value-less parent for an unknown plan.
-        (&[("plan", "gold"), ("user", "alice")], Some("other_plan_user")),
+        (
+            &[("plan", "gold"), ("user", "alice")],
+            Some("other_plan_user"),
+        ),
         // The value-less parent has no limit of its own.
         (&[("plan", "gold")], None),
         // Wildcards in file order; exact first.
@@ -251,9 +267,18 @@ fn matching_follows_envoy_ratelimit() {
         (&[("open", "x")], Some("open")),
     ];
     for (entries, expected) in cases {
-        assert_eq!(matched(&config, entries).as_deref(), *expected, "entries {entries:?}");
+        assert_eq!(
+            matched(&config, entries).as_deref(),
+            *expected,
+            "entries {entries:?}"
+        );
     }
-    let open = config.domain("d").unwrap().rules.find([("open", "x")].into_iter()).unwrap();
+    let open = config
+        .domain("d")
+        .unwrap()
+        .rules
+        .find([("open", "x")].into_iter())
+        .unwrap();
     assert!(open.rate.is_none(), "unlimited rules carry no rate");
 }
 

@@ -114,7 +114,12 @@ impl RateLimiter {
                     counter_id.push_str(&format!(".o{}", rate.requests_per_unit));
                 }
                 checks.push(Check {
-                    key: counter_key(&self.key_prefix, &request.domain, entries(descriptor), &counter_id),
+                    key: counter_key(
+                        &self.key_prefix,
+                        &request.domain,
+                        entries(descriptor),
+                        &counter_id,
+                    ),
                     algorithm: rate.algorithm,
                     limit: u64::from(rate.requests_per_unit),
                     period_ms: rate.unit.seconds() * 1_000,
@@ -135,7 +140,10 @@ impl RateLimiter {
                 // Fail open: the request goes ahead, the failure is visible.
                 metrics::counter!("ratekeeper_store_errors").increment(1);
                 tracing::warn!(%error, store = self.store.kind(), "store failed; allowing the request");
-                return Ok(unlimited_response(request.descriptors.len(), Some(&applied)));
+                return Ok(unlimited_response(
+                    request.descriptors.len(),
+                    Some(&applied),
+                ));
             }
         };
 
@@ -183,7 +191,8 @@ impl RateLimitService for RateLimiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let result = self.decide(request.get_ref()).await;
-        metrics::histogram!("ratekeeper_request_duration_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("ratekeeper_request_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
         if let Err(status) = &result {
             tracing::debug!(code = ?status.code(), message = status.message(), "request refused");
         }
@@ -198,7 +207,10 @@ fn validate(request: &RateLimitRequest) -> Result<(), Status> {
         return invalid("the rate limit domain must not be empty".into());
     }
     if request.domain.len() > caps::MAX_DOMAIN_BYTES {
-        return invalid(format!("the domain is longer than {} bytes", caps::MAX_DOMAIN_BYTES));
+        return invalid(format!(
+            "the domain is longer than {} bytes",
+            caps::MAX_DOMAIN_BYTES
+        ));
     }
     if request.descriptors.is_empty() {
         return invalid("the rate limit descriptor list must not be empty".into());
@@ -219,11 +231,15 @@ fn validate(request: &RateLimitRequest) -> Result<(), Status> {
             ));
         }
         if descriptor.is_negative_hits {
-            return invalid(format!("descriptors[{i}]: is_negative_hits is not supported"));
+            return invalid(format!(
+                "descriptors[{i}]: is_negative_hits is not supported"
+            ));
         }
         for (j, entry) in descriptor.entries.iter().enumerate() {
             if entry.key.is_empty() {
-                return invalid(format!("descriptors[{i}].entries[{j}]: the key must not be empty"));
+                return invalid(format!(
+                    "descriptors[{i}].entries[{j}]: the key must not be empty"
+                ));
             }
             if entry.key.len() > caps::MAX_KEY_BYTES {
                 return invalid(format!(
@@ -284,7 +300,12 @@ fn current_limit(rule: Option<&Rule>, rate: &Rate) -> RateLimit {
     }
 }
 
-fn status(code: Code, limit: Option<RateLimit>, remaining: u32, reset_ms: Option<u64>) -> DescriptorStatus {
+fn status(
+    code: Code,
+    limit: Option<RateLimit>,
+    remaining: u32,
+    reset_ms: Option<u64>,
+) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit: limit,
@@ -318,7 +339,14 @@ fn unlimited_response(descriptors: usize, applied: Option<&[Applied<'_>]>) -> Ra
 
 /// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with
 /// `detailed_metric` also per descriptor value.
-fn record(domain: &str, rule: &Rule, descriptor: &RateLimitDescriptor, rate: &Rate, outcome: &Outcome, hits: u64) {
+fn record(
+    domain: &str,
+    rule: &Rule,
+    descriptor: &RateLimitDescriptor,
+    rate: &Rate,
+    outcome: &Outcome,
+    hits: u64,
+) {
     let limit = u64::from(rate.requests_per_unit);
     let used = limit.saturating_sub(outcome.remaining);
     let near = used as f64 > (limit as f64 * NEAR_LIMIT_RATIO).floor();

@@ -54,7 +54,9 @@ impl MemoryStore {
     fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
         // A panic while holding the lock cannot leave a slot half-written
         // (slots are replaced whole), so a poisoned shard is still consistent.
-        shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        shard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Applies one request's checks atomically.

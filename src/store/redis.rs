@@ -96,9 +96,10 @@ impl RedisStore {
                 .arg(if check.enforce { "1" } else { "0" });
         }
         let mut conn = self.connection();
-        let reply: Vec<i64> = tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut conn))
-            .await
-            .map_err(|_| Error::Store(format!("no answer within {:?}", self.call_timeout)))??;
+        let reply: Vec<i64> =
+            tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut conn))
+                .await
+                .map_err(|_| Error::Store(format!("no answer within {:?}", self.call_timeout)))??;
         if reply.len() != checks.len() * 3 {
             return Err(Error::Store(format!(
                 "script returned {} values for {} checks",

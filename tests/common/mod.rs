@@ -38,7 +38,16 @@ impl RedisServer {
     pub fn start() -> RedisServer {
         let port = free_port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -52,7 +61,10 @@ impl RedisServer {
                     return server;
                 }
             }
-            assert!(Instant::now() < deadline, "redis-server on port {port} did not start");
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {port} did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -73,7 +85,9 @@ impl RedisServer {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
         };
-        Store::Redis(Arc::new(RedisStore::new(&settings, clock).expect("redis store")))
+        Store::Redis(Arc::new(
+            RedisStore::new(&settings, clock).expect("redis store"),
+        ))
     }
 }
 
@@ -125,12 +139,19 @@ impl TestServer {
             .enumerate()
             .map(|(i, text)| (PathBuf::from(format!("test{i}.yaml")), *text))
             .collect();
-        let config = Config::from_files(files.iter().map(|(p, t)| (p.as_path(), *t))).expect("test config");
+        let config =
+            Config::from_files(files.iter().map(|(p, t)| (p.as_path(), *t))).expect("test config");
         Self::start_with(config, None, store).await
     }
 
-    pub async fn start_with(config: Config, config_dir: Option<PathBuf>, store: Store) -> TestServer {
-        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    pub async fn start_with(
+        config: Config,
+        config_dir: Option<PathBuf>,
+        store: Store,
+    ) -> TestServer {
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = grpc.local_addr().expect("addr");
         let config = SharedConfig::new(config);
         let (tx, rx) = oneshot::channel();
@@ -141,6 +162,7 @@ impl TestServer {
             store,
             key_prefix: ratekeeper::keys::DEFAULT_PREFIX.into(),
             reload_interval: Duration::from_millis(50),
+            shutdown_grace: Duration::from_secs(5),
         };
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;

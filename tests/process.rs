@@ -1,0 +1,235 @@
+//! The `ratekeeper` binary as a user runs it: flags, the stdout readiness
+//! line, health, `/metrics`, SIGTERM, bad config; and several replicas
+//! sharing one real Redis.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{descriptor, request, RedisServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// A running `ratekeeper` process, stopped by PID when dropped.
+struct Process {
+    child: Child,
+    grpc: String,
+    metrics: String,
+}
+
+impl Process {
+    fn start(config_dir: &Path, extra: &[&str]) -> Process {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("--config-dir")
+            .arg(config_dir)
+            .args([
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env_remove("REDIS_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ratekeeper");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("readiness line");
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .to_owned()
+        };
+        Process {
+            grpc: field("grpc="),
+            metrics: field("metrics="),
+            child,
+        }
+    }
+
+    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+
+    fn metrics(&self) -> String {
+        let mut stream = TcpStream::connect(&self.metrics).expect("metrics port");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).unwrap();
+        body
+    }
+
+    /// Sends SIGTERM and returns the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn limits_dir(yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), yaml).unwrap();
+    dir
+}
+
+const LIMITS: &str = "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n";
+
+#[tokio::test]
+async fn serves_health_metrics_and_stops_on_sigterm() {
+    let dir = limits_dir(LIMITS);
+    let server = Process::start(dir.path(), &[]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "{service:?}");
+    }
+
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        client
+            .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+            .await
+            .unwrap();
+    }
+    client
+        .should_rate_limit(request("unknown", vec![descriptor(&[("user", "a")])]))
+        .await
+        .unwrap();
+    let text = server.metrics();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    for expected in [
+        "ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"user\"} 3",
+        "ratekeeper_rate_limit_within_limit{domain=\"web\",rule=\"user\"} 3",
+        "ratekeeper_domain_not_found 1",
+        "ratekeeper_config_load_success 1",
+        "ratekeeper_request_duration_seconds_bucket",
+    ] {
+        assert!(
+            text.contains(expected),
+            "/metrics lacks {expected:?}:\n{text}"
+        );
+    }
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn bad_config_exits_with_the_file_and_line() {
+    let dir = limits_dir("domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("--config-dir")
+        .arg(dir.path())
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("limits.yaml:4: "), "{stderr}");
+    assert!(stderr.contains("unknown unit \"fortnight\""), "{stderr}");
+}
+
+#[tokio::test]
+async fn replicas_sharing_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let dir = limits_dir(LIMITS);
+    let url = redis.url();
+    let replicas: Vec<Process> = (0..3)
+        .map(|_| {
+            Process::start(
+                dir.path(),
+                &["--redis-url", &url, "--redis-timeout-ms", "2000"],
+            )
+        })
+        .collect();
+    let hour = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 3600
+    };
+    let started_in = hour();
+    let mut tasks = Vec::new();
+    for replica in &replicas {
+        for _ in 0..4 {
+            let mut client = replica.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..25 {
+                    let r = client
+                        .should_rate_limit(request("web", vec![descriptor(&[("user", "shared")])]))
+                        .await
+                        .expect("answer")
+                        .into_inner();
+                    if r.overall_code == Code::Ok as i32 {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    // 3 replicas x 4 clients x 25 requests = 300 requests for a limit of 50
+    // per hour window; a run straddling an hour's edge sees two windows.
+    if hour() == started_in {
+        assert_eq!(admitted, 50);
+    } else {
+        assert!(
+            (50..=100).contains(&admitted),
+            "{admitted} admitted across two windows"
+        );
+    }
+    for replica in replicas {
+        assert!(replica.terminate().success());
+    }
+}

@@ -1,0 +1,179 @@
+"""Starts the ratekeeper binary on loopback ports for the Python compatibility tests.
+
+The binary is `$RATEKEEPER_BIN`, by default target/debug/ratekeeper of this
+repository (build it first with `cargo build`). Started with port 0 it prints
+one line on stdout once it listens:
+    listening grpc=127.0.0.1:PORT metrics=127.0.0.1:PORT
+Every server started here is stopped with SIGTERM (SIGKILL after 5 s) at
+teardown, and on Linux also dies with the test process.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rls_client import RlsClient
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEFAULT_BIN = REPO / "target" / "debug" / "ratekeeper"
+STARTUP_TIMEOUT_S = 20
+STOP_TIMEOUT_S = 5
+LISTENING = re.compile(r"^listening grpc=(\S+) metrics=(\S+)$")
+
+DOMAIN = "compat"
+
+# envoyproxy/ratelimit's YAML format, one domain per file.
+LIMITS_YAML = f"""\
+domain: {DOMAIN}
+descriptors:
+  # Envoy's generic_key + request_headers style: plan then user.
+  - key: plan
+    value: free
+    descriptors:
+      - key: user_id
+        rate_limit:
+          name: free
+          unit: minute
+          requests_per_unit: 3
+  - key: plan
+    value: internal
+    descriptors:
+      - key: user_id
+        rate_limit:
+          unlimited: true
+  # Envoy's remote_address action.
+  - key: remote_address
+    rate_limit:
+      unit: hour
+      requests_per_unit: 5
+"""
+
+
+@dataclass
+class Server:
+    grpc_addr: str
+    metrics_addr: str
+    pid: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.metrics_addr}/metrics"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def ratekeeper_bin() -> Path:
+    path = Path(os.environ.get("RATEKEEPER_BIN") or DEFAULT_BIN)
+    if not path.is_file():
+        pytest.fail(f"ratekeeper binary not found at {path}: run `cargo build` or set RATEKEEPER_BIN")
+    return path
+
+
+# Linux: the server gets SIGTERM if the test process dies without a teardown.
+# prctl is looked up here, so the child only makes the call between fork and exec.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop(process: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within STOP_TIMEOUT_S; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout:
+        process.stdout.close()
+    return process.returncode
+
+
+@contextlib.contextmanager
+def run_server(config_dir: Path, log_path: Path, *extra_args: str):
+    """Runs ratekeeper on config_dir until the block ends; yields a Server."""
+    args = [
+        str(ratekeeper_bin()),
+        "--config-dir", str(config_dir),
+        "--grpc-addr", "127.0.0.1:0",
+        "--metrics-addr", "127.0.0.1:0",
+        *extra_args,
+    ]
+    env = {**os.environ, "LOG_FORMAT": "text", "NO_COLOR": "1"}
+    env.pop("REDIS_URL", None)  # the in-memory store: no Redis needed
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+            env=env, preexec_fn=_die_with_parent,
+        )
+    try:
+        lines: queue.Queue = queue.Queue()
+
+        def pump():  # hands over the first line, then keeps stdout drained
+            for raw in process.stdout:
+                lines.put(raw.decode(errors="replace").strip())
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            first = lines.get(timeout=STARTUP_TIMEOUT_S)
+        except queue.Empty:
+            first = f"<nothing within {STARTUP_TIMEOUT_S} s>"
+        match = LISTENING.match(first or "")
+        if not match:
+            log_text = log_path.read_text(errors="replace")
+            pytest.fail(f"ratekeeper did not start (stdout: {first!r}, exit: {process.poll()}):\n{log_text}")
+        yield Server(match[1], match[2], process.pid, process, log_path)
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="session")
+def limits_dir(tmp_path_factory) -> Path:
+    """A limits directory holding the `compat` test domain."""
+    path = tmp_path_factory.mktemp("limits")
+    (path / f"{DOMAIN}.yaml").write_text(LIMITS_YAML)
+    return path
+
+
+@pytest.fixture(scope="session")
+def rls_server(limits_dir, tmp_path_factory):
+    """One ratekeeper for the whole session; tests use distinct descriptor values."""
+    log_path = tmp_path_factory.mktemp("server") / "ratekeeper.log"
+    with run_server(limits_dir, log_path) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rls(rls_server):
+    """A ShouldRateLimit client connected to the session's server."""
+    with RlsClient(rls_server.grpc_addr) as client:
+        yield client
+
+
+@pytest.fixture
+def start_server(limits_dir, tmp_path):
+    """run_server for tests that need a server of their own."""
+    return lambda *extra: run_server(limits_dir, tmp_path / "ratekeeper.log", *extra)

@@ -1,0 +1,653 @@
+//! `ShouldRateLimit` over gRPC against the server in-process, on every store
+//! (memory and a real redis-server), with the clock pinned.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{descriptor, request, Backend, TestServer};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use ratekeeper::clock::ManualClock;
+use tonic::Code as GrpcCode;
+
+const LIMITS: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: plan
+    value: free
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 2, name: free_user}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: open
+    rate_limit: {unlimited: true}
+  - key: old
+    rate_limit: {unit: second, requests_per_unit: 1, name: old}
+  - key: new
+    rate_limit: {unit: second, requests_per_unit: 5, name: new, replaces: [{name: old}]}
+"#;
+
+/// A minute boundary, so every window starts with the test.
+const START_MS: u64 = 1_800_000_000_000;
+
+fn code(status: &DescriptorStatus) -> Code {
+    Code::try_from(status.code).unwrap_or(Code::Unknown)
+}
+
+fn overall(response: &RateLimitResponse) -> Code {
+    Code::try_from(response.overall_code).unwrap_or(Code::Unknown)
+}
+
+fn reset_ms(status: &DescriptorStatus) -> u64 {
+    let d = status.duration_until_reset.expect("duration_until_reset");
+    d.seconds as u64 * 1000 + d.nanos as u64 / 1_000_000
+}
+
+/// Runs `body` once per store, each with a fresh server and pinned clock.
+async fn on_every_store<F, Fut>(body: F)
+where
+    F: Fn(TestServer, Arc<ManualClock>, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for backend in Backend::all() {
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        body(server, clock, backend.name()).await;
+    }
+}
+
+#[tokio::test]
+async fn counts_down_then_over_limit_and_resets() {
+    on_every_store(|server, clock, store| async move {
+        let mut client = server.client().await;
+        let req = request("api", vec![descriptor(&[("user", "alice")])]);
+        for (i, remaining) in [2u32, 1, 0].into_iter().enumerate() {
+            clock.set(START_MS + i as u64 * 10_000);
+            let r = client
+                .should_rate_limit(req.clone())
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(overall(&r), Code::Ok, "{store}");
+            let s = &r.statuses[0];
+            assert_eq!(code(s), Code::Ok);
+            assert_eq!(s.limit_remaining, remaining, "{store}");
+            let limit = s.current_limit.as_ref().unwrap();
+            assert_eq!(
+                (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+                ("per_user", 3, 2)
+            );
+            // duration_until_reset shrinks as the window passes.
+            assert_eq!(reset_ms(s), 60_000 - i as u64 * 10_000, "{store}");
+        }
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+        assert_eq!(
+            (code(&r.statuses[0]), r.statuses[0].limit_remaining),
+            (Code::OverLimit, 0)
+        );
+        // Another user has their own counter.
+        let other = request("api", vec![descriptor(&[("user", "bob")])]);
+        let r = client.should_rate_limit(other).await.unwrap().into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, 2, "{store}");
+        clock.set(START_MS + 60_000);
+        let r = client.should_rate_limit(req).await.unwrap().into_inner();
+        assert_eq!(
+            (overall(&r), r.statuses[0].limit_remaining),
+            (Code::Ok, 2),
+            "{store}: new window"
+        );
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_descriptors_with_different_limits_all_or_nothing() {
+    on_every_store(|server, _clock, store| async move {
+        let mut client = server.client().await;
+        let both = request(
+            "api",
+            vec![
+                descriptor(&[("ip", "10.0.0.1")]),
+                descriptor(&[("plan", "free"), ("user", "u")]),
+            ],
+        );
+        for expected in [(9, 1), (8, 0)] {
+            let r = client
+                .should_rate_limit(both.clone())
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(overall(&r), Code::Ok, "{store}");
+            assert_eq!(
+                (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
+                expected
+            );
+            assert_eq!(
+                r.statuses[0].current_limit.as_ref().unwrap().unit,
+                1,
+                "second"
+            );
+            assert_eq!(
+                r.statuses[1].current_limit.as_ref().unwrap().name,
+                "free_user"
+            );
+        }
+        let r = client.should_rate_limit(both).await.unwrap().into_inner();
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+        assert_eq!(code(&r.statuses[0]), Code::Ok);
+        assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+        // The refused request did not consume from the ip limit.
+        assert_eq!(r.statuses[0].limit_remaining, 8, "{store}: all-or-nothing");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn hits_addend_request_and_descriptor_level() {
+    on_every_store(|server, _clock, store| async move {
+        let mut client = server.client().await;
+        let mut req = request("api", vec![descriptor(&[("ip", "h")])]);
+        req.hits_addend = 4;
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, 6, "{store}");
+        // The descriptor's own hits_addend wins; 0 checks without counting.
+        req.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (overall(&r), r.statuses[0].limit_remaining),
+            (Code::Ok, 6),
+            "{store}"
+        );
+        req.descriptors[0].hits_addend = Some(UInt64Value { value: 6 });
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (overall(&r), r.statuses[0].limit_remaining),
+            (Code::Ok, 0),
+            "{store}"
+        );
+        // Absurd hits: refused, nothing consumed, no overflow.
+        let mut huge = request("api", vec![descriptor(&[("ip", "huge")])]);
+        huge.hits_addend = u32::MAX;
+        let r = client
+            .should_rate_limit(huge.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (overall(&r), r.statuses[0].limit_remaining),
+            (Code::OverLimit, 10),
+            "{store}"
+        );
+        huge.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+        let r = client
+            .should_rate_limit(huge.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (overall(&r), r.statuses[0].limit_remaining),
+            (Code::OverLimit, 10),
+            "{store}"
+        );
+        huge.hits_addend = 0;
+        huge.descriptors[0].hits_addend = None;
+        let r = client.should_rate_limit(huge).await.unwrap().into_inner();
+        assert_eq!(
+            (overall(&r), r.statuses[0].limit_remaining),
+            (Code::Ok, 9),
+            "{store}: counter intact"
+        );
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_rule_unknown_domain_unlimited_shadow_and_replaces() {
+    on_every_store(|server, _clock, store| async move {
+        let mut client = server.client().await;
+        // Unknown domain: OK, no limit.
+        let r = client
+            .should_rate_limit(request("nope", vec![descriptor(&[("user", "a")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(overall(&r), Code::Ok);
+        assert!(r.statuses[0].current_limit.is_none(), "{store}");
+        // No matching rule; no parent fallback for a deeper descriptor.
+        let r = client
+            .should_rate_limit(request(
+                "api",
+                vec![
+                    descriptor(&[("nomatch", "x")]),
+                    descriptor(&[("user", "a"), ("extra", "b")]),
+                ],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses.len(), 2);
+        assert!(r
+            .statuses
+            .iter()
+            .all(|s| code(s) == Code::Ok && s.current_limit.is_none()));
+        // Unlimited.
+        let r = client
+            .should_rate_limit(request("api", vec![descriptor(&[("open", "x")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (code(&r.statuses[0]), r.statuses[0].limit_remaining),
+            (Code::Ok, u32::MAX)
+        );
+        // Shadow mode: over the limit but reported OK.
+        let shadow = request("api", vec![descriptor(&[("shadow", "s")])]);
+        for _ in 0..3 {
+            let r = client
+                .should_rate_limit(shadow.clone())
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(overall(&r), Code::Ok, "{store}: shadow mode never refuses");
+        }
+        // `new` replaces `old`: only new's limit applies.
+        let both = request(
+            "api",
+            vec![descriptor(&[("old", "x")]), descriptor(&[("new", "x")])],
+        );
+        for _ in 0..3 {
+            let r = client
+                .should_rate_limit(both.clone())
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(overall(&r), Code::Ok, "{store}");
+            assert!(r.statuses[0].current_limit.is_none(), "old was replaced");
+            assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "new");
+        }
+        // Alone, `old` still applies.
+        let old = request("api", vec![descriptor(&[("old", "y")])]);
+        client.should_rate_limit(old.clone()).await.unwrap();
+        let r = client.should_rate_limit(old).await.unwrap().into_inner();
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn limit_override_is_honoured() {
+    on_every_store(|server, _clock, store| async move {
+        let mut client = server.client().await;
+        let mut d = descriptor(&[("anything", "x")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 3, // HOUR
+        });
+        let req = request("api", vec![d.clone()]);
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (1, 3), "{store}");
+        assert_eq!(reset_ms(&r.statuses[0]), 3_600_000 - START_MS % 3_600_000);
+        let r = client.should_rate_limit(req).await.unwrap().into_inner();
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+        // An override does not share the configured rule's counter.
+        let mut user = descriptor(&[("user", "override")]);
+        user.limit = Some(RateLimitOverride {
+            requests_per_unit: 100,
+            unit: 2,
+        });
+        let r = client
+            .should_rate_limit(request("api", vec![user]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, 99);
+        // UNKNOWN unit: INVALID_ARGUMENT with a message, never a panic.
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        });
+        let e = client
+            .should_rate_limit(request("api", vec![d.clone()]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), GrpcCode::InvalidArgument);
+        assert!(
+            e.message().contains("descriptors[0].limit"),
+            "{}",
+            e.message()
+        );
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 99,
+        });
+        let e = client
+            .should_rate_limit(request("api", vec![d]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), GrpcCode::InvalidArgument);
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn keys_are_injective_over_the_wire() {
+    on_every_store(|server, _clock, store| async move {
+        let mut client = server.client().await;
+        // Exhaust ("user", "a:b") and check its look-alikes are untouched.
+        let req = request("api", vec![descriptor(&[("user", "a_b")])]);
+        for _ in 0..3 {
+            client.should_rate_limit(req.clone()).await.unwrap();
+        }
+        for value in ["a", "a_", "a:b", "a|b", "a_b ", "{a_b}"] {
+            let r = client
+                .should_rate_limit(request("api", vec![descriptor(&[("user", value)])]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(
+                r.statuses[0].limit_remaining, 2,
+                "{store}: {value:?} shares a counter"
+            );
+        }
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors() {
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let mut client = server.client().await;
+    let cases = [
+        (
+            request("", vec![descriptor(&[("user", "a")])]),
+            "domain must not be empty",
+        ),
+        (request("api", vec![]), "descriptor list must not be empty"),
+        (
+            request("api", vec![descriptor(&[("", "a")])]),
+            "descriptors[0].entries[0]: the key must not be empty",
+        ),
+        (
+            request("api", vec![descriptor(&[("user", "a")]); 10_000]),
+            "at most 64",
+        ),
+        (
+            request("api", vec![descriptor(&[("k", "v"); 17])]),
+            "at most 16",
+        ),
+        (
+            request("api", vec![descriptor(&[("user", &"v".repeat(1025))])]),
+            "longer than 1024 bytes",
+        ),
+        (
+            request("api", vec![descriptor(&[(&"k".repeat(257), "v")])]),
+            "longer than 256 bytes",
+        ),
+        (
+            request(&"d".repeat(257), vec![descriptor(&[("k", "v")])]),
+            "longer than 256 bytes",
+        ),
+    ];
+    for (req, message) in cases {
+        let e = client.should_rate_limit(req).await.unwrap_err();
+        assert_eq!(e.code(), GrpcCode::InvalidArgument, "{}", e.message());
+        assert!(
+            e.message().contains(message),
+            "{:?} should contain {message:?}",
+            e.message()
+        );
+    }
+    // A 1 MB value is refused by the message size cap before decoding.
+    let e = client
+        .should_rate_limit(request(
+            "api",
+            vec![descriptor(&[("user", &"v".repeat(1 << 20))])],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), GrpcCode::OutOfRange, "{e:?}");
+    assert!(
+        e.message().contains("message length too large"),
+        "{}",
+        e.message()
+    );
+    // Negative hits are refused rather than silently counted up.
+    let mut negative = descriptor(&[("user", "a")]);
+    negative.is_negative_hits = true;
+    let e = client
+        .should_rate_limit(request("api", vec![negative]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), GrpcCode::InvalidArgument);
+    // The server is still fine.
+    let r = client
+        .should_rate_limit(request("api", vec![descriptor(&[("user", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    server.stop().await;
+}
+
+/// A `RateLimitRequest` whose domain is raw bytes, to send invalid UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+}
+
+#[tokio::test]
+async fn malformed_utf8_is_refused() {
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let codec = tonic_prost::ProstCodec::<RawRequest, RateLimitResponse>::default();
+    let raw = RawRequest {
+        domain: vec![b'a', 0xff, 0xfe],
+    };
+    let e = grpc
+        .unary(tonic::Request::new(raw), path, codec)
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("UTF-8"), "{e:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reload_adds_and_removes_domains_and_keeps_running_config_on_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api.yaml"), LIMITS).unwrap();
+    let config = ratekeeper::config::Config::load_dir(dir.path()).unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let server = TestServer::start_with(
+        config,
+        Some(dir.path().to_owned()),
+        Backend::Memory.store(clock),
+    )
+    .await;
+    let mut client = server.client().await;
+    let other = request("other", vec![descriptor(&[("k", "v")])]);
+    let limited = |r: &RateLimitResponse| r.statuses[0].current_limit.is_some();
+
+    let r = client
+        .should_rate_limit(other.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!limited(&r), "no such domain yet");
+
+    let other_yaml = "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+    std::fs::write(dir.path().join("other.yaml"), other_yaml).unwrap();
+    let mut tries = 0;
+    loop {
+        let r = client
+            .should_rate_limit(other.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        if limited(&r) {
+            assert_eq!(
+                r.statuses[0]
+                    .current_limit
+                    .as_ref()
+                    .unwrap()
+                    .requests_per_unit,
+                7
+            );
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "the new domain was never loaded");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    // A broken file: the running config (with both domains) stays.
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "domain: broken\nnonsense: [\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = client
+        .should_rate_limit(other.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        limited(&r),
+        "a failed reload must not drop the running config"
+    );
+    std::fs::remove_file(dir.path().join("broken.yaml")).unwrap();
+
+    std::fs::remove_file(dir.path().join("other.yaml")).unwrap();
+    let mut tries = 0;
+    loop {
+        let r = client
+            .should_rate_limit(other.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        if !limited(&r) {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 200, "the removed domain was never dropped");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(server.config.current().domain("api").is_some());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reload_follows_a_configmap_symlink_swap() {
+    // Kubernetes mounts a ConfigMap as `name -> ..data/name`, `..data -> ..<timestamp>`,
+    // and updates it by atomically re-pointing `..data`.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let write_version = |name: &str, rpu: u32| {
+        let version = root.join(name);
+        std::fs::create_dir(&version).unwrap();
+        std::fs::write(
+            version.join("limits.yaml"),
+            format!("domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {rpu}}}\n"),
+        )
+        .unwrap();
+    };
+    write_version("..v1", 1);
+    std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/limits.yaml", root.join("limits.yaml")).unwrap();
+    let config = ratekeeper::config::Config::load_dir(root).unwrap();
+    let server = TestServer::start_with(
+        config,
+        Some(root.to_owned()),
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let mut client = server.client().await;
+    let req = request("cm", vec![descriptor(&[("k", "v")])]);
+    let rpu = |r: &RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(
+        rpu(&client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner()),
+        Some(1)
+    );
+
+    write_version("..v2", 2);
+    std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    let mut tries = 0;
+    while rpu(&client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner())
+        != Some(2)
+    {
+        tries += 1;
+        assert!(tries < 200, "the swapped ConfigMap was never loaded");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    server.stop().await;
+}
