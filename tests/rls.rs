@@ -651,3 +651,75 @@ async fn reload_follows_a_configmap_symlink_swap() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn reflection_v1_and_v1alpha_list_the_envoy_service() {
+    use tokio_stream::StreamExt;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient as V1;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest as V1Request;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse as V1Response;
+    use tonic_reflection::pb::v1::ServerReflectionRequest as V1Req;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient as V1Alpha;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest as AlphaRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse as AlphaResponse;
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest as AlphaReq;
+
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let ask = V1Req {
+        host: String::new(),
+        message_request: Some(V1Request::ListServices(String::new())),
+    };
+    let mut answers = V1::new(channel.clone())
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Ok(answer)) = answers.next().await else {
+        panic!("no v1 answer")
+    };
+    let Some(V1Response::ListServicesResponse(list)) = answer.message_response else {
+        panic!("{answer:?}")
+    };
+    let v1: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+
+    let ask = AlphaReq {
+        host: String::new(),
+        message_request: Some(AlphaRequest::ListServices(String::new())),
+    };
+    let mut answers = V1Alpha::new(channel)
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Ok(answer)) = answers.next().await else {
+        panic!("no v1alpha answer")
+    };
+    let Some(AlphaResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("{answer:?}")
+    };
+    let v1alpha: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+
+    for services in [&v1, &v1alpha] {
+        assert!(
+            services
+                .iter()
+                .any(|s| s == "envoy.service.ratelimit.v3.RateLimitService"),
+            "{services:?}"
+        );
+        assert!(
+            services.iter().any(|s| s == "grpc.health.v1.Health"),
+            "{services:?}"
+        );
+    }
+    server.stop().await;
+}
