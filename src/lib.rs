@@ -15,6 +15,8 @@
 //!   request against [`service::caps`], matches its descriptors and answers.
 //! - [`config`] loads the limits directory (envoyproxy/ratelimit's YAML) and
 //!   reloads it on change; [`rules`] is the compiled descriptor matcher.
+//! - [`headers`] computes the `RateLimit-*` response headers from the
+//!   request's tightest limit.
 //! - [`keys`] turns a descriptor into its counter key (injective, with a
 //!   Redis Cluster hash tag).
 //! - [`limiter`] is the policy: units, algorithms, the check/outcome types.
@@ -28,6 +30,7 @@
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod headers;
 pub mod keys;
 pub mod limiter;
 pub mod rules;

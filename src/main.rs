@@ -9,7 +9,9 @@ use clap::Parser;
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
+use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::server::Server;
+use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::{keys, Error, Result};
@@ -44,6 +46,26 @@ struct Cli {
     /// Prefix of every counter key.
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = keys::DEFAULT_PREFIX)]
     key_prefix: String,
+    /// Add RateLimit-* / Retry-After response headers (domains can override
+    /// with `response_headers:` in their limits file).
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    response_headers: bool,
+    /// Name of the limit header.
+    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]
+    header_limit: String,
+    /// Name of the remaining header.
+    #[arg(
+        long,
+        env = "LIMIT_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining"
+    )]
+    header_remaining: String,
+    /// Name of the reset header (seconds).
+    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
+    header_reset: String,
+    /// Name of the retry header, sent when over the limit (seconds).
+    #[arg(long, env = "LIMIT_RETRY_AFTER_HEADER", default_value = "Retry-After")]
+    header_retry_after: String,
     /// How often the limits directory is checked for changes, in milliseconds.
     #[arg(long, env = "RELOAD_INTERVAL_MS", default_value_t = 1_000)]
     reload_interval_ms: u64,
@@ -74,6 +96,16 @@ async fn run(cli: Cli) -> Result<()> {
             "the key prefix must not contain '{' or '}'".into(),
         ));
     }
+    let headers = HeaderSettings {
+        enabled: cli.response_headers,
+        names: HeaderNames {
+            limit: cli.header_limit,
+            remaining: cli.header_remaining,
+            reset: cli.header_reset,
+            retry_after: cli.header_retry_after,
+        },
+    };
+    headers.names.validate()?;
     let metrics = match cli.metrics_addr.as_str() {
         "off" | "" => None,
         addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
@@ -120,7 +152,10 @@ async fn run(cli: Cli) -> Result<()> {
         config_dir: Some(cli.config_dir),
         config: SharedConfig::new(config),
         store,
-        key_prefix: cli.key_prefix,
+        limiter: LimiterSettings {
+            key_prefix: cli.key_prefix,
+            headers,
+        },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
     }

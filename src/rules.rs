@@ -11,19 +11,53 @@ use std::collections::HashMap;
 
 use crate::limiter::{Algorithm, Unit};
 
-/// A requests-per-unit rate.
+/// One limit: a requests-per-unit rate counted by an algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rate {
     pub requests_per_unit: u32,
     pub unit: Unit,
     pub algorithm: Algorithm,
+    /// Bucket size / queue depth of `token_bucket` / `leaky_bucket`;
+    /// `None` means `requests_per_unit`.
+    pub burst: Option<u32>,
+    /// `rate_limit.name`, reported in `current_limit` and used by `replaces`.
+    pub name: Option<String>,
 }
 
 impl Rate {
+    /// A fixed-window rate without a name (Envoy's override).
+    pub fn fixed(requests_per_unit: u32, unit: Unit) -> Self {
+        Rate {
+            requests_per_unit,
+            unit,
+            algorithm: Algorithm::FixedWindow,
+            burst: None,
+            name: None,
+        }
+    }
+
     /// The part of a counter key that identifies this rate's counter. Stable
     /// across reloads, so editing the number of requests keeps the counts.
     pub fn counter_id(&self) -> String {
         format!("{}.{}", self.algorithm.key_tag(), self.unit.seconds())
+    }
+
+    /// The burst the store applies (0 for algorithms without one).
+    pub fn effective_burst(&self) -> u64 {
+        if self.algorithm.has_burst() {
+            u64::from(self.burst.unwrap_or(self.requests_per_unit))
+        } else {
+            0
+        }
+    }
+
+    /// The most hits this rate admits at once: what `RateLimit-Limit` reports.
+    pub fn capacity(&self) -> u64 {
+        if self.algorithm.has_burst() {
+            self.effective_burst()
+        } else {
+            u64::from(self.requests_per_unit)
+        }
     }
 }
 
@@ -50,13 +84,12 @@ impl RuleMetrics {
     }
 }
 
-/// A limit attached to one node of a domain's descriptor tree.
+/// The limits attached to one node of a domain's descriptor tree.
 #[derive(Debug, Clone)]
 pub struct Rule {
-    /// `rate_limit.name`, used by `replaces` and reported in `current_limit`.
-    pub name: Option<String>,
-    /// `None` when the rule is `unlimited`.
-    pub rate: Option<Rate>,
+    /// Every limit of the node (`rate_limit`, or the stacked `rate_limits`),
+    /// all checked; empty when the rule is `unlimited`.
+    pub rates: Vec<Rate>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
     /// Names of rules this one replaces when both match one request.
@@ -64,6 +97,17 @@ pub struct Rule {
     /// The node's path, e.g. `plan_free.user_id`: the metrics label.
     pub path: String,
     pub metrics: RuleMetrics,
+}
+
+impl Rule {
+    pub fn is_unlimited(&self) -> bool {
+        self.rates.is_empty()
+    }
+
+    /// Whether any of the rule's limits is called `name`.
+    pub fn is_named(&self, name: &str) -> bool {
+        self.rates.iter().any(|r| r.name.as_deref() == Some(name))
+    }
 }
 
 /// A value pattern with `*` wildcards, each matching zero or more characters.

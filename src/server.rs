@@ -14,6 +14,7 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
+use crate::service::rls::LimiterSettings;
 use crate::service::{caps, RateLimiter};
 use crate::store::Store;
 use crate::{Error, Result};
@@ -34,8 +35,7 @@ pub struct Server {
     /// The config to start with.
     pub config: SharedConfig,
     pub store: Store,
-    /// Prefix of every counter key.
-    pub key_prefix: String,
+    pub limiter: LimiterSettings,
     /// How often the limits directory is checked for changes.
     pub reload_interval: Duration,
     /// After shutdown is asked, how long in-flight calls and open connections
@@ -50,7 +50,7 @@ impl Server {
             context: "gRPC listener".into(),
             source,
         })?;
-        let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.key_prefix);
+        let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
         let rls =
             RateLimitServiceServer::new(limiter).max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
 

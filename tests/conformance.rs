@@ -1,6 +1,7 @@
 //! One table of (time, checks) -> outcomes, run against every store: the
 //! in-memory store and a real Redis, both with the same pinned clock. The two
-//! implementations of each algorithm must agree exactly.
+//! implementations of each algorithm must agree exactly, and with the
+//! hand-computed expectations here.
 
 mod common;
 
@@ -10,16 +11,22 @@ use common::Backend;
 use ratekeeper::clock::ManualClock;
 use ratekeeper::limiter::{Algorithm, Check, Outcome, MAX_HITS};
 
-/// A check on key `key`: `limit` per second, `hits`, enforced or shadow.
-fn c(key: &str, limit: u64, hits: u64) -> Check {
+/// A check of `algorithm` on key `key`: `limit` per `period_ms`, `burst`, `hits`.
+fn ck(algorithm: Algorithm, key: &str, limit: u64, period_ms: u64, burst: u64, hits: u64) -> Check {
     Check {
-        key: format!("rk:{{t|{key}}}:fw.1"),
-        algorithm: Algorithm::FixedWindow,
+        key: format!("rk:{{t|{key}}}:{}.{period_ms}", algorithm.key_tag()),
+        algorithm,
         limit,
-        period_ms: 1_000,
+        period_ms,
+        burst,
         hits,
         enforce: true,
     }
+}
+
+/// A fixed-window check: `limit` per second.
+fn c(key: &str, limit: u64, hits: u64) -> Check {
+    ck(Algorithm::FixedWindow, key, limit, 1_000, 0, hits)
 }
 
 fn shadow(check: Check) -> Check {
@@ -46,20 +53,25 @@ fn o(over: bool, remaining: u64, reset_ms: u64) -> Outcome {
 }
 
 struct Step {
-    /// Milliseconds since the start of the table (which starts on a window edge).
+    /// Milliseconds since the start of the table (which starts on a minute edge).
     at: u64,
     checks: Vec<Check>,
     expect: Vec<Outcome>,
     why: &'static str,
+    all_or_nothing: bool,
 }
 
-fn table() -> Vec<Step> {
-    let s = |at, checks, expect, why| Step {
+fn s(at: u64, checks: Vec<Check>, expect: Vec<Outcome>, why: &'static str) -> Step {
+    Step {
         at,
         checks,
         expect,
         why,
-    };
+        all_or_nothing: true,
+    }
+}
+
+fn fixed_window() -> Vec<Step> {
     vec![
         s(0, vec![c("a", 3, 1)], vec![o(false, 2, 1000)], "first hit"),
         s(
@@ -150,11 +162,11 @@ fn table() -> Vec<Step> {
             vec![o(false, 4, 1000), o(false, 0, 1000)],
             "both admitted",
         ),
-        // shadow mode never refuses, and is counted
+        // shadow mode never refuses; an over limit consumes nothing
         s(
             2000,
             vec![c("e1", 5, 1), shadow(c("e2", 1, 3))],
-            vec![o(false, 4, 1000), o(true, 0, 1000)],
+            vec![o(false, 4, 1000), o(true, 1, 1000)],
             "a shadow limit over does not block",
         ),
         // a descriptor repeated in one request counts twice
@@ -196,26 +208,252 @@ fn table() -> Vec<Step> {
             vec![o(true, 0, 1000)],
             "limit 0",
         ),
+        // Envoy's count-everything mode: what fits is consumed anyway
+        Step {
+            all_or_nothing: false,
+            ..s(
+                61_000,
+                vec![c("ce1", 5, 1), c("ce2", 1, 2)],
+                vec![o(false, 4, 1000), o(true, 1, 1000)],
+                "count-everything: ce1 consumed though ce2 refuses",
+            )
+        },
+    ]
+}
+
+fn sliding_window() -> Vec<Step> {
+    let sw = |hits| ck(Algorithm::SlidingWindow, "sw", 4, 1_000, 0, hits);
+    vec![
+        s(0, vec![sw(1)], vec![o(false, 3, 1000)], "first hit"),
+        s(500, vec![sw(3)], vec![o(false, 0, 500)], "fill the window"),
+        s(600, vec![sw(1)], vec![o(true, 0, 400)], "over"),
+        s(
+            1250,
+            vec![sw(1)],
+            vec![o(false, 0, 750)],
+            "previous 4 weighted 3/4: 3 + 1",
+        ),
+        s(
+            1500,
+            vec![sw(1)],
+            vec![o(false, 0, 500)],
+            "weighted 2 + current 2",
+        ),
+        s(
+            1501,
+            vec![sw(1)],
+            vec![o(false, 0, 499)],
+            "weighted floor(1.996) = 1 + current 3",
+        ),
+        s(
+            1510,
+            vec![sw(1)],
+            vec![o(true, 0, 490)],
+            "weighted 1 + current 3 is full",
+        ),
+        s(
+            3100,
+            vec![sw(2)],
+            vec![o(false, 2, 900)],
+            "two windows later: nothing carried",
+        ),
+    ]
+}
+
+fn sliding_log() -> Vec<Step> {
+    let sl = |hits| ck(Algorithm::SlidingLog, "sl", 3, 1_000, 0, hits);
+    let sl2 = |hits| ck(Algorithm::SlidingLog, "sl2", 10, 1_000, 0, hits);
+    let sl3 = |hits| ck(Algorithm::SlidingLog, "sl3", 3, 1_000, 0, hits);
+    vec![
+        s(0, vec![sl(1)], vec![o(false, 2, 1000)], "first hit"),
+        s(100, vec![sl(1)], vec![o(false, 1, 1000)], "second"),
+        s(200, vec![sl(1)], vec![o(false, 0, 1000)], "third"),
+        s(
+            300,
+            vec![sl(1)],
+            vec![o(true, 0, 700)],
+            "over until the oldest expires",
+        ),
+        s(
+            1000,
+            vec![sl(1)],
+            vec![o(false, 0, 1000)],
+            "the oldest expired exactly now",
+        ),
+        s(
+            1050,
+            vec![sl(2)],
+            vec![o(true, 0, 150)],
+            "two need the two oldest gone",
+        ),
+        s(
+            1100,
+            vec![sl(0)],
+            vec![o(false, 1, 900)],
+            "check only after one expired",
+        ),
+        s(
+            1100,
+            vec![sl(5)],
+            vec![o(true, 1, 900)],
+            "more than the limit never fits",
+        ),
+        s(
+            5000,
+            vec![sl2(1)],
+            vec![o(false, 9, 1000)],
+            "same millisecond",
+        ),
+        s(
+            5000,
+            vec![sl2(1)],
+            vec![o(false, 8, 1000)],
+            "same millisecond again: a distinct entry",
+        ),
+        s(
+            5000,
+            vec![sl2(3)],
+            vec![o(false, 5, 1000)],
+            "several hits at once",
+        ),
+        s(
+            6000,
+            vec![sl3(2), sl3(2)],
+            vec![o(false, 3, 0), o(true, 3, 0)],
+            "same key twice, second over: nothing logged",
+        ),
+    ]
+}
+
+fn token_bucket() -> Vec<Step> {
+    let tb = |hits| ck(Algorithm::TokenBucket, "tb", 4, 1_000, 4, hits);
+    let tb2 = |hits| ck(Algorithm::TokenBucket, "tb2", 1, 1_000, 3, hits);
+    let tb3 = |hits| ck(Algorithm::TokenBucket, "tb3", 3, 1_000, 3, hits);
+    vec![
+        s(
+            0,
+            vec![tb(1)],
+            vec![o(false, 3, 250)],
+            "one token out, full again in 250 ms",
+        ),
+        s(0, vec![tb(3)], vec![o(false, 0, 1000)], "empty"),
+        s(
+            100,
+            vec![tb(1)],
+            vec![o(true, 0, 150)],
+            "next token in 150 ms",
+        ),
+        s(
+            250,
+            vec![tb(1)],
+            vec![o(false, 0, 1000)],
+            "one token refilled",
+        ),
+        s(2000, vec![tb(0)], vec![o(false, 4, 0)], "full again"),
+        s(
+            2000,
+            vec![tb(5)],
+            vec![o(true, 4, 0)],
+            "more than the bucket never fits",
+        ),
+        s(
+            3000,
+            vec![tb2(3)],
+            vec![o(false, 0, 3000)],
+            "burst 3 at 1 per second",
+        ),
+        s(
+            3500,
+            vec![tb2(1)],
+            vec![o(true, 0, 500)],
+            "next token in 500 ms",
+        ),
+        s(4000, vec![tb2(1)], vec![o(false, 0, 3000)], "refilled"),
+        s(
+            5000,
+            vec![tb3(3)],
+            vec![o(false, 0, 1001)],
+            "3 per second: 333334 us per token",
+        ),
+        s(
+            5334,
+            vec![tb3(1)],
+            vec![o(false, 0, 1000)],
+            "one token back after 333.334 ms",
+        ),
+    ]
+}
+
+fn leaky_bucket() -> Vec<Step> {
+    let lb = |hits| ck(Algorithm::LeakyBucket, "lb", 2, 1_000, 2, hits);
+    vec![
+        s(0, vec![lb(1)], vec![o(false, 1, 0)], "served at once"),
+        s(
+            0,
+            vec![lb(1)],
+            vec![o(false, 0, 500)],
+            "queued behind one: wait 500 ms",
+        ),
+        s(
+            100,
+            vec![lb(1)],
+            vec![o(true, 0, 400)],
+            "queue full for 400 ms",
+        ),
+        s(500, vec![lb(1)], vec![o(false, 0, 500)], "a place freed"),
+        s(500, vec![lb(0)], vec![o(true, 0, 500)], "check only: full"),
+    ]
+}
+
+fn mixed() -> Vec<Step> {
+    let fw = |hits| c("mix1", 5, hits);
+    let tb = |hits| ck(Algorithm::TokenBucket, "mix2", 1, 1_000, 1, hits);
+    vec![
+        s(
+            7000,
+            vec![fw(1), tb(2)],
+            vec![o(false, 5, 1000), o(true, 1, 0)],
+            "a token bucket refusal spares the fixed window",
+        ),
+        s(
+            7000,
+            vec![fw(1), tb(1)],
+            vec![o(false, 4, 1000), o(false, 0, 1000)],
+            "both admitted in one step",
+        ),
     ]
 }
 
 #[tokio::test]
-async fn fixed_window_table_agrees_on_every_store() {
+async fn every_algorithm_agrees_on_every_store() {
     // A start on a minute boundary, so every window in the table is aligned.
     let start = 1_800_000_000_000u64;
+    let tables = [
+        ("fixed_window", fixed_window()),
+        ("sliding_window", sliding_window()),
+        ("sliding_log", sliding_log()),
+        ("token_bucket", token_bucket()),
+        ("leaky_bucket", leaky_bucket()),
+        ("mixed", mixed()),
+    ];
     for backend in Backend::all() {
-        let clock = Arc::new(ManualClock::new(start));
-        let store = backend.store(clock.clone());
-        for (i, step) in table().into_iter().enumerate() {
-            clock.set(start + step.at);
-            let got = store.apply(&step.checks).await.expect("store");
-            assert_eq!(
-                got,
-                step.expect,
-                "{} step {i}: {}",
-                backend.name(),
-                step.why
-            );
+        for (name, table) in &tables {
+            let clock = Arc::new(ManualClock::new(start));
+            let store = backend.store(clock.clone());
+            for (i, step) in table.iter().enumerate() {
+                clock.set(start + step.at);
+                let got = store
+                    .apply(&step.checks, step.all_or_nothing)
+                    .await
+                    .expect("store");
+                assert_eq!(
+                    got,
+                    step.expect,
+                    "{} {name} step {i}: {}",
+                    backend.name(),
+                    step.why
+                );
+            }
         }
     }
 }
@@ -226,22 +464,18 @@ async fn redis_counters_always_carry_a_ttl() {
     let clock = Arc::new(ManualClock::new(1_800_000_000_250));
     let store = redis.store(Some(clock));
     store
-        .apply(&[minute(c("ttl", 10, 1)), c("ttl2", 10, 1)])
+        .apply(&[minute(c("ttl", 10, 1)), c("ttl2", 10, 1)], true)
         .await
         .unwrap();
     // Refused and check-only requests write nothing.
-    store.apply(&[c("refused", 1, 5)]).await.unwrap();
-    store.apply(&[c("checked", 1, 0)]).await.unwrap();
+    store.apply(&[c("refused", 1, 5)], true).await.unwrap();
+    store.apply(&[c("checked", 1, 0)], true).await.unwrap();
     let mut conn = redis.client().get_connection().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert_eq!(keys.len(), 2, "{keys:?}");
     for key in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
-        let max = if key.ends_with("ttl}:fw.1") {
-            59_750
-        } else {
-            750
-        };
+        let max = if key.contains("|ttl}") { 59_750 } else { 750 };
         assert!(ttl > 0 && ttl <= max, "{key} has PTTL {ttl}");
     }
 }
@@ -250,10 +484,10 @@ async fn redis_counters_always_carry_a_ttl() {
 async fn redis_script_is_reloaded_after_script_flush() {
     let redis = common::RedisServer::start();
     let store = redis.store(Some(Arc::new(ManualClock::new(1_800_000_000_000))));
-    assert!(!store.apply(&[c("x", 5, 1)]).await.unwrap()[0].over);
+    assert!(!store.apply(&[c("x", 5, 1)], true).await.unwrap()[0].over);
     let mut conn = redis.client().get_connection().unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-    let after = store.apply(&[c("x", 5, 1)]).await.unwrap();
+    let after = store.apply(&[c("x", 5, 1)], true).await.unwrap();
     assert_eq!(
         after[0].remaining, 3,
         "the counter survived, the script was reloaded"
@@ -264,7 +498,10 @@ async fn redis_script_is_reloaded_after_script_flush() {
 async fn redis_reads_its_own_clock_when_none_is_pinned() {
     let redis = common::RedisServer::start();
     let store = redis.store(None);
-    let out = store.apply(&[minute(c("clock", 5, 1))]).await.unwrap();
+    let out = store
+        .apply(&[minute(c("clock", 5, 1))], true)
+        .await
+        .unwrap();
     assert!(!out[0].over && out[0].remaining == 4, "{out:?}");
     assert!(out[0].reset_ms > 0 && out[0].reset_ms <= 60_000, "{out:?}");
     let now_ms = std::time::SystemTime::now()

@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
-use crate::limiter::{Algorithm, Unit};
+use crate::limiter::{gcra, Algorithm, Unit};
 use crate::rules::{KeyNodes, Level, Node, Rate, Rule, RuleMetrics, RuleTree, Wildcard};
 
 #[derive(Debug, Deserialize)]
@@ -17,6 +17,10 @@ use crate::rules::{KeyNodes, Level, Node, Rate, Rule, RuleMetrics, RuleTree, Wil
 struct RawFile {
     domain: Option<Scalar>,
     descriptors: Option<Vec<RawDescriptor>>,
+    /// ratekeeper: `false` keeps Envoy's count-everything behaviour.
+    all_or_nothing: Option<bool>,
+    /// ratekeeper: RateLimit-* response headers for this domain (overrides the flag).
+    response_headers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -25,6 +29,8 @@ struct RawDescriptor {
     key: Option<Scalar>,
     value: Option<Scalar>,
     rate_limit: Option<RawRateLimit>,
+    /// ratekeeper: several limits on one descriptor, all checked.
+    rate_limits: Option<Vec<RawRateLimit>>,
     descriptors: Option<Vec<RawDescriptor>>,
     #[serde(default)]
     shadow_mode: bool,
@@ -41,6 +47,10 @@ struct RawRateLimit {
     unlimited: bool,
     name: Option<Scalar>,
     replaces: Option<Vec<RawReplace>>,
+    /// ratekeeper: how the limit counts (default `fixed_window`).
+    algorithm: Option<AlgorithmName>,
+    /// ratekeeper: bucket size / queue depth of the GCRA algorithms.
+    burst: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -96,11 +106,39 @@ impl<'de> Deserialize<'de> for UnitName {
     }
 }
 
+/// An algorithm name, checked while parsing so a bad one is reported with its line.
+#[derive(Debug)]
+struct AlgorithmName(Algorithm);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Scalar(name) = Scalar::deserialize(d)?;
+        Algorithm::parse(&name).map(AlgorithmName).ok_or_else(|| {
+            let known: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            de::Error::custom(format!(
+                "unknown algorithm {name:?}: expected one of {}",
+                known.join(", ")
+            ))
+        })
+    }
+}
+
+/// Per-domain settings (ratekeeper's additions to the format).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainOptions {
+    /// A refused request consumes nothing (default); `false` is Envoy's
+    /// behaviour, where the descriptors that fit are consumed anyway.
+    pub all_or_nothing: bool,
+    /// Whether to add RateLimit-* headers; `None` follows the server flag.
+    pub response_headers: Option<bool>,
+}
+
 /// One domain, as loaded from one file.
 #[derive(Debug)]
 pub struct DomainConfig {
     pub name: String,
     pub rules: RuleTree,
+    pub options: DomainOptions,
 }
 
 /// Parses and validates one limits file's text. `file` is only used in errors.
@@ -127,6 +165,10 @@ pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, ConfigError> {
     Ok(DomainConfig {
         name: domain,
         rules: RuleTree { root, rules },
+        options: DomainOptions {
+            all_or_nothing: raw.all_or_nothing.unwrap_or(true),
+            response_headers: raw.response_headers,
+        },
     })
 }
 
@@ -174,8 +216,20 @@ impl TreeBuilder<'_> {
             } else {
                 format!("{parent}.{label}")
             };
-            let rule = match d.rate_limit {
-                Some(rl) => Some(self.rule(rl, &here, &path, d.shadow_mode, d.detailed_metric)?),
+            let limits = match (d.rate_limit, d.rate_limits) {
+                (Some(_), Some(_)) => {
+                    return Err(format!("{here}: use rate_limit or rate_limits, not both"))
+                }
+                (Some(one), None) => Some(vec![one]),
+                (None, Some(list)) if list.is_empty() => {
+                    return Err(format!("{here}.rate_limits: the list must not be empty"))
+                }
+                (None, many) => many,
+            };
+            let rule = match limits {
+                Some(limits) => {
+                    Some(self.rule(limits, &here, &path, d.shadow_mode, d.detailed_metric)?)
+                }
                 None => None,
             };
             let children = self.level(
@@ -198,55 +252,76 @@ impl TreeBuilder<'_> {
 
     fn rule(
         &mut self,
-        raw: RawRateLimit,
+        limits: Vec<RawRateLimit>,
         at: &str,
         path: &str,
         shadow_mode: bool,
         detailed_metric: bool,
     ) -> Result<usize, String> {
-        let rate = match (raw.unlimited, raw.unit, raw.requests_per_unit) {
-            (true, Some(_), _) => {
-                return Err(format!(
-                    "{at}.rate_limit: an unlimited rate limit must not have a unit"
-                ))
+        let stacked = limits.len() > 1;
+        let mut rates: Vec<Rate> = Vec::with_capacity(limits.len());
+        let mut replaces = Vec::new();
+        for (i, raw) in limits.into_iter().enumerate() {
+            let at = if stacked {
+                format!("{at}.rate_limits[{i}]")
+            } else {
+                format!("{at}.rate_limit")
+            };
+            if let Some(list) = raw.replaces {
+                if list.is_empty() {
+                    return Err(format!("{at}: replaces must not be an empty list"));
+                }
+                for r in list {
+                    match r.name {
+                        Some(Scalar(n)) if !n.is_empty() => replaces.push(n),
+                        _ => return Err(format!("{at}.replaces: every entry needs a name")),
+                    }
+                }
             }
-            (true, None, _) => None,
-            (false, None, _) => return Err(format!("{at}.rate_limit: the unit is missing")),
-            (false, Some(_), None) => {
-                return Err(format!("{at}.rate_limit: requests_per_unit is missing"))
+            let name = match raw.name {
+                Some(Scalar(n)) if n.is_empty() => {
+                    return Err(format!("{at}: the name must not be empty"))
+                }
+                other => other.map(|Scalar(n)| n),
+            };
+            if raw.unlimited {
+                if raw.unit.is_some() {
+                    return Err(format!(
+                        "{at}: an unlimited rate limit must not have a unit"
+                    ));
+                }
+                if stacked {
+                    return Err(format!("{at}: an unlimited rate limit cannot be stacked"));
+                }
+                continue;
             }
-            (false, Some(UnitName(unit)), Some(requests_per_unit)) => Some(Rate {
+            let Some(UnitName(unit)) = raw.unit else {
+                return Err(format!("{at}: the unit is missing"));
+            };
+            let Some(requests_per_unit) = raw.requests_per_unit else {
+                return Err(format!("{at}: requests_per_unit is missing"));
+            };
+            let algorithm = raw
+                .algorithm
+                .map_or(Algorithm::FixedWindow, |AlgorithmName(a)| a);
+            let rate = Rate {
                 requests_per_unit,
                 unit,
-                algorithm: Algorithm::FixedWindow,
-            }),
-        };
-        let name = match raw.name {
-            Some(Scalar(n)) if n.is_empty() => {
-                return Err(format!("{at}.rate_limit: the name must not be empty"))
-            }
-            other => other.map(|Scalar(n)| n),
-        };
-        let replaces = match raw.replaces {
-            None => Vec::new(),
-            Some(list) if list.is_empty() => {
+                algorithm,
+                burst: raw.burst,
+                name,
+            };
+            check_rate(&rate).map_err(|e| format!("{at}: {e}"))?;
+            if let Some(twin) = rates.iter().find(|r| r.counter_id() == rate.counter_id()) {
                 return Err(format!(
-                    "{at}.rate_limit: replaces must not be an empty list"
-                ))
+                    "{at}: a second {algorithm} limit per {unit} (the first allows {}); stacked limits need different units or algorithms",
+                    twin.requests_per_unit
+                ));
             }
-            Some(list) => list
-                .into_iter()
-                .map(|r| match r.name {
-                    Some(Scalar(n)) if !n.is_empty() => Ok(n),
-                    _ => Err(format!(
-                        "{at}.rate_limit.replaces: every entry needs a name"
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-        };
+            rates.push(rate);
+        }
         self.rules.push(Rule {
-            name,
-            rate,
+            rates,
             shadow_mode,
             detailed_metric,
             replaces,
@@ -257,12 +332,43 @@ impl TreeBuilder<'_> {
     }
 }
 
+/// Checks a rate's numbers against its algorithm.
+fn check_rate(rate: &Rate) -> Result<(), String> {
+    let algorithm = rate.algorithm;
+    if rate.burst.is_some() && !algorithm.has_burst() {
+        return Err(format!(
+            "burst applies only to token_bucket and leaky_bucket, not {algorithm}"
+        ));
+    }
+    // A zero fixed window refuses everything, as in envoyproxy/ratelimit; the
+    // other algorithms are rates and need one.
+    if rate.requests_per_unit == 0 && algorithm != Algorithm::FixedWindow {
+        return Err(format!(
+            "requests_per_unit must be positive for {algorithm}"
+        ));
+    }
+    if rate.burst == Some(0) {
+        return Err("burst must be positive".into());
+    }
+    if algorithm.has_burst() {
+        let emission_us =
+            (rate.unit.seconds() * 1_000_000).div_ceil(u64::from(rate.requests_per_unit));
+        if rate.effective_burst().saturating_mul(emission_us) > gcra::MAX_BURST_SPAN_US {
+            return Err(format!(
+                "burst {} at {} per {} spans more than 2^52 microseconds",
+                rate.effective_burst(),
+                rate.requests_per_unit,
+                rate.unit
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_replaces(rules: &[Rule]) -> Result<(), String> {
     for rule in rules {
-        if let Some(name) = &rule.name {
-            if rule.replaces.contains(name) {
-                return Err(format!("rule {:?} ({name:?}) replaces itself", rule.path));
-            }
+        if let Some(name) = rule.replaces.iter().find(|n| rule.is_named(n)) {
+            return Err(format!("rule {:?} ({name:?}) replaces itself", rule.path));
         }
     }
     Ok(())

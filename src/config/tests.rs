@@ -31,7 +31,12 @@ fn matched(config: &Config, entries: &[(&str, &str)]) -> Option<String> {
     config
         .domain("d")
         .and_then(|d| d.rules.find(entries.iter().copied()))
-        .map(|r| r.name.clone().unwrap_or_else(|| r.path.clone()))
+        .map(|r| {
+            r.rates
+                .first()
+                .and_then(|r| r.name.clone())
+                .unwrap_or_else(|| r.path.clone())
+        })
 }
 
 #[test]
@@ -60,7 +65,7 @@ descriptors:
         .rules
         .find([("database", "default")].into_iter())
         .unwrap();
-    let rate = rule.rate.as_ref().unwrap();
+    let rate = &rule.rates[0];
     assert_eq!((rate.requests_per_unit, rate.unit), (500, Unit::Second));
     assert!(rule.shadow_mode && rule.detailed_metric);
     assert_eq!(rule.path, "database_default");
@@ -87,7 +92,7 @@ fn every_unit_parses_case_insensitively() {
             .rules
             .find([("k", "v")].into_iter())
             .unwrap();
-        assert_eq!(rule.rate.as_ref().unwrap().unit, unit);
+        assert_eq!(rule.rates[0].unit, unit);
     }
 }
 
@@ -279,7 +284,7 @@ fn matching_follows_envoy_ratelimit() {
         .rules
         .find([("open", "x")].into_iter())
         .unwrap();
-    assert!(open.rate.is_none(), "unlimited rules carry no rate");
+    assert!(open.is_unlimited(), "unlimited rules carry no rate");
 }
 
 #[test]

@@ -5,7 +5,11 @@
 //! algorithm's Redis twin is a Lua script in `lua/` with the same semantics,
 //! and the conformance tests run one table against both.
 
+pub mod batch;
 pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_log;
+pub mod sliding_window;
 
 use std::fmt;
 
@@ -96,19 +100,65 @@ impl fmt::Display for Unit {
     }
 }
 
-/// How a limit counts. Only Envoy's fixed window exists so far.
+/// How a limit counts. Each has a Rust module here and a Lua twin in `lua/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Counters per window aligned to the Unix epoch (envoyproxy/ratelimit's).
     FixedWindow,
+    /// Current and previous window counts, the previous weighted by overlap.
+    SlidingWindow,
+    /// Exact log of admitted hits' timestamps.
+    SlidingLog,
+    /// GCRA; `burst` is the bucket size.
+    TokenBucket,
+    /// GCRA policing; `burst` is the queue depth, the reset is the wait.
+    LeakyBucket,
 }
 
 impl Algorithm {
-    /// Short tag used in counter keys, stable across releases.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+
+    /// The name used in limits files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Short tag used in counter keys and by the Lua batch script; stable.
     pub fn key_tag(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::SlidingLog => "sl",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::LeakyBucket => "lb",
         }
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -118,14 +168,23 @@ pub struct Check {
     /// Counter key (see `keys`).
     pub key: String,
     pub algorithm: Algorithm,
-    /// Requests allowed per period.
+    /// Requests allowed per period (> 0 for the GCRA algorithms).
     pub limit: u64,
     /// Window length in milliseconds (> 0).
     pub period_ms: u64,
+    /// Bucket size / queue depth of the GCRA algorithms (> 0); ignored by the others.
+    pub burst: u64,
     /// Hits to consume; 0 checks without consuming.
     pub hits: u64,
     /// Whether being over this limit refuses the request (false in shadow mode).
     pub enforce: bool,
+}
+
+impl Check {
+    /// Hits a decision is about: a check-only request asks about one.
+    pub fn need(&self) -> u64 {
+        self.hits.max(1)
+    }
 }
 
 /// The store's verdict on one [`Check`].
@@ -133,12 +192,38 @@ pub struct Check {
 pub struct Outcome {
     /// This limit alone would refuse the request.
     pub over: bool,
-    /// Requests left in the current window after this request.
+    /// Hits this limit would still admit now, after this request.
     pub remaining: u64,
-    /// Milliseconds until the window resets.
+    /// Milliseconds until the limit is fully restored; when over, until the
+    /// refused hits would be admitted; for `leaky_bucket`, the caller's wait.
     pub reset_ms: u64,
 }
 
 /// Hits above this are treated as this (any real limit is a `u32`), so sums
 /// stay exact in Lua's doubles and never overflow.
 pub const MAX_HITS: u64 = 1 << 32;
+
+/// What a store keeps for one key, per algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    Window(fixed_window::Window),
+    Sliding(sliding_window::Sliding),
+    Log(sliding_log::Log),
+    Gcra(gcra::Gcra),
+}
+
+/// One algorithm's state machine; the Lua twin in `lua/` has the same five
+/// functions with the same arithmetic.
+pub trait Policy: Sized {
+    /// The state as of `now`, from what the store holds (if anything).
+    fn load(stored: Option<State>, check: &Check, now_ms: u64) -> Self;
+    /// Whether `check.need()` more hits exceed the limit.
+    fn is_over(&self, check: &Check, now_ms: u64) -> bool;
+    /// Consumes `check.hits`.
+    fn apply(&mut self, check: &Check, now_ms: u64);
+    /// `(remaining, reset_ms)`; `applied` is whether this check's hits were consumed.
+    fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64);
+    /// How long the store must keep the state, in milliseconds (> 0).
+    fn ttl_ms(&self, check: &Check, now_ms: u64) -> u64;
+    fn into_state(self) -> State;
+}

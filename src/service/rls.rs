@@ -6,6 +6,8 @@
 //! Semantics follow envoyproxy/ratelimit, except that a refused request
 //! consumes nothing (all-or-nothing; see the README).
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -18,42 +20,52 @@ use tonic::{Request, Response, Status};
 
 use super::caps;
 use crate::config::watch::SharedConfig;
+use crate::headers::{self, HeaderSettings, LimitState};
 use crate::keys::counter_key;
-use crate::limiter::{Algorithm, Check, Outcome, Unit, MAX_HITS};
+use crate::limiter::{Check, Unit, MAX_HITS};
 use crate::rules::{Rate, Rule, RuleMetrics};
 use crate::store::Store;
 
 /// Share of a limit above which admitted hits count as `near_limit`.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
 
+/// Settings of the rate limit service beyond the config and the store.
+#[derive(Debug, Clone, Default)]
+pub struct LimiterSettings {
+    /// Prefix of every counter key.
+    pub key_prefix: String,
+    pub headers: HeaderSettings,
+}
+
 /// The `ShouldRateLimit` implementation.
 #[derive(Debug, Clone)]
 pub struct RateLimiter {
     config: SharedConfig,
     store: Store,
-    key_prefix: String,
+    settings: LimiterSettings,
 }
 
-/// The limit that applies to one descriptor of a request.
+/// The limits that apply to one descriptor of a request.
 enum Applied<'c> {
     /// No rule matched (or it was replaced): OK, no `current_limit`.
     None,
     /// An `unlimited` rule: OK, remaining `u32::MAX`.
     Unlimited,
-    /// A counted limit: a configured rule or the descriptor's override.
+    /// Counted limits: a configured rule's (maybe stacked) or the
+    /// descriptor's override; `checks` are their checks, in the same order.
     Counted {
         rule: Option<&'c Rule>,
-        rate: Rate,
-        check: usize,
+        rates: Cow<'c, [Rate]>,
+        checks: Range<usize>,
     },
 }
 
 impl RateLimiter {
-    pub fn new(config: SharedConfig, store: Store, key_prefix: impl Into<String>) -> Self {
+    pub fn new(config: SharedConfig, store: Store, settings: LimiterSettings) -> Self {
         RateLimiter {
             config,
             store,
-            key_prefix: key_prefix.into(),
+            settings,
         }
     }
 
@@ -64,7 +76,7 @@ impl RateLimiter {
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
             tracing::debug!(domain = %request.domain, "unknown domain");
-            return Ok(unlimited_response(request.descriptors.len(), None));
+            return Ok(allow_all(&[], request.descriptors.len()));
         };
 
         let mut matched: Vec<Option<&Rule>> = Vec::with_capacity(request.descriptors.len());
@@ -78,11 +90,7 @@ impl RateLimiter {
                             limit.unit
                         ))
                     })?;
-                    overrides.push(Some(Rate {
-                        requests_per_unit: limit.requests_per_unit,
-                        unit,
-                        algorithm: Algorithm::FixedWindow,
-                    }));
+                    overrides.push(Some(Rate::fixed(limit.requests_per_unit, unit)));
                     matched.push(None);
                 }
                 None => {
@@ -99,85 +107,123 @@ impl RateLimiter {
             .iter()
             .zip(matched.into_iter().zip(overrides))
             .map(|(descriptor, (rule, override_rate))| {
-                let (rule, rate) = match (override_rate, rule) {
-                    (Some(rate), _) => (None, rate),
+                let (rule, rates) = match (override_rate, rule) {
+                    (Some(rate), _) => (None, Cow::Owned(vec![rate])),
                     (None, None) => return Applied::None,
-                    (None, Some(rule)) => match &rule.rate {
-                        None => return Applied::Unlimited,
-                        Some(rate) => (Some(rule), rate.clone()),
-                    },
+                    (None, Some(rule)) if rule.is_unlimited() => return Applied::Unlimited,
+                    (None, Some(rule)) => (Some(rule), Cow::Borrowed(rule.rates.as_slice())),
                 };
-                let mut counter_id = rate.counter_id();
-                if rule.is_none() {
-                    // Overrides count apart from configured rules and from
-                    // each other, like envoyproxy/ratelimit's override keys.
-                    counter_id.push_str(&format!(".o{}", rate.requests_per_unit));
+                let first = checks.len();
+                for rate in rates.iter() {
+                    let mut counter_id = rate.counter_id();
+                    if rule.is_none() {
+                        // Overrides count apart from configured rules and from
+                        // each other, like envoyproxy/ratelimit's override keys.
+                        counter_id.push_str(&format!(".o{}", rate.requests_per_unit));
+                    }
+                    checks.push(Check {
+                        key: counter_key(
+                            &self.settings.key_prefix,
+                            &request.domain,
+                            entries(descriptor),
+                            &counter_id,
+                        ),
+                        algorithm: rate.algorithm,
+                        limit: u64::from(rate.requests_per_unit),
+                        period_ms: rate.unit.seconds() * 1_000,
+                        burst: rate.effective_burst(),
+                        hits: hits(request, descriptor),
+                        enforce: !rule.is_some_and(|r| r.shadow_mode),
+                    });
                 }
-                checks.push(Check {
-                    key: counter_key(
-                        &self.key_prefix,
-                        &request.domain,
-                        entries(descriptor),
-                        &counter_id,
-                    ),
-                    algorithm: rate.algorithm,
-                    limit: u64::from(rate.requests_per_unit),
-                    period_ms: rate.unit.seconds() * 1_000,
-                    hits: hits(request, descriptor),
-                    enforce: !rule.is_some_and(|r| r.shadow_mode),
-                });
                 Applied::Counted {
                     rule,
-                    rate,
-                    check: checks.len() - 1,
+                    rates,
+                    checks: first..checks.len(),
                 }
             })
             .collect();
 
-        let outcomes = match self.store.apply(&checks).await {
+        let outcomes = match self
+            .store
+            .apply(&checks, domain.options.all_or_nothing)
+            .await
+        {
             Ok(outcomes) => outcomes,
             Err(error) => {
                 // Fail open: the request goes ahead, the failure is visible.
                 metrics::counter!("ratekeeper_store_errors").increment(1);
                 tracing::warn!(%error, store = self.store.kind(), "store failed; allowing the request");
-                return Ok(unlimited_response(
-                    request.descriptors.len(),
-                    Some(&applied),
-                ));
+                return Ok(allow_all(&applied, request.descriptors.len()));
             }
         };
 
-        let mut overall = Code::Ok;
+        let mut tightest: Vec<LimitState> = Vec::new();
         let statuses = applied
             .iter()
             .zip(&request.descriptors)
             .map(|(applied, descriptor)| match applied {
                 Applied::None => status(Code::Ok, None, 0, None),
                 Applied::Unlimited => status(Code::Ok, None, u32::MAX, None),
-                Applied::Counted { rule, rate, check } => {
-                    let outcome = outcomes[*check];
-                    let hits = checks[*check].hits;
-                    if let Some(rule) = rule {
-                        record(&request.domain, rule, descriptor, rate, &outcome, hits);
-                    }
-                    let code = if outcome.over && checks[*check].enforce {
-                        overall = Code::OverLimit;
-                        Code::OverLimit
-                    } else {
-                        Code::Ok
+                Applied::Counted {
+                    rule,
+                    rates,
+                    checks: range,
+                } => {
+                    let states = rates
+                        .iter()
+                        .zip(&outcomes[range.clone()])
+                        .zip(&checks[range.clone()])
+                        .map(|((rate, outcome), check)| LimitState {
+                            limit: rate.capacity(),
+                            remaining: outcome.remaining,
+                            reset_ms: outcome.reset_ms,
+                            over: outcome.over && check.enforce,
+                        });
+                    let Some((at, state)) = LimitState::tightest(states) else {
+                        return status(Code::Ok, None, 0, None);
                     };
+                    if let Some(rule) = rule {
+                        let any_over = outcomes[range.clone()].iter().any(|o| o.over);
+                        record(
+                            &request.domain,
+                            rule,
+                            descriptor,
+                            &state,
+                            any_over,
+                            checks[range.start].hits,
+                        );
+                    }
+                    tightest.push(state);
                     status(
-                        code,
-                        Some(current_limit(*rule, rate)),
-                        u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
-                        Some(outcome.reset_ms),
+                        if state.over {
+                            Code::OverLimit
+                        } else {
+                            Code::Ok
+                        },
+                        Some(current_limit(&rates[at])),
+                        u32::try_from(state.remaining).unwrap_or(u32::MAX),
+                        Some(state.reset_ms),
                     )
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+        let headers_on = domain
+            .options
+            .response_headers
+            .unwrap_or(self.settings.headers.enabled);
+        let response_headers_to_add = match LimitState::tightest(tightest) {
+            Some((_, state)) if headers_on => {
+                headers::response_headers(&self.settings.headers.names, &state)
+            }
+            _ => Vec::new(),
+        };
         Ok(RateLimitResponse {
-            overall_code: overall as i32,
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
+            response_headers_to_add,
             ..Default::default()
         })
     }
@@ -286,15 +332,15 @@ fn drop_replaced(matched: &mut [Option<&Rule>]) {
         return;
     }
     for slot in matched.iter_mut() {
-        if slot.is_some_and(|rule| rule.name.as_deref().is_some_and(|n| replaced.contains(&n))) {
+        if slot.is_some_and(|rule| replaced.iter().any(|name| rule.is_named(name))) {
             *slot = None;
         }
     }
 }
 
-fn current_limit(rule: Option<&Rule>, rate: &Rate) -> RateLimit {
+fn current_limit(rate: &Rate) -> RateLimit {
     RateLimit {
-        name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
+        name: rate.name.clone().unwrap_or_default(),
         requests_per_unit: rate.requests_per_unit,
         unit: rate.unit.to_envoy(),
     }
@@ -318,13 +364,13 @@ fn status(
     }
 }
 
-/// All-OK answer: for an unknown domain (`applied` = None) or when the store
-/// failed and the request is let through (limits still reported).
-fn unlimited_response(descriptors: usize, applied: Option<&[Applied<'_>]>) -> RateLimitResponse {
+/// All-OK answer: for an unknown domain (`applied` empty) or when the store
+/// failed and the request is let through (its limits still reported).
+fn allow_all(applied: &[Applied<'_>], descriptors: usize) -> RateLimitResponse {
     let statuses = (0..descriptors)
-        .map(|i| match applied.map(|a| &a[i]) {
-            Some(Applied::Counted { rule, rate, .. }) => {
-                status(Code::Ok, Some(current_limit(*rule, rate)), 0, None)
+        .map(|i| match applied.get(i) {
+            Some(Applied::Counted { rates, .. }) => {
+                status(Code::Ok, rates.first().map(current_limit), 0, None)
             }
             Some(Applied::Unlimited) => status(Code::Ok, None, u32::MAX, None),
             _ => status(Code::Ok, None, 0, None),
@@ -338,21 +384,21 @@ fn unlimited_response(descriptors: usize, applied: Option<&[Applied<'_>]>) -> Ra
 }
 
 /// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with
-/// `detailed_metric` also per descriptor value.
+/// `detailed_metric` also per descriptor value. `state` is the descriptor's
+/// tightest limit; `any_over` includes shadow-mode limits.
 fn record(
     domain: &str,
     rule: &Rule,
     descriptor: &RateLimitDescriptor,
-    rate: &Rate,
-    outcome: &Outcome,
+    state: &LimitState,
+    any_over: bool,
     hits: u64,
 ) {
-    let limit = u64::from(rate.requests_per_unit);
-    let used = limit.saturating_sub(outcome.remaining);
-    let near = used as f64 > (limit as f64 * NEAR_LIMIT_RATIO).floor();
+    let used = state.limit.saturating_sub(state.remaining);
+    let near = used as f64 > (state.limit as f64 * NEAR_LIMIT_RATIO).floor();
     let count = |m: &RuleMetrics| {
         m.total_hits.increment(hits);
-        if outcome.over {
+        if any_over {
             m.over_limit.increment(hits);
             if rule.shadow_mode {
                 m.shadow_mode.increment(hits);

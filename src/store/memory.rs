@@ -11,14 +11,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::limiter::{fixed_window, Check, Outcome};
+use crate::limiter::{batch, Check, Outcome, State};
 
 const SHARDS: usize = 64;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Slot {
-    window: u64,
-    count: u64,
+    state: State,
     expires_at_ms: u64,
 }
 
@@ -59,8 +58,8 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies one request's checks atomically.
-    pub fn apply(&self, checks: &[Check]) -> Vec<Outcome> {
+    /// Applies one request's checks atomically (see [`batch::evaluate`]).
+    pub fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Vec<Outcome> {
         let now = self.clock.now_ms();
         let mut indices: Vec<usize> = checks.iter().map(|c| Self::shard_of(&c.key)).collect();
         indices.sort_unstable();
@@ -71,7 +70,7 @@ impl MemoryStore {
                 .map(|&i| (i, Self::lock(&self.shards[i])))
                 .collect(),
         };
-        fixed_window::evaluate(&mut table, checks, now)
+        batch::evaluate(&mut table, checks, all_or_nothing, now)
     }
 
     /// Number of live (unexpired or not yet swept) counters.
@@ -120,18 +119,17 @@ impl LockedShards<'_> {
     }
 }
 
-impl fixed_window::Counters for LockedShards<'_> {
-    fn read(&mut self, key: &str, now_ms: u64) -> Option<(u64, u64)> {
+impl batch::Table for LockedShards<'_> {
+    fn read(&mut self, key: &str, now_ms: u64) -> Option<State> {
         self.shard(key)
             .get(key)
             .filter(|slot| slot.expires_at_ms > now_ms)
-            .map(|slot| (slot.window, slot.count))
+            .map(|slot| slot.state.clone())
     }
 
-    fn write(&mut self, key: &str, window: u64, count: u64, expires_at_ms: u64) {
+    fn write(&mut self, key: &str, state: State, expires_at_ms: u64) {
         let slot = Slot {
-            window,
-            count,
+            state,
             expires_at_ms,
         };
         let shard = self.shard(key);
@@ -156,6 +154,7 @@ mod tests {
             algorithm: Algorithm::FixedWindow,
             limit,
             period_ms: 1_000,
+            burst: 0,
             hits,
             enforce: true,
         }
@@ -166,7 +165,7 @@ mod tests {
         let clock = Arc::new(ManualClock::new(10_000));
         let store = MemoryStore::new(clock.clone());
         for i in 0..1_000 {
-            store.apply(&[check(&format!("k{i}"), 5, 1)]);
+            store.apply(&[check(&format!("k{i}"), 5, 1)], true);
         }
         assert_eq!(store.len(), 1_000);
         clock.advance(1_000);

@@ -21,14 +21,16 @@ pub enum Store {
 }
 
 impl Store {
-    /// Applies one request's checks atomically, all-or-nothing.
-    pub async fn apply(&self, checks: &[Check]) -> Result<Vec<Outcome>> {
+    /// Applies one request's checks in one atomic step. With
+    /// `all_or_nothing`, a request refused by any enforced check consumes
+    /// nothing; otherwise every check that fits is consumed.
+    pub async fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Result<Vec<Outcome>> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
         match self {
-            Store::Memory(store) => Ok(store.apply(checks)),
-            Store::Redis(store) => store.apply(checks).await,
+            Store::Memory(store) => Ok(store.apply(checks, all_or_nothing)),
+            Store::Redis(store) => store.apply(checks, all_or_nothing).await,
         }
     }
 

@@ -18,6 +18,17 @@ use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
+/// The one limiter script: helpers, every algorithm, then the batch driver
+/// (see `lua/README.md`).
+const LIMITER_SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/batch.lua"),
+);
+
 /// Settings of the Redis store.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
@@ -35,7 +46,7 @@ pub struct RedisSettings {
 pub struct RedisStore {
     connections: Vec<ConnectionManager>,
     next: AtomicUsize,
-    fixed_window: Script,
+    limiter: Script,
     call_timeout: Duration,
     /// Tests pin time here; production leaves it `None` and the scripts read
     /// the server's `TIME`.
@@ -69,7 +80,7 @@ impl RedisStore {
         Ok(RedisStore {
             connections,
             next: AtomicUsize::new(0),
-            fixed_window: Script::new(include_str!("../../lua/fixed_window.lua")),
+            limiter: Script::new(LIMITER_SCRIPT),
             call_timeout: settings.call_timeout,
             clock,
         })
@@ -81,17 +92,20 @@ impl RedisStore {
     }
 
     /// Applies one request's checks in one script call.
-    pub async fn apply(&self, checks: &[Check]) -> Result<Vec<Outcome>> {
-        let mut invocation = self.fixed_window.prepare_invoke();
+    pub async fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Result<Vec<Outcome>> {
+        let mut invocation = self.limiter.prepare_invoke();
         match &self.clock {
             Some(clock) => invocation.arg(clock.now_ms()),
             None => invocation.arg(""),
         };
+        invocation.arg(if all_or_nothing { "1" } else { "0" });
         for check in checks {
             invocation
                 .key(&check.key)
+                .arg(check.algorithm.key_tag())
                 .arg(check.limit)
                 .arg(check.period_ms)
+                .arg(check.burst)
                 .arg(check.hits)
                 .arg(if check.enforce { "1" } else { "0" });
         }

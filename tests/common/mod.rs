@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratekeeper::clock::Clock;
 use ratekeeper::config::watch::SharedConfig;
 use ratekeeper::config::Config;
+use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::server::Server;
+use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -160,7 +162,13 @@ impl TestServer {
             config_dir,
             config: config.clone(),
             store,
-            key_prefix: ratekeeper::keys::DEFAULT_PREFIX.into(),
+            limiter: LimiterSettings {
+                key_prefix: ratekeeper::keys::DEFAULT_PREFIX.into(),
+                headers: HeaderSettings {
+                    enabled: true,
+                    names: HeaderNames::default(),
+                },
+            },
             reload_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),
         };

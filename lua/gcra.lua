@@ -1,0 +1,57 @@
+-- token_bucket and leaky_bucket: GCRA, one theoretical arrival time (TAT) per
+-- key, in integer microseconds. Twin of src/limiter/gcra.rs. Value: string TAT.
+
+-- Microseconds between two hits at the limit's rate, rounded up.
+local function gcra_emission(c)
+  return ceil_div(c.period * 1000, math.max(c.limit, 1))
+end
+
+local gcra = {
+  load = function(key, c, now)
+    local tat = tonumber(redis.call('GET', key))
+    if tat ~= nil and tat > now * 1000 then
+      return { tat = tat }
+    end
+    return { tat = now * 1000 }
+  end,
+  is_over = function(s, c, now)
+    local t = gcra_emission(c)
+    return c.limit == 0 or (s.tat - now * 1000) + c.need * t > c.burst * t
+  end,
+  apply = function(s, c, now)
+    s.tat = s.tat + c.hits * gcra_emission(c)
+  end,
+  report = function(s, c, over, applied, now)
+    local t = gcra_emission(c)
+    local capacity = c.burst * t
+    local backlog = s.tat - now * 1000
+    local remaining = 0
+    if capacity > backlog then
+      remaining = idiv(capacity - backlog, t)
+    end
+    local wait
+    if over then
+      -- Until the refused hits fit; if they never can, until empty.
+      local need = c.need * t
+      if need <= capacity then
+        wait = math.max(backlog + need - capacity, 0)
+      else
+        wait = backlog
+      end
+    elseif c.tag == 'lb' and applied then
+      -- The queue ahead of this request's hits.
+      wait = backlog - c.hits * t
+    else
+      wait = backlog
+    end
+    return remaining, ceil_div(wait, 1000)
+  end,
+  ttl = function(s, c, now)
+    return ceil_div(s.tat - now * 1000, 1000)
+  end,
+  save = function(key, s, c, now, ttl)
+    redis.call('SET', key, int(s.tat), 'PX', int(ttl))
+  end,
+}
+A.tb = gcra
+A.lb = gcra

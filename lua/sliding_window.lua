@@ -1,0 +1,38 @@
+-- sliding_window: current + previous window counts, the previous weighted by
+-- its overlap with the sliding window (rounded down).
+-- Twin of src/limiter/sliding_window.rs. Value: hash {w, c = current, p = previous}.
+local function sw_estimate(s, c, now)
+  local elapsed = now - s.window * c.period
+  -- Same float operations, in the same order, as the Rust twin.
+  return math.floor(s.previous * (c.period - elapsed) / c.period) + s.current
+end
+
+A.sw = {
+  load = function(key, c, now)
+    local window = idiv(now, c.period)
+    local h = redis.call('HMGET', key, 'w', 'c', 'p')
+    local w = tonumber(h[1])
+    if w == window then
+      return { window = window, current = tonumber(h[2]), previous = tonumber(h[3]) }
+    elseif w == window - 1 then
+      return { window = window, current = 0, previous = tonumber(h[2]) }
+    end
+    return { window = window, current = 0, previous = 0 }
+  end,
+  is_over = function(s, c, now)
+    return sw_estimate(s, c, now) + c.need > c.limit
+  end,
+  apply = function(s, c, now)
+    s.current = s.current + c.hits
+  end,
+  report = function(s, c, over, applied, now)
+    return math.max(c.limit - sw_estimate(s, c, now), 0), (s.window + 1) * c.period - now
+  end,
+  ttl = function(s, c, now)
+    return (s.window + 2) * c.period - now
+  end,
+  save = function(key, s, c, now, ttl)
+    redis.call('HSET', key, 'w', int(s.window), 'c', int(s.current), 'p', int(s.previous))
+    redis.call('PEXPIRE', key, int(ttl))
+  end,
+}

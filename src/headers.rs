@@ -1,0 +1,191 @@
+//! `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` and
+//! `Retry-After` response headers, from the request's tightest limit.
+//!
+//! Values are decimal integers only, so they can never carry CR, LF or NUL;
+//! names are checked once at start-up.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+
+use crate::{Error, Result};
+
+/// Header names (envoyproxy/ratelimit's defaults; `X-RateLimit-*` is common too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+    pub retry_after: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        HeaderNames {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+            retry_after: "Retry-After".into(),
+        }
+    }
+}
+
+impl HeaderNames {
+    /// Refuses names that are not HTTP tokens (RFC 9110 `tchar`s).
+    pub fn validate(&self) -> Result<()> {
+        for name in [&self.limit, &self.remaining, &self.reset, &self.retry_after] {
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token {
+                return Err(Error::Startup(format!(
+                    "{name:?} is not a valid HTTP header name"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether and how to add the headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderSettings {
+    /// The default for domains that do not set `response_headers`.
+    pub enabled: bool,
+    pub names: HeaderNames,
+}
+
+/// A limit's state as the headers describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    /// The most hits the limit admits at once.
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until fully reset or, when over, until the refused hits would fit.
+    pub reset_ms: u64,
+    /// Over and enforced (shadow-mode limits never count as over).
+    pub over: bool,
+}
+
+impl LimitState {
+    /// Over beats not over; among over, the longest wait; otherwise the
+    /// fewest remaining, then the longest reset.
+    pub fn is_tighter_than(&self, other: &LimitState) -> bool {
+        match (self.over, other.over) {
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => self.reset_ms > other.reset_ms,
+            (false, false) => {
+                self.remaining < other.remaining
+                    || (self.remaining == other.remaining && self.reset_ms > other.reset_ms)
+            }
+        }
+    }
+
+    /// The tightest of `states`, with its index.
+    pub fn tightest(states: impl IntoIterator<Item = LimitState>) -> Option<(usize, LimitState)> {
+        states
+            .into_iter()
+            .enumerate()
+            .fold(None, |best, (i, s)| match best {
+                Some((_, b)) if !s.is_tighter_than(&b) => best,
+                _ => Some((i, s)),
+            })
+    }
+}
+
+/// The headers for the request's tightest limit.
+pub fn response_headers(names: &HeaderNames, tightest: &LimitState) -> Vec<HeaderValue> {
+    let header = |key: &str, value: u64| HeaderValue {
+        key: key.to_owned(),
+        value: value.to_string(),
+        raw_value: Vec::new(),
+    };
+    let reset_s = tightest.reset_ms.div_ceil(1_000);
+    let mut headers = vec![
+        header(&names.limit, tightest.limit),
+        header(&names.remaining, tightest.remaining),
+        header(&names.reset, reset_s),
+    ];
+    if tightest.over {
+        headers.push(header(&names.retry_after, reset_s.max(1)));
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(remaining: u64, reset_ms: u64, over: bool) -> LimitState {
+        LimitState {
+            limit: 10,
+            remaining,
+            reset_ms,
+            over,
+        }
+    }
+
+    #[test]
+    fn tightest_prefers_over_then_longest_wait_then_fewest_remaining() {
+        assert_eq!(
+            LimitState::tightest([s(5, 100, false), s(2, 50, false)])
+                .unwrap()
+                .0,
+            1
+        );
+        assert_eq!(
+            LimitState::tightest([s(2, 50, false), s(2, 70, false)])
+                .unwrap()
+                .0,
+            1
+        );
+        assert_eq!(
+            LimitState::tightest([s(0, 10, false), s(9, 5, true)])
+                .unwrap()
+                .0,
+            1
+        );
+        assert_eq!(
+            LimitState::tightest([s(0, 900, true), s(0, 100, true)])
+                .unwrap()
+                .0,
+            0
+        );
+        assert!(LimitState::tightest([]).is_none());
+    }
+
+    #[test]
+    fn headers_round_reset_up_and_add_retry_after_when_over() {
+        let names = HeaderNames::default();
+        let h = response_headers(&names, &s(3, 1_001, false));
+        let pairs: Vec<(&str, &str)> = h
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("RateLimit-Limit", "10"),
+                ("RateLimit-Remaining", "3"),
+                ("RateLimit-Reset", "2")
+            ]
+        );
+        let h = response_headers(&names, &s(0, 0, true));
+        assert_eq!(
+            h.last().map(|h| (h.key.as_str(), h.value.as_str())),
+            Some(("Retry-After", "1"))
+        );
+    }
+
+    #[test]
+    fn header_names_must_be_tokens() {
+        assert!(HeaderNames::default().validate().is_ok());
+        for bad in ["", "X-Rate Limit", "X-Rate\r\nInjected: 1", "Colon:"] {
+            let names = HeaderNames {
+                limit: bad.into(),
+                ..HeaderNames::default()
+            };
+            assert!(names.validate().is_err(), "{bad:?}");
+        }
+    }
+}

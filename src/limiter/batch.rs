@@ -1,0 +1,112 @@
+//! Evaluates one request's checks as one step, for the in-memory store; the
+//! Lua twin is `lua/batch.lua`.
+//!
+//! Each key's state is loaded once; checks are tried in order, each seeing
+//! the hits earlier checks of the request consumed from the same key. A check
+//! that is over its limit consumes nothing. With `all_or_nothing`, a request
+//! refused by any enforced check consumes nothing at all, and every outcome
+//! is reported from the stored state; otherwise (Envoy's behaviour) the
+//! checks that fit are consumed even when another refuses the request.
+
+use super::{fixed_window::Window, gcra::Gcra, sliding_log::Log, sliding_window::Sliding};
+use super::{Algorithm, Check, Outcome, Policy, State};
+
+/// What a table of states must offer the evaluator.
+pub trait Table {
+    /// The state stored under `key`, if any and not expired at `now_ms`.
+    fn read(&mut self, key: &str, now_ms: u64) -> Option<State>;
+    /// Stores `state` under `key`, expiring at `expires_at_ms`.
+    fn write(&mut self, key: &str, state: State, expires_at_ms: u64);
+}
+
+macro_rules! dispatch {
+    ($state:expr, $s:ident => $body:expr) => {
+        match $state {
+            State::Window($s) => $body,
+            State::Sliding($s) => $body,
+            State::Log($s) => $body,
+            State::Gcra($s) => $body,
+        }
+    };
+}
+
+fn load(stored: Option<State>, check: &Check, now: u64) -> State {
+    match check.algorithm {
+        Algorithm::FixedWindow => Window::load(stored, check, now).into_state(),
+        Algorithm::SlidingWindow => Sliding::load(stored, check, now).into_state(),
+        Algorithm::SlidingLog => Log::load(stored, check, now).into_state(),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            Gcra::load(stored, check, now).into_state()
+        }
+    }
+}
+
+struct KeyState<'a> {
+    key: &'a str,
+    stored: State,
+    live: State,
+    /// The last check that consumed from this key (for the TTL), if any.
+    consumed_by: Option<usize>,
+}
+
+/// Evaluates `checks` against `table` at `now_ms`.
+pub fn evaluate(
+    table: &mut impl Table,
+    checks: &[Check],
+    all_or_nothing: bool,
+    now_ms: u64,
+) -> Vec<Outcome> {
+    let mut keys: Vec<KeyState<'_>> = Vec::new();
+    let mut tried = Vec::with_capacity(checks.len());
+    let mut blocked = false;
+    for (i, check) in checks.iter().enumerate() {
+        let at = match keys.iter().position(|k| k.key == check.key) {
+            Some(at) => at,
+            None => {
+                let stored = load(table.read(&check.key, now_ms), check, now_ms);
+                keys.push(KeyState {
+                    key: &check.key,
+                    live: stored.clone(),
+                    stored,
+                    consumed_by: None,
+                });
+                keys.len() - 1
+            }
+        };
+        let live = &mut keys[at].live;
+        let over = dispatch!(&*live, s => s.is_over(check, now_ms));
+        blocked |= over && check.enforce;
+        let applied = !over && check.hits > 0;
+        if applied {
+            dispatch!(&mut *live, s => s.apply(check, now_ms));
+            keys[at].consumed_by = Some(i);
+        }
+        let report = dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms));
+        tried.push((at, over, report));
+    }
+    let commit = !blocked || !all_or_nothing;
+    if commit {
+        for k in &keys {
+            if let Some(i) = k.consumed_by {
+                let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
+                table.write(k.key, k.live.clone(), now_ms + ttl.max(1));
+            }
+        }
+    }
+    checks
+        .iter()
+        .zip(tried)
+        .map(|(check, (at, over, report))| {
+            let (remaining, reset_ms) = if commit {
+                report
+            } else {
+                dispatch!(&keys[at].stored, s => s.report(check, over, false, now_ms))
+            };
+            Outcome {
+                over,
+                remaining,
+                reset_ms,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,84 @@
+//! The generic cell rate algorithm behind `token_bucket` and `leaky_bucket`:
+//! one stored time per key, the theoretical arrival time (TAT). Twin:
+//! `lua/gcra.lua`.
+//!
+//! Hits are emitted every `T = period / limit` (rounded up to a whole
+//! microsecond, so the rate is never above the configured one); a hit is
+//! admitted when `TAT - now + T <= burst * T`. All arithmetic is in integer
+//! microseconds, exact in Lua's doubles (config validation keeps
+//! `burst * T` under 2^52 µs).
+//!
+//! The two algorithms differ only in what they report as the reset:
+//! `token_bucket` the time until the bucket is full again, `leaky_bucket` the
+//! time the caller would wait in the queue before its hits are served.
+
+use super::{Algorithm, Check, Policy, State};
+
+/// Largest `burst * T`, in microseconds, that config validation accepts.
+pub const MAX_BURST_SPAN_US: u64 = 1 << 52;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gcra {
+    /// Theoretical arrival time in microseconds; never before now once loaded.
+    pub tat_us: u64,
+}
+
+/// Microseconds between two hits at the limit's rate (rounded up).
+pub fn emission_us(check: &Check) -> u64 {
+    (check.period_ms * 1_000).div_ceil(check.limit.max(1))
+}
+
+impl Gcra {
+    fn capacity_us(check: &Check) -> u64 {
+        check.burst.saturating_mul(emission_us(check))
+    }
+}
+
+impl Policy for Gcra {
+    fn load(stored: Option<State>, _check: &Check, now_ms: u64) -> Self {
+        let now_us = now_ms * 1_000;
+        match stored {
+            Some(State::Gcra(g)) if g.tat_us > now_us => g,
+            _ => Gcra { tat_us: now_us },
+        }
+    }
+
+    fn is_over(&self, check: &Check, now_ms: u64) -> bool {
+        let backlog = self.tat_us - now_ms * 1_000;
+        check.limit == 0
+            || backlog.saturating_add(check.need().saturating_mul(emission_us(check)))
+                > Self::capacity_us(check)
+    }
+
+    fn apply(&mut self, check: &Check, _now_ms: u64) {
+        self.tat_us += check.hits * emission_us(check);
+    }
+
+    fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64) {
+        let t = emission_us(check);
+        let capacity = Self::capacity_us(check);
+        let backlog = self.tat_us - now_ms * 1_000;
+        let remaining = capacity.saturating_sub(backlog) / t;
+        let wait_us = if over {
+            // Until the refused hits fit; if they never can, until empty.
+            match check.need().checked_mul(t) {
+                Some(need) if need <= capacity => (backlog + need).saturating_sub(capacity),
+                _ => backlog,
+            }
+        } else if check.algorithm == Algorithm::LeakyBucket && applied {
+            // The queue ahead of this request's hits.
+            backlog - check.hits * t
+        } else {
+            backlog
+        };
+        (remaining, wait_us.div_ceil(1_000))
+    }
+
+    fn ttl_ms(&self, _check: &Check, now_ms: u64) -> u64 {
+        (self.tat_us - now_ms * 1_000).div_ceil(1_000)
+    }
+
+    fn into_state(self) -> State {
+        State::Gcra(self)
+    }
+}
