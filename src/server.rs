@@ -109,27 +109,49 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
-/// Keeps the health status in step with the store: SERVING while it answers.
+/// The health service name that only says the process is up (for a
+/// liveness probe): always SERVING.
+pub const LIVENESS_SERVICE: &str = "liveness";
+
+/// Keeps gRPC health in step with the store. `""` and the rate limit
+/// service turn SERVING once the store has answered; as store failures fail
+/// open, they stay SERVING through a later outage (a readiness probe must not
+/// pull every replica at once), which `ratekeeper_store_up` and the logs show.
 async fn probe_store(store: Store, reporter: HealthReporter) {
-    let mut last = None;
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_service_status(RLS_SERVICE, ServingStatus::NotServing)
+        .await;
+    let mut up = None;
     loop {
-        let status = match store.ping().await {
-            Ok(()) => ServingStatus::Serving,
+        let now_up = match store.ping().await {
+            Ok(()) => true,
             Err(error) => {
-                tracing::warn!(%error, "store health probe failed");
-                ServingStatus::NotServing
+                tracing::warn!(%error, "store health probe failed; requests fail open");
+                false
             }
         };
-        if last != Some(status) {
-            reporter.set_service_status("", status).await;
-            reporter.set_service_status(RLS_SERVICE, status).await;
-            last = Some(status);
+        metrics::gauge!("ratekeeper_store_up").set(if now_up { 1.0 } else { 0.0 });
+        if now_up && up.is_none() {
+            reporter
+                .set_service_status("", ServingStatus::Serving)
+                .await;
+            reporter
+                .set_service_status(RLS_SERVICE, ServingStatus::Serving)
+                .await;
         }
-        let pause = if status == ServingStatus::Serving {
-            5_000
-        } else {
-            500
-        };
+        if up != Some(now_up) {
+            if up.is_some() {
+                tracing::info!(up = now_up, "store reachability changed");
+            }
+            up = Some(now_up);
+        }
+        let pause = if now_up { 5_000 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }

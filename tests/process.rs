@@ -233,3 +233,96 @@ async fn replicas_sharing_redis_admit_exactly_the_limit() {
         assert!(replica.terminate().success());
     }
 }
+
+#[tokio::test]
+async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
+    let dir = limits_dir(LIMITS);
+    // Redis is not there yet: a port nobody listens on.
+    let port = common::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let server = Process::start(dir.path(), &["--redis-url", &url]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for (service, expected) in [
+        ("liveness", ServingStatus::Serving),
+        ("", ServingStatus::NotServing),
+    ] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            status, expected as i32,
+            "{service:?} before the store ever answered"
+        );
+    }
+    // Requests fail open meanwhile.
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    drop(server);
+
+    // With Redis up: SERVING, and still SERVING (failing open) once it is gone.
+    let redis = RedisServer::start();
+    let server = Process::start(dir.path(), &["--redis-url", &redis.url()]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if s == ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never SERVING with Redis up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(redis);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let s = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        s,
+        ServingStatus::Serving as i32,
+        "fail-open: an outage keeps the replica in service"
+    );
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32, "fail open");
+    assert!(
+        server.metrics().contains("ratekeeper_store_errors"),
+        "the failure is counted"
+    );
+}

@@ -59,11 +59,7 @@ where
     F: Fn(TestServer, Arc<ManualClock>, &'static str) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    for backend in Backend::all() {
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
-        body(server, clock, backend.name()).await;
-    }
+    common::on_every_store(&[LIMITS], START_MS, body).await;
 }
 
 #[tokio::test]

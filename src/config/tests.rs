@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::Config;
-use crate::limiter::Unit;
+use crate::limiter::{Algorithm, Unit};
 
 fn load(text: &str) -> Result<Config, crate::ConfigError> {
     Config::from_files([(Path::new("limits/test.yaml"), text)])
@@ -311,4 +311,100 @@ fn load_dir_reports_the_broken_file() {
     assert!(e.file.ends_with("bad.yaml"), "{e}");
     assert_eq!(e.line, Some(2));
     assert!(Config::load_dir(&dir.path().join("missing")).is_err());
+}
+
+#[test]
+fn algorithms_stacked_limits_and_domain_options_load() {
+    let config = load(
+        r#"
+domain: d
+all_or_nothing: false
+response_headers: true
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20, name: burst}
+      - {unit: day, requests_per_unit: 10000, name: daily}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}
+  - key: queue
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: leaky_bucket}
+"#,
+    )
+    .unwrap();
+    let domain = config.domain("d").unwrap();
+    assert!(!domain.options.all_or_nothing);
+    assert_eq!(domain.options.response_headers, Some(true));
+    let user = domain.rules.find([("user", "u")].into_iter()).unwrap();
+    assert_eq!(user.rates.len(), 2);
+    assert_eq!(user.rates[0].algorithm, Algorithm::TokenBucket);
+    assert_eq!(
+        (user.rates[0].effective_burst(), user.rates[0].capacity()),
+        (20, 20)
+    );
+    assert_eq!(user.rates[1].algorithm, Algorithm::FixedWindow);
+    assert_eq!(
+        (user.rates[1].effective_burst(), user.rates[1].capacity()),
+        (0, 10_000)
+    );
+    assert!(user.is_named("daily"));
+    let queue = domain.rules.find([("queue", "q")].into_iter()).unwrap();
+    assert_eq!(
+        queue.rates[0].effective_burst(),
+        2,
+        "burst defaults to the rate"
+    );
+    // Defaults: all-or-nothing, headers follow the flag.
+    let plain = load("domain: d\n").unwrap();
+    let options = &plain.domain("d").unwrap().options;
+    assert!(options.all_or_nothing);
+    assert_eq!(options.response_headers, None);
+}
+
+#[test]
+fn refuses_bad_algorithms_and_rates() {
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: gcra\n");
+    assert!(e.reason.contains("unknown algorithm \"gcra\""), "{e}");
+    // serde_yaml places errors inside a mapping at the mapping's first line.
+    assert_eq!(e.line, Some(5), "{e}");
+    let rl =
+        |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
+    let cases = [
+        (rl("unit: second, requests_per_unit: 5, burst: 3"), "burst applies only to token_bucket and leaky_bucket, not fixed_window"),
+        (
+            rl("unit: second, requests_per_unit: 5, burst: 3, algorithm: sliding_log"),
+            "burst applies only to token_bucket and leaky_bucket, not sliding_log",
+        ),
+        (rl("unit: second, requests_per_unit: 0, algorithm: token_bucket"), "requests_per_unit must be positive for token_bucket"),
+        (rl("unit: second, requests_per_unit: 0, algorithm: sliding_window"), "requests_per_unit must be positive"),
+        (rl("unit: second, requests_per_unit: 5, algorithm: leaky_bucket, burst: 0"), "burst must be positive"),
+        (rl("unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 4000000000"), "spans more than 2^52"),
+        (rl("unit: second, requests_per_unit: -5, algorithm: token_bucket"), "expected u32"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: day, requests_per_unit: 9}]\n".into(),
+            "use rate_limit or rate_limits, not both",
+        ),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limits: []\n".into(), "rate_limits: the list must not be empty"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits: [{unit: second, requests_per_unit: 1}, {unlimited: true}]\n".into(),
+            "rate_limits[1]: an unlimited rate limit cannot be stacked",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits: [{unit: second, requests_per_unit: 1}, {unit: second, requests_per_unit: 5}]\n".into(),
+            "a second fixed_window limit per second",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits: [{unit: second, requests_per_unit: 1, name: a}, {unit: day, requests_per_unit: 5, replaces: [{name: a}]}]\n".into(),
+            "replaces itself",
+        ),
+    ];
+    for (text, reason) in cases {
+        assert_refused(&text, reason);
+    }
+    // The same unit with another algorithm is a valid stack.
+    load("domain: d\ndescriptors:\n  - key: k\n    rate_limits: [{unit: second, requests_per_unit: 1}, {unit: second, requests_per_unit: 5, algorithm: sliding_log}]\n").unwrap();
+    // A zero fixed window (refuse everything) loads, as in envoyproxy/ratelimit.
+    load(&rl("unit: second, requests_per_unit: 0")).unwrap();
 }

@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use ratekeeper::clock::Clock;
+use ratekeeper::clock::{Clock, ManualClock};
 use ratekeeper::config::watch::SharedConfig;
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
@@ -232,5 +232,19 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
         domain: domain.into(),
         descriptors,
         hits_addend: 0,
+    }
+}
+
+/// Runs `body` once per store (memory, then a real Redis), each with a fresh
+/// in-process server on `limits` and a clock pinned at `start_ms`.
+pub async fn on_every_store<F, Fut>(limits: &[&str], start_ms: u64, body: F)
+where
+    F: Fn(TestServer, Arc<ManualClock>, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for backend in Backend::all() {
+        let clock = Arc::new(ManualClock::new(start_ms));
+        let server = TestServer::start(limits, backend.store(clock.clone())).await;
+        body(server, clock, backend.name()).await;
     }
 }
