@@ -244,7 +244,7 @@ def test_unlimited_rule(rls, uid):
 # --- health, metrics, lifecycle --------------------------------------------------
 
 
-@pytest.mark.parametrize("service", ["", RLS_SERVICE])
+@pytest.mark.parametrize("service", ["", RLS_SERVICE, "liveness"])
 def test_health_serving(rls_server, service):
     """grpc.health.v1.Health/Check reports SERVING for the server as a whole
     and for the rate limit service (what Envoy's and Kubernetes' gRPC health

@@ -1,0 +1,141 @@
+"""examples/clients/python/ratekeeper_client.py against a running ratekeeper.
+
+The client's stubs are generated here with grpcio-tools from the repository's
+proto/ (into a temporary directory, as a user of the example would), so this
+also checks that our trimmed protos interoperate with the server.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+
+import grpc
+import pytest
+
+from conftest import DOMAIN, REPO
+from rls_client import CHANNEL_OPTIONS, wait_for_fresh_window
+
+CLIENT_DIR = REPO / "examples" / "clients" / "python"
+FREE_PER_MINUTE = 3  # conftest's LIMITS_YAML: plan=free, user_id -> 3/minute, named "free"
+
+
+@pytest.fixture(scope="module")
+def rk(tmp_path_factory):
+    """The example module, with freshly generated stubs importable."""
+    sys.path.insert(0, str(CLIENT_DIR))
+    try:
+        module = importlib.import_module("ratekeeper_client")
+        out = module.generate_stubs(tmp_path_factory.mktemp("stubs"), REPO / "proto")
+        assert (out / "envoy" / "service" / "ratelimit" / "v3" / "rls_pb2_grpc.py").is_file()
+        module.test_stubs_dir = out
+        yield module
+    finally:
+        sys.path.remove(str(CLIENT_DIR))
+
+
+@pytest.fixture(scope="module")
+def client(rk, rls_server):
+    with rk.RateLimitClient(rls_server.grpc_addr, timeout=5, options=CHANNEL_OPTIONS) as c:
+        yield c
+
+
+def free_user():
+    return {"plan": "free", "user_id": f"py-{uuid.uuid4().hex[:12]}"}
+
+
+def test_stubs_come_from_our_protos(rk):
+    from envoy.service.ratelimit.v3 import rls_pb2
+
+    service = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"]
+    assert service.full_name == "envoy.service.ratelimit.v3.RateLimitService"
+    assert "ShouldRateLimit" in service.methods_by_name
+    assert os.path.realpath(rls_pb2.__file__).startswith(str(rk.test_stubs_dir) + os.sep)
+
+
+def test_counts_down_then_refuses(rk, client):
+    wait_for_fresh_window(60)
+    user = free_user()
+    for remaining in range(FREE_PER_MINUTE - 1, -1, -1):
+        d = client.should_rate_limit(DOMAIN, [user])
+        assert d.allowed and d.error is None and d.retry_after is None
+        [s] = d.statuses
+        assert (s.code, s.remaining, s.over_limit) == ("OK", remaining, False)
+        assert s.limit == rk.Limit(requests_per_unit=FREE_PER_MINUTE, unit="MINUTE", name="free")
+        assert timedelta(0) < s.reset_after <= timedelta(seconds=60)
+    refused = client.should_rate_limit(DOMAIN, [user])
+    assert not refused.allowed
+    [s] = refused.statuses
+    assert s.code == "OVER_LIMIT" and s.over_limit and s.remaining == 0
+    assert timedelta(0) < refused.retry_after <= timedelta(seconds=60)
+    # Another user has their own counter.
+    assert client.should_rate_limit(DOMAIN, [free_user()]).allowed
+
+
+def test_hits_addend(client):
+    wait_for_fresh_window(60)
+    user = free_user()
+    assert client.should_rate_limit(DOMAIN, [user], hits_addend=2).statuses[0].remaining == 1
+    over = client.should_rate_limit(DOMAIN, [user], hits_addend=2)
+    assert not over.allowed and over.statuses[0].remaining == 1  # a refused request consumes nothing
+    check = client.should_rate_limit(DOMAIN, [user], hits_addend=0)  # checks without counting
+    assert check.allowed and check.statuses[0].remaining == 1
+    assert client.should_rate_limit(DOMAIN, [user]).statuses[0].remaining == 0
+
+
+def test_several_descriptors_in_order(client):
+    wait_for_fresh_window(60)
+    spent = free_user()
+    client.should_rate_limit(DOMAIN, [spent], hits_addend=FREE_PER_MINUTE)
+    # A list of pairs works as well as a dict; statuses follow the request's order.
+    d = client.should_rate_limit(DOMAIN, [[("plan", "internal"), ("user_id", "svc")], spent,
+                                          {"no_such_key": "x"}])
+    assert not d.allowed
+    assert [s.code for s in d.statuses] == ["OK", "OVER_LIMIT", "OK"]
+    assert d.statuses[0].remaining == 2**32 - 1  # unlimited
+    assert d.statuses[2].limit is None and d.statuses[2].reset_after is None  # no rule matched
+
+
+def test_unknown_domain_is_allowed(client):
+    d = client.should_rate_limit("no-such-domain", [{"remote_address": "198.51.100.1"}])
+    assert d.allowed and d.statuses[0].limit is None
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_fail_open_when_unreachable(rk):
+    target = _closed_port()
+    with rk.RateLimitClient(target, timeout=2, fail_open=True, options=CHANNEL_OPTIONS) as c:
+        d = c.should_rate_limit(DOMAIN, [free_user()])
+        assert d.allowed and d.statuses == () and d.error.startswith("UNAVAILABLE")
+    with rk.RateLimitClient(target, timeout=2, options=CHANNEL_OPTIONS) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.should_rate_limit(DOMAIN, [free_user()])
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_bad_request_is_raised_even_when_failing_open(rk, rls_server):
+    with rk.RateLimitClient(rls_server.grpc_addr, timeout=5, fail_open=True, options=CHANNEL_OPTIONS) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.should_rate_limit(DOMAIN, [{"": "empty key"}])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_command_line(rls_server):
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "grpc_proxy")}
+    env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1,localhost"
+    out = subprocess.run(
+        [sys.executable, str(CLIENT_DIR / "ratekeeper_client.py"), rls_server.grpc_addr, DOMAIN,
+         "plan=internal", "user_id=cli"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "allowed=True" in out.stdout and "remaining=4294967295" in out.stdout, out.stdout
