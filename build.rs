@@ -1,17 +1,23 @@
-//! Compiles the trimmed Envoy protos in `proto/` into a file descriptor set
-//! for gRPC reflection. No Rust code is generated here: the message types come
-//! from the `envoy-types` crate.
+//! Generates ratekeeper's own gRPC API (`proto/ratekeeper/`) and compiles
+//! the trimmed Envoy protos in `proto/envoy/` into a descriptor set for gRPC
+//! reflection. Envoy's Rust types come from the `envoy-types` crate, so no
+//! Rust code is generated for them. protoc is the vendored one: no system
+//! package needed.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let out = PathBuf::from(std::env::var("OUT_DIR")?).join("envoy_rls_descriptor.bin");
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     let include = protoc_bin_vendored::include_path()?;
-    let status = Command::new(protoc)
+
+    let status = Command::new(&protoc)
         .arg("--include_imports")
-        .arg(format!("--descriptor_set_out={}", out.display()))
+        .arg(format!(
+            "--descriptor_set_out={}",
+            out.join("envoy_rls_descriptor.bin").display()
+        ))
         .arg("-Iproto")
         .arg(format!("-I{}", include.display()))
         .arg("proto/envoy/service/ratelimit/v3/rls.proto")
@@ -19,6 +25,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !status.success() {
         return Err(format!("protoc failed: {status}").into());
     }
+
+    // tonic-prost-build finds protoc through this variable.
+    std::env::set_var("PROTOC", &protoc);
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .file_descriptor_set_path(out.join("ratekeeper_descriptor.bin"))
+        .compile_protos(
+            &[PathBuf::from("proto/ratekeeper/v1/concurrency.proto")],
+            &[PathBuf::from("proto"), include],
+        )?;
+
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

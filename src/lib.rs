@@ -33,6 +33,7 @@ pub mod error;
 pub mod headers;
 pub mod keys;
 pub mod limiter;
+pub mod pb;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -166,19 +166,40 @@ pub struct Node {
     pub children: Level,
 }
 
-/// A domain's compiled descriptor tree.
-#[derive(Debug, Default)]
-pub struct RuleTree {
-    pub root: Level,
-    pub rules: Vec<Rule>,
+/// A concurrent-connection limit attached to one node of a domain's
+/// `concurrency:` tree.
+#[derive(Debug, Clone)]
+pub struct ConcurrencyRule {
+    pub max_connections: u32,
+    /// How long a lease lives without a heartbeat.
+    pub lease_ttl: std::time::Duration,
+    pub name: Option<String>,
+    /// The node's path: the metrics label.
+    pub path: String,
 }
 
-impl RuleTree {
+/// A domain's compiled descriptor tree of rules `R`.
+#[derive(Debug)]
+pub struct RuleTree<R = Rule> {
+    pub root: Level,
+    pub rules: Vec<R>,
+}
+
+impl<R> Default for RuleTree<R> {
+    fn default() -> Self {
+        RuleTree {
+            root: Level::default(),
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl<R> RuleTree<R> {
     /// The rule for a request descriptor's `(key, value)` entries, if any.
     pub fn find<'a, 'e>(
         &'a self,
         entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
-    ) -> Option<&'a Rule> {
+    ) -> Option<&'a R> {
         let last = entries.len().checked_sub(1)?;
         let mut level = &self.root;
         for (i, (key, value)) in entries.enumerate() {

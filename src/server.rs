@@ -14,8 +14,10 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
+use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
+use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
-use crate::service::{caps, RateLimiter};
+use crate::service::{caps, Concurrency, RateLimiter};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -50,6 +52,15 @@ impl Server {
             context: "gRPC listener".into(),
             source,
         })?;
+        let holds = Holds::new(self.store.clone());
+        let refresher = tokio::spawn(holds.clone().refresh_forever());
+        let concurrency = ConcurrencyServiceServer::new(Concurrency::new(
+            self.config.clone(),
+            self.store.clone(),
+            self.limiter.key_prefix.clone(),
+            holds.clone(),
+        ))
+        .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
         let rls =
             RateLimitServiceServer::new(limiter).max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
@@ -82,6 +93,7 @@ impl Server {
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(rls)
+            .add_service(concurrency)
             .serve_with_incoming_shutdown(
                 TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
                 signal,
@@ -95,6 +107,9 @@ impl Server {
             }
         };
         probe.abort();
+        refresher.abort();
+        // Streams still open when the grace ran out: give their leases back.
+        holds.release_all().await;
         if let Some(watcher) = watcher {
             watcher.abort();
         }
@@ -106,6 +121,7 @@ impl Server {
 fn reflection() -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ENVOY_RLS_DESCRIPTOR)
+        .register_encoded_file_descriptor_set(crate::pb::RATEKEEPER_DESCRIPTOR)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 

@@ -516,3 +516,85 @@ async fn redis_reads_its_own_clock_when_none_is_pinned() {
         out[0].reset_ms
     );
 }
+
+/// Concurrency leases: the same steps on every store.
+#[tokio::test]
+async fn leases_agree_on_every_store() {
+    use ratekeeper::store::{LeaseRef, LeaseSlot};
+    let start = 1_800_000_000_000u64;
+    for backend in Backend::all() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(start));
+        let store = backend.store(clock.clone());
+        let user = |limit| LeaseSlot {
+            key: "rk:{t|user=u}:conn".into(),
+            limit,
+        };
+        let org = |limit| LeaseSlot {
+            key: "rk:{t|org=o}:conn".into(),
+            limit,
+        };
+        let keys = |slots: &[LeaseSlot]| slots.iter().map(|s| s.key.clone()).collect::<Vec<_>>();
+        let both = [user(2), org(3)];
+        let both_keys = keys(&both);
+
+        let a = store.acquire(&both, "a", 10_000).await.unwrap();
+        assert_eq!((a.granted, a.active.clone()), (true, vec![1, 1]), "{name}");
+        clock.advance(1_000);
+        let b = store.acquire(&both, "b", 10_000).await.unwrap();
+        assert_eq!((b.granted, b.active.clone()), (true, vec![2, 2]), "{name}");
+        // The user set is full: refused everywhere, the org set untouched.
+        let c = store.acquire(&both, "c", 10_000).await.unwrap();
+        assert_eq!(
+            (c.granted, c.active.clone(), c.retry_after_ms),
+            (false, vec![2, 2], 9_000),
+            "{name}"
+        );
+        let org_only = store.acquire(&[org(3)], "d", 10_000).await.unwrap();
+        assert_eq!(
+            (org_only.granted, org_only.active.clone()),
+            (true, vec![3]),
+            "{name}: c took no org place"
+        );
+
+        // Heartbeat extends a; b lapses.
+        clock.advance(8_000);
+        let lease = |member, keys| LeaseRef {
+            member,
+            ttl_ms: 10_000,
+            keys,
+        };
+        assert_eq!(
+            store.heartbeat(&[lease("a", &both_keys)]).await.unwrap(),
+            vec![true],
+            "{name}"
+        );
+        clock.advance(2_000);
+        assert_eq!(
+            store
+                .heartbeat(&[
+                    lease("a", &both_keys),
+                    lease("b", &both_keys),
+                    lease("zz", &both_keys)
+                ])
+                .await
+                .unwrap(),
+            vec![true, false, false],
+            "{name}: b expired, zz never existed"
+        );
+        // b's expiry freed its place: expired leases are dropped on acquire.
+        let e = store.acquire(&[user(2)], "e", 10_000).await.unwrap();
+        assert_eq!((e.granted, e.active.clone()), (true, vec![2]), "{name}");
+        // Release is idempotent and frees the place at once.
+        let user_keys = keys(&[user(2)]);
+        store.release(&[lease("e", &user_keys)]).await.unwrap();
+        store.release(&[lease("e", &user_keys)]).await.unwrap();
+        let f = store.acquire(&[user(2)], "f", 10_000).await.unwrap();
+        assert!(f.granted, "{name}");
+        assert_eq!(
+            store.heartbeat(&[lease("e", &user_keys)]).await.unwrap(),
+            vec![false],
+            "{name}"
+        );
+    }
+}

@@ -4,13 +4,16 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
 use crate::limiter::{gcra, Algorithm, Unit};
-use crate::rules::{KeyNodes, Level, Node, Rate, Rule, RuleMetrics, RuleTree, Wildcard};
+use crate::rules::{
+    ConcurrencyRule, KeyNodes, Level, Node, Rate, Rule, RuleMetrics, RuleTree, Wildcard,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +24,72 @@ struct RawFile {
     all_or_nothing: Option<bool>,
     /// ratekeeper: RateLimit-* response headers for this domain (overrides the flag).
     response_headers: Option<bool>,
+    /// ratekeeper: concurrent-connection limits, a descriptor tree of their own.
+    concurrency: Option<Vec<RawConcurrency>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConcurrency {
+    key: Option<Scalar>,
+    value: Option<Scalar>,
+    max_connections: Option<u32>,
+    lease_ttl: Option<DurationText>,
+    name: Option<Scalar>,
+    descriptors: Option<Vec<RawConcurrency>>,
+}
+
+impl RawNode for RawConcurrency {
+    type Payload = (Option<u32>, Option<DurationText>, Option<Scalar>);
+    fn split(self) -> (Option<Scalar>, Option<Scalar>, Vec<Self>, Self::Payload) {
+        let payload = (self.max_connections, self.lease_ttl, self.name);
+        (
+            self.key,
+            self.value,
+            self.descriptors.unwrap_or_default(),
+            payload,
+        )
+    }
+}
+
+/// The default lease TTL of a concurrency rule.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// Lease TTLs accepted in files and requests.
+pub const LEASE_TTL_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(3600));
+
+/// A duration such as `30s`, `500ms`, `2m`, `1h` (or a number of seconds),
+/// checked while parsing.
+#[derive(Debug)]
+struct DurationText(Duration);
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Scalar(text) = Scalar::deserialize(d)?;
+        parse_duration(&text).map(DurationText).ok_or_else(|| {
+            de::Error::custom(format!(
+                "bad duration {text:?}: expected e.g. 500ms, 30s, 2m or 1h"
+            ))
+        })
+    }
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let ms = match unit.trim() {
+        "ms" => n,
+        "" | "s" => n.checked_mul(1_000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,6 +207,8 @@ pub struct DomainOptions {
 pub struct DomainConfig {
     pub name: String,
     pub rules: RuleTree,
+    /// The `concurrency:` rules.
+    pub concurrency: RuleTree<ConcurrencyRule>,
     pub options: DomainOptions,
 }
 
@@ -157,14 +228,30 @@ pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, ConfigError> {
         domain: &domain,
         rules: Vec::new(),
     };
-    let root = builder
-        .level(raw.descriptors.unwrap_or_default(), "descriptors", "")
-        .map_err(fail)?;
+    let root = build_level(
+        raw.descriptors.unwrap_or_default(),
+        "descriptors",
+        "",
+        &mut |payload, here, path| builder.node_rule(payload, here, path),
+    )
+    .map_err(fail)?;
     let rules = builder.rules;
     check_replaces(&rules).map_err(fail)?;
+    let mut concurrency_rules = Vec::new();
+    let concurrency_root = build_level(
+        raw.concurrency.unwrap_or_default(),
+        "concurrency",
+        "",
+        &mut |payload, here, path| concurrency_rule(payload, here, path, &mut concurrency_rules),
+    )
+    .map_err(fail)?;
     Ok(DomainConfig {
         name: domain,
         rules: RuleTree { root, rules },
+        concurrency: RuleTree {
+            root: concurrency_root,
+            rules: concurrency_rules,
+        },
         options: DomainOptions {
             all_or_nothing: raw.all_or_nothing.unwrap_or(true),
             response_headers: raw.response_headers,
@@ -180,74 +267,118 @@ fn strip_location(message: &str) -> String {
     }
 }
 
+/// A YAML descriptor node: a key, maybe a value, children, and what the
+/// node carries (rate limits or a concurrency limit).
+trait RawNode: Sized {
+    type Payload;
+    fn split(self) -> (Option<Scalar>, Option<Scalar>, Vec<Self>, Self::Payload);
+}
+
+impl RawNode for RawDescriptor {
+    type Payload = RawLimits;
+    fn split(self) -> (Option<Scalar>, Option<Scalar>, Vec<Self>, RawLimits) {
+        let limits = RawLimits {
+            rate_limit: self.rate_limit,
+            rate_limits: self.rate_limits,
+            shadow_mode: self.shadow_mode,
+            detailed_metric: self.detailed_metric,
+        };
+        (
+            self.key,
+            self.value,
+            self.descriptors.unwrap_or_default(),
+            limits,
+        )
+    }
+}
+
+/// What a rate limit descriptor node carries.
+struct RawLimits {
+    rate_limit: Option<RawRateLimit>,
+    rate_limits: Option<Vec<RawRateLimit>>,
+    shadow_mode: bool,
+    detailed_metric: bool,
+}
+
+/// Compiles the nodes under one level. `at` is the YAML path for errors,
+/// `parent` the metrics path of the enclosing node; `rule` turns a node's
+/// payload into a rule index (or none).
+fn build_level<N: RawNode>(
+    raw: Vec<N>,
+    at: &str,
+    parent: &str,
+    rule: &mut impl FnMut(N::Payload, &str, &str) -> Result<Option<usize>, String>,
+) -> Result<Level, String> {
+    let mut level = Level::default();
+    let mut seen = HashSet::new();
+    for (i, node) in raw.into_iter().enumerate() {
+        let here = format!("{at}[{i}]");
+        let (key, value, children, payload) = node.split();
+        let key = match key {
+            Some(Scalar(k)) if !k.is_empty() => k,
+            _ => return Err(format!("{here}: the descriptor key must not be empty")),
+        };
+        let value = value.map(|Scalar(v)| v);
+        let label = match &value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.clone(),
+        };
+        if !seen.insert((key.clone(), value.clone())) {
+            return Err(format!(
+                "{here}: duplicate descriptor {label:?} at this level (key {key:?}{})",
+                value
+                    .as_ref()
+                    .map(|v| format!(", value {v:?}"))
+                    .unwrap_or_default()
+            ));
+        }
+        let path = if parent.is_empty() {
+            label
+        } else {
+            format!("{parent}.{label}")
+        };
+        let node = Node {
+            rule: rule(payload, &here, &path)?,
+            children: build_level(children, &format!("{here}.descriptors"), &path, rule)?,
+        };
+        let nodes: &mut KeyNodes = level.keys.entry(key).or_default();
+        match value {
+            None => nodes.default = Some(node),
+            Some(v) if v.contains('*') => nodes.wildcards.push((Wildcard::new(&v), node)),
+            Some(v) => {
+                nodes.exact.insert(v, node);
+            }
+        }
+    }
+    Ok(level)
+}
+
 struct TreeBuilder<'a> {
     domain: &'a str,
     rules: Vec<Rule>,
 }
 
 impl TreeBuilder<'_> {
-    /// Compiles the descriptors under one node. `at` is the YAML path for
-    /// errors, `parent` the metrics path of the enclosing node.
-    fn level(&mut self, raw: Vec<RawDescriptor>, at: &str, parent: &str) -> Result<Level, String> {
-        let mut level = Level::default();
-        let mut seen = HashSet::new();
-        for (i, d) in raw.into_iter().enumerate() {
-            let here = format!("{at}[{i}]");
-            let key = match d.key {
-                Some(Scalar(k)) if !k.is_empty() => k,
-                _ => return Err(format!("{here}: the descriptor key must not be empty")),
-            };
-            let value = d.value.map(|Scalar(v)| v);
-            let label = match &value {
-                Some(v) => format!("{key}_{v}"),
-                None => key.clone(),
-            };
-            if !seen.insert((key.clone(), value.clone())) {
-                return Err(format!(
-                    "{here}: duplicate descriptor {label:?} at this level (key {key:?}{})",
-                    value
-                        .as_ref()
-                        .map(|v| format!(", value {v:?}"))
-                        .unwrap_or_default()
-                ));
+    /// The rule of one rate limit node, if it has limits.
+    fn node_rule(
+        &mut self,
+        raw: RawLimits,
+        here: &str,
+        path: &str,
+    ) -> Result<Option<usize>, String> {
+        let limits = match (raw.rate_limit, raw.rate_limits) {
+            (Some(_), Some(_)) => {
+                return Err(format!("{here}: use rate_limit or rate_limits, not both"))
             }
-            let path = if parent.is_empty() {
-                label
-            } else {
-                format!("{parent}.{label}")
-            };
-            let limits = match (d.rate_limit, d.rate_limits) {
-                (Some(_), Some(_)) => {
-                    return Err(format!("{here}: use rate_limit or rate_limits, not both"))
-                }
-                (Some(one), None) => Some(vec![one]),
-                (None, Some(list)) if list.is_empty() => {
-                    return Err(format!("{here}.rate_limits: the list must not be empty"))
-                }
-                (None, many) => many,
-            };
-            let rule = match limits {
-                Some(limits) => {
-                    Some(self.rule(limits, &here, &path, d.shadow_mode, d.detailed_metric)?)
-                }
-                None => None,
-            };
-            let children = self.level(
-                d.descriptors.unwrap_or_default(),
-                &format!("{here}.descriptors"),
-                &path,
-            )?;
-            let node = Node { rule, children };
-            let nodes: &mut KeyNodes = level.keys.entry(key).or_default();
-            match value {
-                None => nodes.default = Some(node),
-                Some(v) if v.contains('*') => nodes.wildcards.push((Wildcard::new(&v), node)),
-                Some(v) => {
-                    nodes.exact.insert(v, node);
-                }
+            (Some(one), None) => vec![one],
+            (None, Some(list)) if list.is_empty() => {
+                return Err(format!("{here}.rate_limits: the list must not be empty"))
             }
-        }
-        Ok(level)
+            (None, Some(list)) => list,
+            (None, None) => return Ok(None),
+        };
+        self.rule(limits, here, path, raw.shadow_mode, raw.detailed_metric)
+            .map(Some)
     }
 
     fn rule(
@@ -330,6 +461,38 @@ impl TreeBuilder<'_> {
         });
         Ok(self.rules.len() - 1)
     }
+}
+
+/// The rule of one `concurrency:` node, if it sets `max_connections`.
+fn concurrency_rule(
+    (max_connections, lease_ttl, name): (Option<u32>, Option<DurationText>, Option<Scalar>),
+    here: &str,
+    path: &str,
+    rules: &mut Vec<ConcurrencyRule>,
+) -> Result<Option<usize>, String> {
+    let Some(max_connections) = max_connections else {
+        if lease_ttl.is_some() || name.is_some() {
+            return Err(format!("{here}: lease_ttl and name need max_connections"));
+        }
+        return Ok(None);
+    };
+    if max_connections == 0 {
+        return Err(format!("{here}: max_connections must be positive"));
+    }
+    let lease_ttl = lease_ttl.map_or(DEFAULT_LEASE_TTL, |DurationText(d)| d);
+    let (min, max) = LEASE_TTL_RANGE;
+    if lease_ttl < min || lease_ttl > max {
+        return Err(format!(
+            "{here}: lease_ttl must be between {min:?} and {max:?}"
+        ));
+    }
+    rules.push(ConcurrencyRule {
+        max_connections,
+        lease_ttl,
+        name: name.map(|Scalar(n)| n),
+        path: path.to_owned(),
+    });
+    Ok(Some(rules.len() - 1))
 }
 
 /// Checks a rate's numbers against its algorithm.

@@ -408,3 +408,65 @@ fn refuses_bad_algorithms_and_rates() {
     // A zero fixed window (refuse everything) loads, as in envoyproxy/ratelimit.
     load(&rl("unit: second, requests_per_unit: 0")).unwrap();
 }
+
+#[test]
+fn concurrency_rules_load_and_match() {
+    use std::time::Duration;
+    let config = load(
+        r#"
+domain: d
+concurrency:
+  - key: user_id
+    max_connections: 5
+    lease_ttl: 30s
+  - key: plan
+    value: free
+    descriptors:
+      - key: user_id
+        max_connections: 1
+        lease_ttl: 1500ms
+        name: free_sessions
+"#,
+    )
+    .unwrap();
+    let tree = &config.domain("d").unwrap().concurrency;
+    let user = tree.find([("user_id", "u")].into_iter()).unwrap();
+    assert_eq!(
+        (user.max_connections, user.lease_ttl),
+        (5, Duration::from_secs(30))
+    );
+    let free = tree
+        .find([("plan", "free"), ("user_id", "u")].into_iter())
+        .unwrap();
+    assert_eq!(
+        (free.max_connections, free.lease_ttl),
+        (1, Duration::from_millis(1500))
+    );
+    assert_eq!(free.name.as_deref(), Some("free_sessions"));
+    assert!(tree.find([("plan", "free")].into_iter()).is_none());
+    // Rate limits and concurrency limits are separate trees.
+    assert!(config
+        .domain("d")
+        .unwrap()
+        .rules
+        .find([("user_id", "u")].into_iter())
+        .is_none());
+}
+
+#[test]
+fn refuses_bad_concurrency_rules() {
+    let c = |body: &str| format!("domain: d\nconcurrency:\n  - key: k\n{body}");
+    let cases = [
+        (c("    max_connections: 0\n"), "max_connections must be positive"),
+        (c("    max_connections: 2\n    lease_ttl: 10x\n"), "bad duration \"10x\""),
+        (c("    max_connections: 2\n    lease_ttl: 100ms\n"), "lease_ttl must be between"),
+        (c("    max_connections: 2\n    lease_ttl: 2h\n"), "lease_ttl must be between"),
+        (c("    lease_ttl: 30s\n"), "lease_ttl and name need max_connections"),
+        (c("    max_connections: 2\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), "unknown field `rate_limit`"),
+        ("domain: d\nconcurrency:\n  - max_connections: 2\n".into(), "concurrency[0]: the descriptor key must not be empty"),
+        ("domain: d\nconcurrency:\n  - {key: k, max_connections: 1}\n  - {key: k, max_connections: 2}\n".into(), "duplicate descriptor"),
+    ];
+    for (text, reason) in cases {
+        assert_refused(&text, reason);
+    }
+}

@@ -2,6 +2,10 @@
 //! limiter and the store.
 
 pub mod caps;
+pub mod concurrency;
+pub mod holds;
+pub mod lease_id;
 pub mod rls;
 
+pub use self::concurrency::Concurrency;
 pub use self::rls::RateLimiter;

@@ -10,6 +10,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use crate::clock::Clock;
 use crate::limiter::{batch, Check, Outcome, State};
 
@@ -23,10 +24,14 @@ struct Slot {
 
 type Shard = HashMap<String, Slot>;
 
-/// Counters kept in this process.
+/// Lease sets: set key -> lease member -> expiry (ms).
+type LeaseSets = HashMap<String, HashMap<String, u64>>;
+
+/// Counters and leases kept in this process.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
+    leases: Mutex<LeaseSets>,
     clock: Arc<dyn Clock>,
 }
 
@@ -36,6 +41,7 @@ impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
         let store = Arc::new(MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            leases: Mutex::new(HashMap::new()),
             clock,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -50,12 +56,85 @@ impl MemoryStore {
         (h.finish() as usize) % SHARDS
     }
 
-    fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-        // A panic while holding the lock cannot leave a slot half-written
-        // (slots are replaced whole), so a poisoned shard is still consistent.
-        shard
+    fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        // A panic while holding the lock cannot leave an entry half-written
+        // (entries are replaced whole), so a poisoned map is still consistent.
+        mutex
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes a lease in every slot, or in none (twin of `lua/leases.lua`).
+    pub fn acquire(&self, slots: &[LeaseSlot], member: &str, ttl_ms: u64) -> Acquired {
+        let now = self.clock.now_ms();
+        let mut sets = Self::lock(&self.leases);
+        let mut acquired = Acquired {
+            granted: true,
+            active: Vec::with_capacity(slots.len()),
+            expired: 0,
+            retry_after_ms: 0,
+        };
+        for slot in slots {
+            let set = sets.entry(slot.key.clone()).or_default();
+            let before = set.len();
+            set.retain(|_, expiry| *expiry > now);
+            acquired.expired += (before - set.len()) as u64;
+            acquired.active.push(set.len() as u64);
+            if set.len() as u64 >= slot.limit {
+                acquired.granted = false;
+                if let Some(first) = set.values().min() {
+                    acquired.retry_after_ms = acquired.retry_after_ms.max(first - now);
+                }
+            }
+        }
+        if acquired.granted {
+            for (slot, active) in slots.iter().zip(&mut acquired.active) {
+                if let Some(set) = sets.get_mut(&slot.key) {
+                    set.insert(member.to_owned(), now + ttl_ms);
+                    *active += 1;
+                }
+            }
+        }
+        acquired
+    }
+
+    /// Extends each lease present and unexpired in all its sets; a lost lease
+    /// is removed from all of them. Returns which are alive.
+    pub fn heartbeat(&self, leases: &[LeaseRef<'_>]) -> Vec<bool> {
+        let now = self.clock.now_ms();
+        let mut sets = Self::lock(&self.leases);
+        leases
+            .iter()
+            .map(|lease| {
+                let alive = lease.keys.iter().all(|key| {
+                    sets.get(key)
+                        .and_then(|set| set.get(lease.member))
+                        .is_some_and(|&expiry| expiry > now)
+                });
+                for key in lease.keys {
+                    if let Some(set) = sets.get_mut(key) {
+                        if alive {
+                            set.insert(lease.member.to_owned(), now + lease.ttl_ms);
+                        } else {
+                            set.remove(lease.member);
+                        }
+                    }
+                }
+                alive
+            })
+            .collect()
+    }
+
+    /// Removes leases; unknown ones are ignored.
+    pub fn release(&self, leases: &[LeaseRef<'_>]) {
+        let mut sets = Self::lock(&self.leases);
+        for lease in leases {
+            for key in lease.keys {
+                if let Some(set) = sets.get_mut(key) {
+                    set.remove(lease.member);
+                }
+            }
+        }
     }
 
     /// Applies one request's checks atomically (see [`batch::evaluate`]).
@@ -82,11 +161,18 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Drops expired counters from shards `[from, from + count)`.
+    /// Drops expired counters from shards `[from, from + count)`, and (on
+    /// the pass that starts at shard 0) expired leases and empty lease sets.
     fn sweep(&self, from: usize, count: usize) {
         let now = self.clock.now_ms();
         for shard in self.shards.iter().skip(from).take(count) {
             Self::lock(shard).retain(|_, slot| slot.expires_at_ms > now);
+        }
+        if from == 0 {
+            Self::lock(&self.leases).retain(|_, set| {
+                set.retain(|_, expiry| *expiry > now);
+                !set.is_empty()
+            });
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Where counters live. The service talks to [`Store`] only; nothing outside
 //! this module knows Redis.
 
+pub mod lease;
 pub mod memory;
 pub mod redis;
 
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
+pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
 pub use self::redis::{RedisSettings, RedisStore};
 
@@ -31,6 +33,44 @@ impl Store {
         match self {
             Store::Memory(store) => Ok(store.apply(checks, all_or_nothing)),
             Store::Redis(store) => store.apply(checks, all_or_nothing).await,
+        }
+    }
+
+    /// Takes a lease in every slot, or in none, atomically.
+    pub async fn acquire(
+        &self,
+        slots: &[LeaseSlot],
+        member: &str,
+        ttl_ms: u64,
+    ) -> Result<Acquired> {
+        match self {
+            Store::Memory(store) => Ok(store.acquire(slots, member, ttl_ms)),
+            Store::Redis(store) => store.acquire(slots, member, ttl_ms).await,
+        }
+    }
+
+    /// Extends the leases still present in all their sets; returns which are alive.
+    pub async fn heartbeat(&self, leases: &[LeaseRef<'_>]) -> Result<Vec<bool>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            Store::Memory(store) => Ok(store.heartbeat(leases)),
+            Store::Redis(store) => store.heartbeat(leases).await,
+        }
+    }
+
+    /// Removes leases; unknown ones are ignored.
+    pub async fn release(&self, leases: &[LeaseRef<'_>]) -> Result<()> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Store::Memory(store) => {
+                store.release(leases);
+                Ok(())
+            }
+            Store::Redis(store) => store.release(leases).await,
         }
     }
 

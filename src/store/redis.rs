@@ -14,6 +14,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
+use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
@@ -47,6 +48,7 @@ pub struct RedisStore {
     connections: Vec<ConnectionManager>,
     next: AtomicUsize,
     limiter: Script,
+    leases: Script,
     call_timeout: Duration,
     /// Tests pin time here; production leaves it `None` and the scripts read
     /// the server's `TIME`.
@@ -81,6 +83,7 @@ impl RedisStore {
             connections,
             next: AtomicUsize::new(0),
             limiter: Script::new(LIMITER_SCRIPT),
+            leases: Script::new(include_str!("../../lua/leases.lua")),
             call_timeout: settings.call_timeout,
             clock,
         })
@@ -129,6 +132,90 @@ impl RedisStore {
                 reset_ms: v[2].max(0) as u64,
             })
             .collect())
+    }
+
+    fn now_arg(&self) -> String {
+        self.clock
+            .as_ref()
+            .map(|c| c.now_ms().to_string())
+            .unwrap_or_default()
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T> {
+        let mut conn = self.connection();
+        tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut conn))
+            .await
+            .map_err(|_| Error::Store(format!("no answer within {:?}", self.call_timeout)))?
+            .map_err(Error::from)
+    }
+
+    /// Takes a lease in every slot, or in none.
+    pub async fn acquire(
+        &self,
+        slots: &[LeaseSlot],
+        member: &str,
+        ttl_ms: u64,
+    ) -> Result<Acquired> {
+        let mut invocation = self.leases.prepare_invoke();
+        invocation
+            .arg("acquire")
+            .arg(self.now_arg())
+            .arg(member)
+            .arg(ttl_ms);
+        for slot in slots {
+            invocation.key(&slot.key).arg(slot.limit);
+        }
+        let reply: Vec<i64> = self.invoke(invocation).await?;
+        match reply.as_slice() {
+            [granted, expired, retry, active @ ..] if active.len() == slots.len() => Ok(Acquired {
+                granted: *granted == 1,
+                active: active.iter().map(|&n| n.max(0) as u64).collect(),
+                expired: (*expired).max(0) as u64,
+                retry_after_ms: (*retry).max(0) as u64,
+            }),
+            _ => Err(Error::Store(format!("lease script returned {reply:?}"))),
+        }
+    }
+
+    /// Extends leases still present; returns which are alive.
+    pub async fn heartbeat(&self, leases: &[LeaseRef<'_>]) -> Result<Vec<bool>> {
+        let mut invocation = self.leases.prepare_invoke();
+        invocation.arg("heartbeat").arg(self.now_arg());
+        for lease in leases {
+            invocation
+                .arg(lease.member)
+                .arg(lease.ttl_ms)
+                .arg(lease.keys.len());
+            for key in lease.keys {
+                invocation.key(key);
+            }
+        }
+        let reply: Vec<i64> = self.invoke(invocation).await?;
+        if reply.len() != leases.len() {
+            return Err(Error::Store(format!(
+                "lease script returned {} answers for {} leases",
+                reply.len(),
+                leases.len()
+            )));
+        }
+        Ok(reply.into_iter().map(|alive| alive == 1).collect())
+    }
+
+    /// Removes leases; unknown ones are ignored.
+    pub async fn release(&self, leases: &[LeaseRef<'_>]) -> Result<()> {
+        let mut invocation = self.leases.prepare_invoke();
+        invocation.arg("release").arg(self.now_arg());
+        for lease in leases {
+            invocation.arg(lease.member).arg(lease.keys.len());
+            for key in lease.keys {
+                invocation.key(key);
+            }
+        }
+        let _: Vec<i64> = self.invoke(invocation).await?;
+        Ok(())
     }
 
     /// Round trip to Redis, for health checks.

@@ -38,7 +38,10 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let port = free_port();
+        RedisServer::start_on(free_port())
+    }
+
+    fn start_on(port: u16) -> RedisServer {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -69,6 +72,13 @@ impl RedisServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Stops the server and starts a fresh, empty one on the same port.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        *self = RedisServer::start_on(self.port);
     }
 
     pub fn url(&self) -> String {

@@ -1,0 +1,765 @@
+//! `ratekeeper-bench`: a load generator for any server speaking Envoy's rate
+//! limit API v3 (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`).
+//!
+//! Two modes:
+//! - **closed loop** (default): `--concurrency N` tasks, each with one request
+//!   in flight at a time; latency is measured from the send.
+//! - **open loop** (`--rate R`): a pacer thread releases one send token per
+//!   `1/R` s, each stamped with its *intended* send time; `--concurrency N`
+//!   tasks take the tokens and send. Latency is measured from the intended
+//!   time, so a server (or generator) that falls behind shows up as latency
+//!   instead of silently lowering the rate (no coordinated omission).
+//!
+//! Requests are spread over `--connections` HTTP/2 channels. Each task keeps
+//! one request and rewrites only its descriptor values, so the generator does
+//! little work per call besides gRPC itself. It prints a human summary and,
+//! as the last line, one JSON object for scripts (`bench/run.sh`).
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use hdrhistogram::Histogram;
+use tokio::sync::{mpsc, Mutex};
+use tonic::transport::{Channel, Endpoint};
+
+/// Command-line options.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "ratekeeper-bench",
+    about = "Load generator for Envoy rate limit service v3 servers"
+)]
+struct Args {
+    /// Server address (`http://host:port` or `host:port`).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    addr: String,
+    /// Requests in flight (closed loop), or sending tasks, i.e. the most
+    /// requests in flight (open loop).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Open loop: requests per second, measured from intended send times.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Measured seconds (after the warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Seconds of load before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Stop after this many requests in all (closed loop; warm-up included).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// HTTP/2 connections the requests are spread over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Descriptor values: `distinct` (a new one per request), `uniform:K`,
+    /// `hot` (one value), `zipf:K:S` (K values, exponent S).
+    #[arg(long, default_value = "distinct")]
+    keys: String,
+    /// Descriptors per request (descriptor i > 0 gets the value suffix `.i`).
+    #[arg(long, default_value_t = 1)]
+    descriptors: usize,
+    /// The request's domain.
+    #[arg(long, default_value = "bench")]
+    domain: String,
+    /// The key of each descriptor's one entry.
+    #[arg(long, default_value = "user_id")]
+    key: String,
+    /// Tokio worker threads of the generator.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Per-call deadline in milliseconds (a call past it counts as an error).
+    #[arg(long, default_value_t = 5_000)]
+    timeout_ms: u64,
+    /// Free text copied into the JSON line.
+    #[arg(long, default_value = "")]
+    label: String,
+}
+
+/// How descriptor values are chosen.
+#[derive(Debug, Clone, PartialEq)]
+enum KeyDist {
+    /// Every request a value never used before.
+    Distinct,
+    /// Uniformly among `K` values.
+    Uniform(u64),
+    /// Always the value `hot`.
+    Hot,
+    /// Among `K` values, value `i` (1-based) with weight `1 / i^S`.
+    Zipf(u64, f64),
+}
+
+impl KeyDist {
+    /// Parses `distinct`, `uniform:K`, `hot` or `zipf:K:S`.
+    fn parse(text: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = text.split(':').collect();
+        let count = |s: &str| match s.parse::<u64>() {
+            Ok(k) if k > 0 => Ok(k),
+            _ => Err(format!("--keys {text}: K must be a positive integer")),
+        };
+        match parts.as_slice() {
+            ["distinct"] => Ok(KeyDist::Distinct),
+            ["hot"] => Ok(KeyDist::Hot),
+            ["uniform", k] => Ok(KeyDist::Uniform(count(k)?)),
+            ["zipf", k, s] => {
+                let s: f64 = s
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                    .ok_or_else(|| format!("--keys {text}: S must be a positive number"))?;
+                Ok(KeyDist::Zipf(count(k)?, s))
+            }
+            _ => Err(format!(
+                "--keys {text}: expected distinct, uniform:K, hot or zipf:K:S"
+            )),
+        }
+    }
+}
+
+/// splitmix64: a tiny, fast, good-enough generator for picking keys.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[0, n)` (n > 0; the modulo bias is negligible here).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// State shared by every task's key picker.
+#[derive(Debug)]
+struct KeySpace {
+    dist: KeyDist,
+    /// Makes `distinct` values unique across runs against one server.
+    run_prefix: String,
+    next_distinct: AtomicU64,
+    /// Zipf: cumulative weights, normalised to end at 1.
+    zipf_cdf: Vec<f64>,
+}
+
+impl KeySpace {
+    fn new(dist: KeyDist) -> Self {
+        let zipf_cdf = match dist {
+            KeyDist::Zipf(k, s) => {
+                let mut acc = 0.0;
+                let mut cdf: Vec<f64> = (1..=k)
+                    .map(|i| {
+                        acc += 1.0 / (i as f64).powf(s);
+                        acc
+                    })
+                    .collect();
+                cdf.iter_mut().for_each(|c| *c /= acc);
+                cdf
+            }
+            _ => Vec::new(),
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        KeySpace {
+            dist,
+            run_prefix: format!("{:x}-", nanos ^ u64::from(std::process::id())),
+            next_distinct: AtomicU64::new(0),
+            zipf_cdf,
+        }
+    }
+
+    /// Writes the next base value into `out` (cleared first).
+    fn pick(&self, rng: &mut Rng, out: &mut String) {
+        out.clear();
+        // Writing to a String cannot fail.
+        let _ = match self.dist {
+            KeyDist::Distinct => {
+                let n = self.next_distinct.fetch_add(1, Ordering::Relaxed);
+                write!(out, "{}{n}", self.run_prefix)
+            }
+            KeyDist::Uniform(k) => write!(out, "k{}", rng.below(k)),
+            KeyDist::Hot => {
+                out.push_str("hot");
+                Ok(())
+            }
+            KeyDist::Zipf(..) => {
+                let u = rng.next_f64();
+                let i = self.zipf_cdf.partition_point(|&c| c < u);
+                write!(out, "k{}", i.min(self.zipf_cdf.len() - 1))
+            }
+        };
+    }
+}
+
+/// One task's reusable request: only descriptor values change per call.
+struct RequestTemplate {
+    request: RateLimitRequest,
+    base: String,
+    rng: Rng,
+    keys: Arc<KeySpace>,
+}
+
+impl RequestTemplate {
+    fn new(args: &Args, keys: Arc<KeySpace>, seed: u64) -> Self {
+        let descriptors = (0..args.descriptors.max(1))
+            .map(|_| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: args.key.clone(),
+                    value: String::new(),
+                }],
+                ..Default::default()
+            })
+            .collect();
+        RequestTemplate {
+            request: RateLimitRequest {
+                domain: args.domain.clone(),
+                descriptors,
+                hits_addend: 0,
+            },
+            base: String::new(),
+            rng: Rng(seed),
+            keys,
+        }
+    }
+
+    /// The next request to send (descriptor `i > 0` gets the suffix `.i`).
+    fn next(&mut self) -> RateLimitRequest {
+        self.keys.pick(&mut self.rng, &mut self.base);
+        for (i, descriptor) in self.request.descriptors.iter_mut().enumerate() {
+            let value = &mut descriptor.entries[0].value;
+            value.clone_from(&self.base);
+            if i > 0 {
+                let _ = write!(value, ".{i}");
+            }
+        }
+        self.request.clone()
+    }
+}
+
+/// Counts and latencies gathered by one task, merged at the end.
+struct Tally {
+    /// Latency of answered calls, µs.
+    latency: Histogram<u64>,
+    /// Open loop: how late each send was against its intended time, µs.
+    send_lag: Histogram<u64>,
+    ok: u64,
+    over_limit: u64,
+    /// Answers whose overall code is neither OK nor OVER_LIMIT.
+    unknown: u64,
+    errors: u64,
+    /// Open loop: tokens still unsent when the run was cut off.
+    unsent: u64,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        let histogram = || {
+            // Bounds are constants that hdrhistogram accepts.
+            Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+        };
+        Tally {
+            latency: histogram(),
+            send_lag: histogram(),
+            ok: 0,
+            over_limit: 0,
+            unknown: 0,
+            errors: 0,
+            unsent: 0,
+            first_error: None,
+        }
+    }
+
+    /// Records one call's outcome and latency.
+    fn record(&mut self, result: &CallResult, latency: Duration) {
+        match result {
+            Ok(code) => {
+                self.latency.saturating_record(micros(latency));
+                match Code::try_from(*code) {
+                    Ok(Code::Ok) => self.ok += 1,
+                    Ok(Code::OverLimit) => self.over_limit += 1,
+                    _ => self.unknown += 1,
+                }
+            }
+            Err(message) => {
+                self.errors += 1;
+                if self.first_error.is_none() {
+                    self.first_error = Some(message.clone());
+                }
+            }
+        }
+    }
+
+    fn merge(&mut self, other: Tally) {
+        // Same bounds on both sides: adding cannot fail.
+        let _ = self.latency.add(&other.latency);
+        let _ = self.send_lag.add(&other.send_lag);
+        self.ok += other.ok;
+        self.over_limit += other.over_limit;
+        self.unknown += other.unknown;
+        self.errors += other.errors;
+        self.unsent += other.unsent;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+
+    fn requests(&self) -> u64 {
+        self.ok + self.over_limit + self.unknown + self.errors
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The overall code of an answer, or the error's text.
+type CallResult = Result<i32, String>;
+
+/// Sends one request with a deadline.
+async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+    timeout: Duration,
+) -> CallResult {
+    match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner().overall_code),
+        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
+/// Times shared by every task of a run.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// Calls started (closed) or intended (open) from here on are measured.
+    measure_from: Instant,
+    /// No call is started after this.
+    end: Instant,
+}
+
+/// Closed loop: one call in flight at a time until the window ends or the
+/// request budget is spent.
+async fn closed_loop_task(
+    mut client: RateLimitServiceClient<Channel>,
+    mut template: RequestTemplate,
+    window: Window,
+    budget: Option<Arc<AtomicU64>>,
+    timeout: Duration,
+) -> Tally {
+    let mut tally = Tally::new();
+    loop {
+        if let Some(left) = &budget {
+            let taken =
+                left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            if taken.is_err() {
+                break;
+            }
+        }
+        let started = Instant::now();
+        if started >= window.end {
+            break;
+        }
+        let result = call(&mut client, template.next(), timeout).await;
+        if started >= window.measure_from {
+            tally.record(&result, started.elapsed());
+        }
+    }
+    tally
+}
+
+/// Send tokens (intended send times), shared by the open-loop tasks.
+type Tokens = Arc<Mutex<mpsc::UnboundedReceiver<Instant>>>;
+
+/// Open loop: takes the next token, sends, and measures from its intended
+/// time. Tokens left after `hard_stop` are counted as unsent.
+async fn open_loop_task(
+    mut client: RateLimitServiceClient<Channel>,
+    mut template: RequestTemplate,
+    tokens: Tokens,
+    window: Window,
+    hard_stop: Instant,
+    timeout: Duration,
+) -> Tally {
+    let mut tally = Tally::new();
+    loop {
+        let Some(intended) = tokens.lock().await.recv().await else {
+            break;
+        };
+        let now = Instant::now();
+        if now >= hard_stop {
+            tally.unsent += 1;
+            continue;
+        }
+        let result = call(&mut client, template.next(), timeout).await;
+        if intended >= window.measure_from {
+            tally
+                .send_lag
+                .saturating_record(micros(now.saturating_duration_since(intended)));
+            tally.record(&result, intended.elapsed());
+        }
+    }
+    tally
+}
+
+/// Releases one token per `1 / rate` s from `start` to `end`, each carrying
+/// its intended send time. A thread (not a Tokio timer, which has 1 ms
+/// granularity) so tokens are late by tens of µs, not up to a millisecond.
+fn pace(tokens: mpsc::UnboundedSender<Instant>, start: Instant, end: Instant, rate: f64) {
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let mut next = start;
+    let mut sent: u32 = 0;
+    while next < end {
+        let now = Instant::now();
+        while next <= now && next < end {
+            if tokens.send(next).is_err() {
+                return;
+            }
+            sent = sent.wrapping_add(1);
+            // Computed from the start, so rounding never accumulates.
+            next = start + interval * sent;
+        }
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+/// Opens `count` HTTP/2 channels to `addr`.
+async fn connect(addr: &str, count: usize) -> Result<Vec<Channel>, String> {
+    let uri = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let endpoint = Endpoint::from_shared(uri.clone())
+        .map_err(|e| format!("bad address {addr:?}: {e}"))?
+        .tcp_nodelay(true)
+        .buffer_size(65_536)
+        .initial_connection_window_size(16 << 20)
+        .initial_stream_window_size(1 << 20);
+    let mut channels = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {uri}: {e}"))?;
+        channels.push(channel);
+    }
+    Ok(channels)
+}
+
+/// CPU time (user + system) this process has used so far.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields overall, in clock ticks (USER_HZ = 100 on Linux).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// What one run measured.
+struct Summary {
+    tally: Tally,
+    measured: Duration,
+    cpu: Option<Duration>,
+}
+
+/// Runs the load described by `args` and gathers the results.
+async fn run(args: &Args, dist: KeyDist) -> Result<Summary, String> {
+    let channels = connect(&args.addr, args.connections).await?;
+    let keys = Arc::new(KeySpace::new(dist));
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let start = Instant::now();
+    let window = Window {
+        measure_from: start + Duration::from_secs_f64(args.warmup),
+        end: start + Duration::from_secs_f64(args.warmup + args.duration),
+    };
+    let cpu_start = process_cpu();
+    let budget = args.requests.map(|n| Arc::new(AtomicU64::new(n)));
+    let tokens = args.rate.map(|rate| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::spawn(move || pace(tx, start, window.end, rate));
+        Arc::new(Mutex::new(rx))
+    });
+    let hard_stop = window.end + Duration::from_secs_f64((args.duration * 0.2).max(1.0));
+
+    let mut tasks = Vec::with_capacity(args.concurrency);
+    for i in 0..args.concurrency.max(1) {
+        let client = RateLimitServiceClient::new(channels[i % channels.len()].clone());
+        let template = RequestTemplate::new(args, keys.clone(), 0x5EED ^ (i as u64) << 20);
+        tasks.push(match &tokens {
+            Some(tokens) => tokio::spawn(open_loop_task(
+                client,
+                template,
+                tokens.clone(),
+                window,
+                hard_stop,
+                timeout,
+            )),
+            None => tokio::spawn(closed_loop_task(
+                client,
+                template,
+                window,
+                budget.clone(),
+                timeout,
+            )),
+        });
+    }
+    let mut tally = Tally::new();
+    for task in tasks {
+        match task.await {
+            Ok(t) => tally.merge(t),
+            Err(e) => return Err(format!("a load task failed: {e}")),
+        }
+    }
+    // Calls started (or intended) in [measure_from, end) are counted; with a
+    // request budget the run may end early.
+    let measured = Instant::now()
+        .min(window.end)
+        .saturating_duration_since(window.measure_from);
+    let cpu = match (cpu_start, process_cpu()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    Ok(Summary {
+        tally,
+        measured,
+        cpu,
+    })
+}
+
+/// A JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Prints the human summary and the JSON line.
+fn report(args: &Args, summary: &Summary) {
+    let t = &summary.tally;
+    let secs = summary.measured.as_secs_f64().max(1e-9);
+    let requests = t.requests();
+    let rps = requests as f64 / secs;
+    let q = |p: f64| {
+        if t.latency.is_empty() {
+            0
+        } else {
+            t.latency.value_at_quantile(p)
+        }
+    };
+    let (p50, p90, p99, p999, max) = (q(0.5), q(0.9), q(0.99), q(0.999), t.latency.max());
+    let lag_p99 = if t.send_lag.is_empty() {
+        0
+    } else {
+        t.send_lag.value_at_quantile(0.99)
+    };
+    let cpu_us_per_req = summary
+        .cpu
+        .map(|cpu| cpu.as_secs_f64() * 1e6 / (requests.max(1) as f64));
+    let mode = match args.rate {
+        Some(rate) => format!(
+            "open loop at {rate} req/s, up to {} in flight",
+            args.concurrency
+        ),
+        None => format!("closed loop, {} in flight", args.concurrency),
+    };
+    println!(
+        "ratekeeper-bench: {mode} over {} connection(s); keys {}, {} descriptor(s), domain {}; {:.1} s measured after {:.1} s warm-up",
+        args.connections, args.keys, args.descriptors, args.domain, secs, args.warmup
+    );
+    println!(
+        "requests {requests} ({rps:.0} req/s)  ok {}  over_limit {}  unknown {}  errors {}{}",
+        t.ok,
+        t.over_limit,
+        t.unknown,
+        t.errors,
+        if t.unsent > 0 {
+            format!("  unsent {}", t.unsent)
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "latency us{}: p50 {p50}  p90 {p90}  p99 {p99}  p99.9 {p999}  max {max}",
+        if args.rate.is_some() {
+            " (from intended send time)"
+        } else {
+            ""
+        }
+    );
+    if args.rate.is_some() {
+        println!("generator send lag us: p99 {lag_p99}");
+    }
+    if let Some(cpu) = cpu_us_per_req {
+        println!("generator cpu: {cpu:.1} us/request");
+    }
+    if let Some(e) = &t.first_error {
+        eprintln!("first error: {e}");
+    }
+    println!(
+        concat!(
+            "{{\"label\":{},\"mode\":{},\"rate\":{},\"concurrency\":{},\"connections\":{},",
+            "\"keys\":{},\"descriptors\":{},\"domain\":{},\"seconds\":{:.3},\"requests\":{},",
+            "\"rps\":{:.1},\"ok\":{},\"over_limit\":{},\"unknown\":{},\"errors\":{},\"unsent\":{},",
+            "\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
+            "\"send_lag_p99_us\":{},\"client_cpu_us_per_req\":{}}}"
+        ),
+        json_string(&args.label),
+        json_string(if args.rate.is_some() {
+            "open"
+        } else {
+            "closed"
+        }),
+        args.rate.unwrap_or(0.0),
+        args.concurrency,
+        args.connections,
+        json_string(&args.keys),
+        args.descriptors,
+        json_string(&args.domain),
+        secs,
+        requests,
+        rps,
+        t.ok,
+        t.over_limit,
+        t.unknown,
+        t.errors,
+        t.unsent,
+        p50,
+        p90,
+        p99,
+        p999,
+        max,
+        lag_p99,
+        cpu_us_per_req.map_or("null".to_owned(), |c| format!("{c:.2}")),
+    );
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let dist = match KeyDist::parse(&args.keys) {
+        Ok(dist) => dist,
+        Err(e) => {
+            eprintln!("ratekeeper-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0))
+        || !(args.duration.is_finite() && args.duration > 0.0)
+        || !(args.warmup.is_finite() && args.warmup >= 0.0)
+    {
+        eprintln!("ratekeeper-bench: --rate and --duration must be > 0, --warmup >= 0");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("ratekeeper-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&args, dist)) {
+        Ok(summary) => {
+            report(&args, &summary);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ratekeeper-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_key_distributions() {
+        assert_eq!(KeyDist::parse("distinct"), Ok(KeyDist::Distinct));
+        assert_eq!(KeyDist::parse("hot"), Ok(KeyDist::Hot));
+        assert_eq!(KeyDist::parse("uniform:10"), Ok(KeyDist::Uniform(10)));
+        assert_eq!(KeyDist::parse("zipf:100:1.1"), Ok(KeyDist::Zipf(100, 1.1)));
+        assert!(KeyDist::parse("uniform:0").is_err());
+        assert!(KeyDist::parse("zipf:10").is_err());
+        assert!(KeyDist::parse("zipf:10:-1").is_err());
+        assert!(KeyDist::parse("random").is_err());
+    }
+
+    #[test]
+    fn zipf_prefers_low_ranks() {
+        let keys = KeySpace::new(KeyDist::Zipf(1_000, 1.2));
+        let mut rng = Rng(7);
+        let mut value = String::new();
+        let hits = (0..10_000)
+            .filter(|_| {
+                keys.pick(&mut rng, &mut value);
+                value == "k0"
+            })
+            .count();
+        // Rank 1 has about 1 / zeta(1.2) ~ 18% of the mass over 1000 keys.
+        assert!((1_000..3_000).contains(&hits), "{hits}");
+    }
+
+    #[test]
+    fn distinct_values_never_repeat_and_descriptors_differ() {
+        let args = Args::parse_from(["bench", "--descriptors", "3"]);
+        let keys = Arc::new(KeySpace::new(KeyDist::Distinct));
+        let mut template = RequestTemplate::new(&args, keys, 1);
+        let a = template.next();
+        let b = template.next();
+        assert_ne!(
+            a.descriptors[0].entries[0].value,
+            b.descriptors[0].entries[0].value
+        );
+        let values: Vec<&str> = a
+            .descriptors
+            .iter()
+            .map(|d| d.entries[0].value.as_str())
+            .collect();
+        assert_eq!(values.len(), 3);
+        assert!(values[1].ends_with(".1") && values[2].ends_with(".2"));
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+}

@@ -1,0 +1,311 @@
+//! `ratekeeper.v1.ConcurrencyService`: concurrent-connection limits.
+//!
+//! A connection holds a lease in one set per limited entity (DESIGN.md
+//! section 6). `AcquireConnection` matches the request's descriptors against
+//! the domain's `concurrency:` rules and takes a lease in every matched set,
+//! or in none, in one atomic store call. `Heartbeat` and `Release` take lease
+//! ids only: the ids carry their sets (see `lease_id`). `Hold` does the same
+//! over a stream that this replica keeps alive (see `holds`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::caps;
+use super::holds::Holds;
+use super::lease_id::{LeaseId, SET_SUFFIX};
+use crate::config::file::LEASE_TTL_RANGE;
+use crate::config::watch::SharedConfig;
+use crate::keys::counter_key;
+use crate::pb::v1::concurrency_service_server::ConcurrencyService;
+use crate::pb::v1::{
+    hold_event, AcquireRequest, AcquireResponse, HeartbeatRequest, HeartbeatResponse, HoldEvent,
+    ReleaseRequest, ReleaseResponse,
+};
+use crate::rules::ConcurrencyRule;
+use crate::store::{LeaseRef, LeaseSlot, Store};
+
+/// Most lease ids in one `Heartbeat` or `Release`.
+pub const MAX_LEASE_IDS: usize = 1_000;
+
+/// The concurrency service.
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    config: SharedConfig,
+    store: Store,
+    key_prefix: String,
+    holds: Arc<Holds>,
+}
+
+impl Concurrency {
+    pub fn new(config: SharedConfig, store: Store, key_prefix: String, holds: Arc<Holds>) -> Self {
+        Concurrency {
+            config,
+            store,
+            key_prefix,
+            holds,
+        }
+    }
+
+    /// Acquires for `request`: the answer, and the lease when one was taken.
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<(AcquireResponse, Option<LeaseId>), Status> {
+        validate(request)?;
+        let requested_ttl = match &request.lease_ttl {
+            None => None,
+            Some(d) => {
+                let ttl = Duration::try_from(*d)
+                    .map_err(|_| Status::invalid_argument("lease_ttl must not be negative"))?;
+                let (min, max) = LEASE_TTL_RANGE;
+                if ttl < min || ttl > max {
+                    return Err(Status::invalid_argument(format!(
+                        "lease_ttl must be between {min:?} and {max:?}"
+                    )));
+                }
+                Some(ttl)
+            }
+        };
+        let config = self.config.current();
+        let mut matched: Vec<(LeaseSlot, &ConcurrencyRule)> = Vec::new();
+        if let Some(domain) = config.domain(&request.domain) {
+            for descriptor in &request.descriptors {
+                let entries = descriptor
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()));
+                let Some(rule) = domain.concurrency.find(entries.clone()) else {
+                    continue;
+                };
+                let key = counter_key(&self.key_prefix, &request.domain, entries, &SET_SUFFIX[1..]);
+                if !matched.iter().any(|(slot, _)| slot.key == key) {
+                    matched.push((
+                        LeaseSlot {
+                            key,
+                            limit: u64::from(rule.max_connections),
+                        },
+                        rule,
+                    ));
+                }
+            }
+        }
+        if matched.is_empty() {
+            // Nothing limits this connection.
+            return Ok((
+                AcquireResponse {
+                    granted: true,
+                    ..Default::default()
+                },
+                None,
+            ));
+        }
+        let ttl = requested_ttl
+            .or_else(|| matched.iter().map(|(_, rule)| rule.lease_ttl).min())
+            .unwrap_or(crate::config::file::DEFAULT_LEASE_TTL);
+        let ttl_ms = ttl.as_millis() as u64;
+        let slots: Vec<LeaseSlot> = matched.iter().map(|(slot, _)| slot.clone()).collect();
+        let lease = LeaseId::new(ttl_ms, slots.iter().map(|s| s.key.clone()).collect());
+        let acquired = self
+            .store
+            .acquire(&slots, &lease.member, ttl_ms)
+            .await
+            .map_err(|error| {
+                tracing::warn!(%error, "lease acquire failed");
+                Status::unavailable(format!("the lease store failed: {error}"))
+            })?;
+
+        // Report the tightest set: the fewest free places (a full one refused).
+        let tightest = (0..slots.len())
+            .min_by_key(|&i| slots[i].limit.saturating_sub(acquired.active[i]))
+            .unwrap_or(0);
+        let result = if acquired.granted {
+            "granted"
+        } else {
+            "refused"
+        };
+        for ((_, rule), active) in matched.iter().zip(&acquired.active) {
+            let (domain, path) = (request.domain.clone(), rule.path.clone());
+            metrics::counter!("ratekeeper_concurrency_acquires", "domain" => domain.clone(), "rule" => path.clone(), "result" => result)
+                .increment(1);
+            // Sampled: the active count seen by the latest acquire on this rule.
+            metrics::gauge!("ratekeeper_concurrency_active", "domain" => domain, "rule" => path)
+                .set(*active as f64);
+        }
+        if acquired.expired > 0 {
+            metrics::counter!("ratekeeper_concurrency_leases_expired").increment(acquired.expired);
+        }
+        tracing::debug!(domain = %request.domain, holder = %request.holder, granted = acquired.granted, "acquire");
+        let response = AcquireResponse {
+            granted: acquired.granted,
+            lease_id: if acquired.granted {
+                lease.encode()
+            } else {
+                String::new()
+            },
+            active: u32::try_from(acquired.active[tightest]).unwrap_or(u32::MAX),
+            limit: u32::try_from(slots[tightest].limit).unwrap_or(u32::MAX),
+            retry_after: (!acquired.granted).then(|| duration(acquired.retry_after_ms)),
+            lease_ttl: Some(duration(ttl_ms)),
+        };
+        Ok((response, acquired.granted.then_some(lease)))
+    }
+
+    fn decode_all(&self, ids: &[String]) -> Result<Vec<LeaseId>, Status> {
+        if ids.len() > MAX_LEASE_IDS {
+            return Err(Status::invalid_argument(format!(
+                "{} lease ids: at most {MAX_LEASE_IDS} per call",
+                ids.len()
+            )));
+        }
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| {
+                LeaseId::decode(id, &self.key_prefix)
+                    .map_err(|e| Status::invalid_argument(format!("lease_ids[{i}]: {e}")))
+            })
+            .collect()
+    }
+}
+
+fn refs(leases: &[LeaseId]) -> Vec<LeaseRef<'_>> {
+    leases
+        .iter()
+        .map(|l| LeaseRef {
+            member: &l.member,
+            ttl_ms: l.ttl_ms,
+            keys: &l.keys,
+        })
+        .collect()
+}
+
+fn duration(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1_000) as i64,
+        nanos: ((ms % 1_000) * 1_000_000) as i32,
+    }
+}
+
+fn store_failed(error: crate::Error) -> Status {
+    tracing::warn!(%error, "lease store call failed");
+    Status::unavailable(format!("the lease store failed: {error}"))
+}
+
+fn validate(request: &AcquireRequest) -> Result<(), Status> {
+    let invalid = |m: String| Err(Status::invalid_argument(m));
+    if request.domain.is_empty() || request.domain.len() > caps::MAX_DOMAIN_BYTES {
+        return invalid(format!(
+            "the domain must be 1 to {} bytes",
+            caps::MAX_DOMAIN_BYTES
+        ));
+    }
+    if request.descriptors.is_empty() || request.descriptors.len() > caps::MAX_DESCRIPTORS {
+        return invalid(format!(
+            "1 to {} descriptors are accepted",
+            caps::MAX_DESCRIPTORS
+        ));
+    }
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if d.entries.is_empty() || d.entries.len() > caps::MAX_ENTRIES {
+            return invalid(format!(
+                "descriptors[{i}] must have 1 to {} entries",
+                caps::MAX_ENTRIES
+            ));
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key.is_empty()
+                || e.key.len() > caps::MAX_KEY_BYTES
+                || e.value.len() > caps::MAX_VALUE_BYTES
+            {
+                return invalid(format!(
+                    "descriptors[{i}].entries[{j}]: the key must be 1 to {} bytes and the value at most {}",
+                    caps::MAX_KEY_BYTES,
+                    caps::MAX_VALUE_BYTES
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl ConcurrencyService for Concurrency {
+    async fn acquire_connection(
+        &self,
+        request: Request<AcquireRequest>,
+    ) -> Result<Response<AcquireResponse>, Status> {
+        let (response, _) = self.acquire(request.get_ref()).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let ids = &request.get_ref().lease_ids;
+        let leases = self.decode_all(ids)?;
+        let alive = self
+            .store
+            .heartbeat(&refs(&leases))
+            .await
+            .map_err(store_failed)?;
+        let mut response = HeartbeatResponse::default();
+        for (id, alive) in ids.iter().zip(alive) {
+            if alive {
+                response.extended.push(id.clone());
+            } else {
+                metrics::counter!("ratekeeper_concurrency_leases_lost").increment(1);
+                response.lost.push(id.clone());
+            }
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn release(
+        &self,
+        request: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let leases = self.decode_all(&request.get_ref().lease_ids)?;
+        self.store
+            .release(&refs(&leases))
+            .await
+            .map_err(store_failed)?;
+        Ok(Response::new(ReleaseResponse {}))
+    }
+
+    type HoldStream = ReceiverStream<Result<HoldEvent, Status>>;
+
+    async fn hold(
+        &self,
+        request: Request<AcquireRequest>,
+    ) -> Result<Response<Self::HoldStream>, Status> {
+        let request = request.into_inner();
+        let (response, lease) = self.acquire(&request).await?;
+        let (tx, rx) = mpsc::channel(2);
+        let id = response.lease_id.clone();
+        let first = HoldEvent {
+            event: Some(hold_event::Event::Acquired(response)),
+        };
+        // The channel is new and has room: this cannot fail.
+        let _ = tx.try_send(Ok(first));
+        if let Some(lease) = lease {
+            let (lost_tx, lost_rx) = oneshot::channel();
+            self.holds
+                .insert(id.clone(), lease, &request.domain, lost_tx);
+            let holds = self.holds.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    // The caller went away or ended the stream: release now.
+                    () = tx.closed() => holds.release(&id).await,
+                    Ok(()) = lost_rx => {
+                        let _ = tx.send(Ok(HoldEvent { event: Some(hold_event::Event::Lost(id)) })).await;
+                    }
+                }
+            });
+        }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

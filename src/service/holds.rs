@@ -1,0 +1,165 @@
+//! The leases this replica keeps alive for open `Hold` streams, refreshed
+//! together: one batched heartbeat per tick for all of them, at a third of
+//! the shortest TTL, so a lease survives two failed ticks. A lease the store
+//! reports lost is handed back to its stream, which then ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, Notify};
+
+use super::lease_id::LeaseId;
+use crate::store::{LeaseRef, Store};
+
+struct Held {
+    lease: LeaseId,
+    domain: String,
+    lost: oneshot::Sender<()>,
+}
+
+/// Leases held for `Hold` streams on this replica.
+pub struct Holds {
+    store: Store,
+    held: Mutex<HashMap<String, Held>>,
+    changed: Notify,
+}
+
+impl std::fmt::Debug for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holds")
+            .field("held", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Holds {
+    pub fn new(store: Store) -> Arc<Self> {
+        Arc::new(Holds {
+            store,
+            held: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn gauge(domain: &str, delta: f64) {
+        metrics::gauge!("ratekeeper_concurrency_held_leases", "domain" => domain.to_owned())
+            .increment(delta);
+    }
+
+    /// Keeps `lease` alive until [`Holds::release`]; `lost` fires if the
+    /// store loses it first.
+    pub fn insert(&self, id: String, lease: LeaseId, domain: &str, lost: oneshot::Sender<()>) {
+        Self::gauge(domain, 1.0);
+        self.lock().insert(
+            id,
+            Held {
+                lease,
+                domain: domain.to_owned(),
+                lost,
+            },
+        );
+        self.changed.notify_one();
+    }
+
+    /// Stops refreshing `id` and gives the lease back (the stream ended).
+    pub async fn release(&self, id: &str) {
+        let Some(held) = self.forget(id) else { return };
+        let lease = LeaseRef {
+            member: &held.lease.member,
+            ttl_ms: held.lease.ttl_ms,
+            keys: &held.lease.keys,
+        };
+        if let Err(error) = self.store.release(&[lease]).await {
+            tracing::warn!(%error, "could not release a held lease; it expires with its TTL");
+        }
+    }
+
+    fn forget(&self, id: &str) -> Option<Held> {
+        let held = self.lock().remove(id)?;
+        Self::gauge(&held.domain, -1.0);
+        Some(held)
+    }
+
+    /// Gives back every held lease (at shutdown), in one call.
+    pub async fn release_all(&self) {
+        let held: Vec<Held> = self.lock().drain().map(|(_, h)| h).collect();
+        for h in &held {
+            Self::gauge(&h.domain, -1.0);
+        }
+        let leases: Vec<LeaseRef<'_>> = held
+            .iter()
+            .map(|h| LeaseRef {
+                member: &h.lease.member,
+                ttl_ms: h.lease.ttl_ms,
+                keys: &h.lease.keys,
+            })
+            .collect();
+        if let Err(error) = self.store.release(&leases).await {
+            tracing::warn!(%error, leases = leases.len(), "could not release held leases at shutdown");
+        }
+    }
+
+    /// The pause until the next refresh: a third of the shortest TTL held.
+    fn tick(&self) -> Option<Duration> {
+        let shortest = self.lock().values().map(|h| h.lease.ttl_ms).min()?;
+        Some(Duration::from_millis((shortest / 3).clamp(50, 10_000)))
+    }
+
+    /// Refreshes all held leases, one store call per tick, until dropped.
+    pub async fn refresh_forever(self: Arc<Self>) {
+        loop {
+            match self.tick() {
+                Some(pause) => {
+                    // A new, shorter lease shortens the wait.
+                    let _ = tokio::time::timeout(pause, self.changed.notified()).await;
+                    if self.tick().is_some_and(|t| t < pause) {
+                        continue;
+                    }
+                }
+                None => self.changed.notified().await,
+            }
+            self.refresh_once().await;
+        }
+    }
+
+    async fn refresh_once(&self) {
+        let snapshot: Vec<(String, LeaseId)> = self
+            .lock()
+            .iter()
+            .map(|(id, h)| (id.clone(), h.lease.clone()))
+            .collect();
+        if snapshot.is_empty() {
+            return;
+        }
+        let leases: Vec<LeaseRef<'_>> = snapshot
+            .iter()
+            .map(|(_, l)| LeaseRef {
+                member: &l.member,
+                ttl_ms: l.ttl_ms,
+                keys: &l.keys,
+            })
+            .collect();
+        match self.store.heartbeat(&leases).await {
+            Ok(alive) => {
+                for ((id, _), alive) in snapshot.iter().zip(alive) {
+                    if !alive {
+                        if let Some(held) = self.forget(id) {
+                            metrics::counter!("ratekeeper_concurrency_leases_lost").increment(1);
+                            let _ = held.lost.send(());
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, leases = leases.len(), "could not refresh held leases; retrying next tick")
+            }
+        }
+    }
+}

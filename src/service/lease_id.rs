@@ -1,0 +1,144 @@
+//! Lease ids: opaque to callers, self-describing to every replica.
+//!
+//! `<member>.<ttl ms>.<hex set key>[.<hex set key>...]` — the member is 128
+//! random bits (the part nobody can guess), and the set keys let any replica
+//! heartbeat or release the lease without an index in Redis and without
+//! scanning. A forged id can only name keys of the lease-set shape, and
+//! touches nothing unless its member is in them.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The suffix of every lease set key (see `keys::counter_key`).
+pub const SET_SUFFIX: &str = ":conn";
+
+/// Longest lease id accepted.
+pub const MAX_LEASE_ID_BYTES: usize = 8 * 1024;
+
+/// A decoded lease id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseId {
+    pub member: String,
+    pub ttl_ms: u64,
+    pub keys: Vec<String>,
+}
+
+impl LeaseId {
+    /// A new lease with a fresh random member.
+    pub fn new(ttl_ms: u64, keys: Vec<String>) -> Self {
+        LeaseId {
+            member: random_member(),
+            ttl_ms,
+            keys,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut id = format!("{}.{}", self.member, self.ttl_ms);
+        for key in &self.keys {
+            id.push('.');
+            for b in key.bytes() {
+                id.push_str(&format!("{b:02x}"));
+            }
+        }
+        id
+    }
+
+    /// Decodes `id`, accepting only lease-set keys under `key_prefix`.
+    pub fn decode(id: &str, key_prefix: &str) -> Result<LeaseId, String> {
+        if id.len() > MAX_LEASE_ID_BYTES {
+            return Err(format!("lease id longer than {MAX_LEASE_ID_BYTES} bytes"));
+        }
+        let bad = || format!("malformed lease id {:?}", truncate(id));
+        let mut parts = id.split('.');
+        let member = parts
+            .next()
+            .filter(|m| m.len() == 32 && m.bytes().all(|b| b.is_ascii_hexdigit()));
+        let ttl_ms = parts.next().and_then(|t| t.parse().ok());
+        let (Some(member), Some(ttl_ms)) = (member, ttl_ms) else {
+            return Err(bad());
+        };
+        let keys = parts
+            .map(|hex| {
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| {
+                        hex.get(i..i + 2)
+                            .and_then(|b| u8::from_str_radix(b, 16).ok())
+                    })
+                    .collect::<Option<Vec<u8>>>()?;
+                String::from_utf8(bytes).ok()
+            })
+            .collect::<Option<Vec<String>>>()
+            .filter(|keys| {
+                !keys.is_empty()
+                    && keys.iter().all(|k| {
+                        k.strip_prefix(key_prefix).is_some_and(|rest| {
+                            rest.starts_with('{') && rest.ends_with(&format!("}}{SET_SUFFIX}"))
+                        })
+                    })
+            })
+            .ok_or_else(bad)?;
+        Ok(LeaseId {
+            member: member.to_owned(),
+            ttl_ms,
+            keys,
+        })
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    let end = s.char_indices().nth(40).map_or(s.len(), |(i, _)| i);
+    &s[..end]
+}
+
+/// 128 bits no caller can predict: two process-random SipHash keys over a
+/// counter and the time.
+fn random_member() -> String {
+    static KEYS: OnceLock<(RandomState, RandomState)> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let (a, b) = KEYS.get_or_init(|| (RandomState::new(), RandomState::new()));
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:016x}{:016x}", a.hash_one((n, t)), b.hash_one((t, n)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_forgeries() {
+        let lease = LeaseId::new(
+            30_000,
+            vec!["rk:{d|user=a.b}:conn".into(), "rk:{d|org=x}:conn".into()],
+        );
+        let id = lease.encode();
+        assert_eq!(LeaseId::decode(&id, "rk:"), Ok(lease.clone()));
+        assert_ne!(
+            LeaseId::new(1, vec![]).member,
+            LeaseId::new(1, vec![]).member
+        );
+        let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+        for bad in [
+            String::new(),
+            "x".into(),
+            format!("{}.30000", lease.member),
+            format!("{}.30000.{}", lease.member, hex("rk:{d|user=a}:fw.60")),
+            format!("{}.30000.{}", lease.member, hex("other:{d}:conn")),
+            format!("{}.ttl.{}", lease.member, hex("rk:{d}:conn")),
+            format!("short.30000.{}", hex("rk:{d}:conn")),
+            format!("{}.30000.zz", lease.member),
+            "a".repeat(MAX_LEASE_ID_BYTES + 1),
+        ] {
+            assert!(LeaseId::decode(&bad, "rk:").is_err(), "{bad:?}");
+        }
+        assert!(LeaseId::decode(&id, "other:").is_err());
+    }
+}

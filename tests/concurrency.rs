@@ -1,0 +1,472 @@
+//! Concurrency leases over gRPC: the unary calls and `Hold` in-process on
+//! every store, and the failure tests with real processes: several replicas
+//! racing, dead callers, a SIGKILLed replica, a dropped stream, and a Redis
+//! restart.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Backend, RedisServer, TestServer};
+use ratekeeper::clock::SystemClock;
+use ratekeeper::pb::v1::concurrency_service_client::ConcurrencyServiceClient;
+use ratekeeper::pb::v1::{
+    hold_event, AcquireRequest, AcquireResponse, Descriptor, Entry, HeartbeatRequest,
+    ReleaseRequest,
+};
+use tonic::transport::Channel;
+
+const LIMITS: &str = r#"
+domain: ws
+concurrency:
+  - key: user_id
+    max_connections: 2
+    lease_ttl: 1s
+  - key: plan
+    value: pro
+    descriptors:
+      - key: user_id
+        max_connections: 5
+        lease_ttl: 30s
+"#;
+
+type Client = ConcurrencyServiceClient<Channel>;
+
+async fn connect(addr: &str) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ConcurrencyServiceClient::connect(format!("http://{addr}")).await {
+            Ok(client) => return client,
+            Err(e) if Instant::now() > deadline => panic!("cannot connect to {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+fn acquire_request(entries: &[(&str, &str)], ttl: Option<Duration>) -> AcquireRequest {
+    AcquireRequest {
+        domain: "ws".into(),
+        descriptors: vec![Descriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+        }],
+        lease_ttl: ttl.map(|d| prost_types::Duration {
+            seconds: d.as_secs() as i64,
+            nanos: d.subsec_nanos() as i32,
+        }),
+        holder: "test".into(),
+    }
+}
+
+async fn acquire(client: &mut Client, user: &str, ttl: Option<Duration>) -> AcquireResponse {
+    client
+        .acquire_connection(acquire_request(&[("user_id", user)], ttl))
+        .await
+        .expect("acquire")
+        .into_inner()
+}
+
+async fn release(client: &mut Client, ids: Vec<String>) {
+    client
+        .release(ReleaseRequest { lease_ids: ids })
+        .await
+        .expect("release");
+}
+
+/// Polls `acquire` for up to `within`, returning how long it took to be granted.
+async fn granted_within(client: &mut Client, user: &str, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        let r = acquire(client, user, Some(Duration::from_secs(30))).await;
+        if r.granted {
+            release(client, vec![r.lease_id]).await;
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn acquire_heartbeat_release_and_hold_on_every_store() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = TestServer::start(&[LIMITS], backend.store(Arc::new(SystemClock))).await;
+        let mut client = connect(&server.addr.to_string()).await;
+
+        let a = acquire(&mut client, "u", None).await;
+        assert!(a.granted && !a.lease_id.is_empty(), "{name}");
+        assert_eq!((a.active, a.limit), (1, 2));
+        assert_eq!(a.lease_ttl.unwrap().seconds, 1, "the rule's lease_ttl");
+        let b = acquire(&mut client, "u", None).await;
+        assert_eq!((b.granted, b.active), (true, 2), "{name}");
+        let c = acquire(&mut client, "u", None).await;
+        assert!(
+            !c.granted && c.lease_id.is_empty(),
+            "{name}: the third of 2"
+        );
+        assert_eq!((c.active, c.limit), (2, 2));
+        assert!(c.retry_after.unwrap().nanos > 0 || c.retry_after.unwrap().seconds > 0);
+        // Another user, and a more specific rule, count apart.
+        assert!(acquire(&mut client, "v", None).await.granted);
+        let pro = client
+            .acquire_connection(acquire_request(&[("plan", "pro"), ("user_id", "u")], None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (pro.granted, pro.limit, pro.lease_ttl.unwrap().seconds),
+            (true, 5, 30),
+            "{name}"
+        );
+        // Nothing limits an unknown domain or descriptor.
+        let mut free = acquire_request(&[("nothing", "x")], None);
+        let r = client
+            .acquire_connection(free.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.granted && r.lease_id.is_empty() && r.limit == 0, "{name}");
+        free.domain = "unknown".into();
+        assert!(
+            client
+                .acquire_connection(free)
+                .await
+                .unwrap()
+                .into_inner()
+                .granted
+        );
+
+        // Heartbeat: extended, then lost after release.
+        let hb = client
+            .heartbeat(HeartbeatRequest {
+                lease_ids: vec![a.lease_id.clone(), b.lease_id.clone()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            hb.extended,
+            vec![a.lease_id.clone(), b.lease_id.clone()],
+            "{name}"
+        );
+        release(&mut client, vec![a.lease_id.clone()]).await;
+        release(&mut client, vec![a.lease_id.clone()]).await; // idempotent
+        let hb = client
+            .heartbeat(HeartbeatRequest {
+                lease_ids: vec![a.lease_id.clone()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(hb.lost, vec![a.lease_id.clone()], "{name}");
+        assert!(
+            acquire(&mut client, "u", None).await.granted,
+            "{name}: a's place is free again"
+        );
+
+        // Malformed ids and requests: INVALID_ARGUMENT with a message.
+        let e = client
+            .heartbeat(HeartbeatRequest {
+                lease_ids: vec!["nonsense".into()],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("lease_ids[0]"), "{}", e.message());
+        let mut bad = acquire_request(&[("user_id", "u")], Some(Duration::from_millis(10)));
+        assert_eq!(
+            client
+                .acquire_connection(bad.clone())
+                .await
+                .unwrap_err()
+                .code(),
+            tonic::Code::InvalidArgument
+        );
+        bad.lease_ttl = None;
+        bad.domain.clear();
+        assert_eq!(
+            client.acquire_connection(bad).await.unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn hold_keeps_the_lease_alive_and_releases_it_when_dropped() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = TestServer::start(&[LIMITS], backend.store(Arc::new(SystemClock))).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let mut streams = Vec::new();
+        for _ in 0..2 {
+            let mut stream = client
+                .hold(acquire_request(&[("user_id", "h")], None))
+                .await
+                .unwrap()
+                .into_inner();
+            let first = stream.message().await.unwrap().unwrap();
+            let Some(hold_event::Event::Acquired(r)) = first.event else {
+                panic!("{first:?}")
+            };
+            assert!(r.granted, "{name}");
+            streams.push(stream);
+        }
+        // Refused: one message, then the stream ends.
+        let mut refused = client
+            .hold(acquire_request(&[("user_id", "h")], None))
+            .await
+            .unwrap()
+            .into_inner();
+        let Some(hold_event::Event::Acquired(r)) = refused.message().await.unwrap().unwrap().event
+        else {
+            panic!("no first message")
+        };
+        assert!(!r.granted, "{name}");
+        assert!(
+            refused.message().await.unwrap().is_none(),
+            "{name}: a refused stream ends"
+        );
+
+        // The replica refreshes the 1 s leases: after 2.5 s both still hold.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        assert!(
+            !acquire(&mut client, "h", None).await.granted,
+            "{name}: held leases outlive their TTL"
+        );
+
+        // Dropping a stream releases its lease at once.
+        drop(streams.pop());
+        let took = granted_within(&mut client, "h", Duration::from_millis(900)).await;
+        assert!(
+            took.is_some(),
+            "{name}: the dropped stream's place was not freed before the TTL"
+        );
+        drop(streams);
+        server.stop().await;
+    }
+}
+
+/// A `ratekeeper` process, SIGKILLed when dropped.
+struct Replica {
+    child: Child,
+    grpc: String,
+}
+
+impl Replica {
+    fn start(config_dir: &Path, redis_url: &str) -> Replica {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("--config-dir")
+            .arg(config_dir)
+            .args([
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "off",
+                "--redis-url",
+                redis_url,
+            ])
+            .args(["--redis-timeout-ms", "2000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ratekeeper");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("readiness line");
+        let grpc = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("grpc="))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Replica { child, grpc }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn limits_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ws.yaml"),
+        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: 5\n    lease_ttl: 2s\n",
+    )
+    .unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn replicas_racing_never_over_admit_and_reuse_freed_places() {
+    let redis = RedisServer::start();
+    let dir = limits_dir();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(dir.path(), &redis.url()))
+        .collect();
+    let mut tasks = Vec::new();
+    for replica in &replicas {
+        for _ in 0..4 {
+            let mut client = connect(&replica.grpc).await;
+            tasks.push(tokio::spawn(async move {
+                let mut leases = Vec::new();
+                for _ in 0..5 {
+                    let r = acquire(&mut client, "racer", Some(Duration::from_secs(60))).await;
+                    if r.granted {
+                        leases.push(r.lease_id);
+                    }
+                }
+                leases
+            }));
+        }
+    }
+    let mut granted = Vec::new();
+    for task in tasks {
+        granted.extend(task.await.unwrap());
+    }
+    // 3 replicas x 4 callers x 5 attempts = 60 for a limit of 5.
+    assert_eq!(granted.len(), 5, "exactly the limit, never more");
+    let mut client = connect(&replicas[2].grpc).await;
+    assert!(!acquire(&mut client, "racer", None).await.granted);
+    release(&mut client, granted.drain(..2).collect()).await;
+    let again: Vec<bool> = {
+        let mut out = Vec::new();
+        for replica in &replicas {
+            let mut c = connect(&replica.grpc).await;
+            out.push(
+                acquire(&mut c, "racer", Some(Duration::from_secs(60)))
+                    .await
+                    .granted,
+            );
+        }
+        out
+    };
+    assert_eq!(
+        again,
+        vec![true, true, false],
+        "the 2 freed places are granted again, and no more"
+    );
+}
+
+#[tokio::test]
+async fn dead_callers_and_a_killed_replica_free_their_places_within_the_ttl() {
+    let redis = RedisServer::start();
+    let dir = limits_dir();
+    let mut doomed = Replica::start(dir.path(), &redis.url());
+    let survivor = Replica::start(dir.path(), &redis.url());
+    let mut client = connect(&survivor.grpc).await;
+
+    // A caller that stops heartbeating: its lease (2 s) lapses.
+    let lapsing = acquire(&mut client, "quiet", None).await;
+    assert!(lapsing.granted);
+    for _ in 0..4 {
+        assert!(
+            acquire(&mut client, "quiet", Some(Duration::from_secs(60)))
+                .await
+                .granted
+        );
+    }
+    assert!(!acquire(&mut client, "quiet", None).await.granted);
+    let took = granted_within(&mut client, "quiet", Duration::from_secs(4))
+        .await
+        .expect("never freed");
+    assert!(
+        took <= Duration::from_millis(2_600),
+        "freed after {took:?}, TTL 2 s"
+    );
+
+    // A replica holding streams is SIGKILLed: no release is sent, the
+    // refreshes stop, and the leases lapse after their TTL.
+    let mut doomed_client = connect(&doomed.grpc).await;
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut s = doomed_client
+            .hold(acquire_request(&[("user_id", "held")], None))
+            .await
+            .unwrap()
+            .into_inner();
+        let Some(hold_event::Event::Acquired(r)) = s.message().await.unwrap().unwrap().event else {
+            panic!()
+        };
+        assert!(r.granted);
+        streams.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(
+        !acquire(&mut client, "held", None).await.granted,
+        "refreshed past their TTL while alive"
+    );
+    doomed.kill();
+    let took = granted_within(&mut client, "held", Duration::from_secs(5))
+        .await
+        .expect("never freed");
+    assert!(
+        took <= Duration::from_millis(2_800),
+        "freed {took:?} after the kill, TTL 2 s + a tick"
+    );
+    drop(streams);
+}
+
+#[tokio::test]
+async fn a_redis_restart_loses_leases_and_the_service_recovers() {
+    let mut redis = RedisServer::start();
+    let dir = limits_dir();
+    let replica = Replica::start(dir.path(), &redis.url());
+    let mut client = connect(&replica.grpc).await;
+    let mut held = client
+        .hold(acquire_request(&[("user_id", "r")], None))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(hold_event::Event::Acquired(r)) = held.message().await.unwrap().unwrap().event else {
+        panic!()
+    };
+    assert!(r.granted);
+
+    redis.restart();
+    // The restarted Redis is empty (no persistence): the stream's next
+    // refresh finds its lease gone and says so.
+    let event = tokio::time::timeout(Duration::from_secs(10), held.message())
+        .await
+        .expect("no lost message")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(event.event, Some(hold_event::Event::Lost(ref id)) if *id == r.lease_id),
+        "{event:?}"
+    );
+    assert!(
+        held.message().await.unwrap().is_none(),
+        "the stream ends after lost"
+    );
+    // New acquires work without restarting ratekeeper.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client
+            .acquire_connection(acquire_request(&[("user_id", "r")], None))
+            .await
+        {
+            Ok(r) if r.get_ref().granted => break,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            other => panic!("no recovery: {other:?}"),
+        }
+    }
+}
