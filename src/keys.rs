@@ -60,6 +60,35 @@ pub fn counter_key<'a>(
     key
 }
 
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// part between the first `{` and the next `}`, if non-empty) mod 16384.
+pub fn cluster_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(bytes)) % 16_384
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +128,25 @@ mod tests {
         let close = k[open..].find('}').unwrap() + open;
         assert_eq!(&k[close..], "}:fw.60");
         assert_eq!(k, "rk:{api|user=%7Bx%7D|path=/a%3Ab}:fw.60");
+    }
+
+    #[test]
+    fn cluster_slots_match_redis() {
+        // Values from `redis-cli CLUSTER KEYSLOT`.
+        assert_eq!(cluster_slot("foo"), 12_182);
+        assert_eq!(cluster_slot("123456789"), 12_739);
+        assert_eq!(
+            cluster_slot("{user1000}.following"),
+            cluster_slot("user1000")
+        );
+        assert_eq!(cluster_slot("foo{}{bar}"), cluster_slot("foo{}{bar}"));
+        assert_eq!(cluster_slot("foo{}{bar}"), 8_363);
+        assert_eq!(cluster_slot("foo{{bar}}zap"), cluster_slot("{bar"));
+        let k = key("api", &[("user", "a")]);
+        assert_eq!(
+            cluster_slot(&k),
+            cluster_slot(&k.replace(":fw.60", ":sw.1"))
+        );
     }
 
     #[test]

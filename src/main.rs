@@ -11,8 +11,9 @@ use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::server::Server;
+use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store};
+use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store, Topology};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
@@ -22,18 +23,41 @@ use tokio::net::TcpListener;
 #[command(version, about)]
 struct Cli {
     /// Directory of limits files (envoyproxy/ratelimit YAML, one domain each).
-    #[arg(long, env = "CONFIG_DIR", default_value = "config")]
-    config_dir: PathBuf,
+    /// Default: `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config` when RUNTIME_ROOT
+    /// is set (envoyproxy/ratelimit's layout), else `config`.
+    #[arg(long, env = "CONFIG_DIR")]
+    config_dir: Option<PathBuf>,
     /// gRPC listen address.
     #[arg(long, env = "GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
     /// Prometheus `/metrics` listen address, or `off`.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
     metrics_addr: String,
-    /// Redis URL (`redis://host:port` or envoyproxy/ratelimit's `host:port`).
+    /// Redis: single `redis://[user:pass@]host:port[/db]` or `host:port`;
+    /// cluster `host:port,host:port,...`; sentinel `mastername,host:port,...`.
     /// Absent: counters are kept in memory (one replica only).
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
+    /// Redis topology.
+    #[arg(long, env = "REDIS_TYPE", value_enum, ignore_case = true, default_value_t = Topology::Single)]
+    redis_type: Topology,
+    /// Redis password, or `user:password` for an ACL user. Never logged.
+    #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
+    redis_auth: Option<String>,
+    /// File holding the Redis password (or `user:password`).
+    #[arg(long, env = "REDIS_AUTH_FILE")]
+    redis_auth_file: Option<PathBuf>,
+    /// TLS to Redis (not supported yet: refused rather than ignored).
+    #[arg(long, env = "REDIS_TLS")]
+    redis_tls: bool,
+    /// The answer while Redis fails: open (allow), closed (OVER_LIMIT),
+    /// unavailable (gRPC UNAVAILABLE), local (limit / --expected-replicas in
+    /// memory). Domains can override with `failure_mode:`.
+    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
+    failure_mode: FailureMode,
+    /// Replicas sharing the limits, for `failure_mode: local`.
+    #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
+    expected_replicas: u32,
     /// Multiplexed connections to Redis.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4)]
     redis_pool_size: usize,
@@ -111,21 +135,42 @@ async fn run(cli: Cli) -> Result<()> {
         addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
     };
 
-    let config = Config::load_dir(&cli.config_dir);
+    let config_dir =
+        cli.config_dir
+            .clone()
+            .unwrap_or_else(|| match std::env::var_os("RUNTIME_ROOT") {
+                Some(root) => PathBuf::from(root)
+                    .join(std::env::var_os("RUNTIME_SUBDIRECTORY").unwrap_or_default())
+                    .join("config"),
+                None => PathBuf::from("config"),
+            });
+    let config = Config::load_dir(&config_dir);
     record_load(config.as_ref().map(|_| ()));
     let config = config?;
-    tracing::info!(dir = %cli.config_dir.display(), domains = ?config.domain_names(), "limits loaded");
+    tracing::info!(dir = %config_dir.display(), domains = ?config.domain_names(), "limits loaded");
 
     let store = match &cli.redis_url {
         None => Store::Memory(MemoryStore::new(Arc::new(SystemClock))),
         Some(url) => {
-            let url = if url.contains("://") {
-                url.clone()
-            } else {
-                format!("redis://{url}")
+            if cli.redis_tls || url.starts_with("rediss://") {
+                return Err(Error::Startup("TLS to Redis is not supported yet".into()));
+            }
+            let auth = match &cli.redis_auth_file {
+                Some(file) => Some(
+                    std::fs::read_to_string(file)
+                        .map_err(|source| Error::Io {
+                            context: format!("cannot read {}", file.display()),
+                            source,
+                        })?
+                        .trim()
+                        .to_owned(),
+                ),
+                None => cli.redis_auth.clone(),
             };
             let settings = RedisSettings {
-                url,
+                topology: cli.redis_type,
+                url: url.clone(),
+                auth,
                 connections: cli.redis_pool_size,
                 connect_timeout: Duration::from_millis(cli.redis_connect_timeout_ms),
                 call_timeout: Duration::from_millis(cli.redis_timeout_ms),
@@ -149,12 +194,14 @@ async fn run(cli: Cli) -> Result<()> {
 
     Server {
         grpc,
-        config_dir: Some(cli.config_dir),
+        config_dir: Some(config_dir),
         config: SharedConfig::new(config),
         store,
         limiter: LimiterSettings {
             key_prefix: cli.key_prefix,
             headers,
+            failure_mode: cli.failure_mode,
+            expected_replicas: cli.expected_replicas,
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

@@ -27,6 +27,10 @@ pub const ENVOY_RLS_DESCRIPTOR: &[u8] =
 
 const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
+/// The health service name that only says the process is up (for a
+/// liveness probe): always SERVING.
+pub const LIVENESS_SERVICE: &str = "liveness";
+
 /// Everything a running server needs.
 #[derive(Debug)]
 pub struct Server {
@@ -61,12 +65,17 @@ impl Server {
             holds.clone(),
         ))
         .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
         let rls =
             RateLimitServiceServer::new(limiter).max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
 
         let (reporter, health) = tonic_health::server::health_reporter();
-        let probe = tokio::spawn(probe_store(self.store.clone(), reporter));
+        let probe = tokio::spawn(probe_store(
+            self.store.clone(),
+            reporter,
+            serves_without_store,
+        ));
         let watcher = self
             .config_dir
             .map(|dir| tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval)));
@@ -125,49 +134,46 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
-/// The health service name that only says the process is up (for a
-/// liveness probe): always SERVING.
-pub const LIVENESS_SERVICE: &str = "liveness";
-
 /// Keeps gRPC health in step with the store. `""` and the rate limit
-/// service turn SERVING once the store has answered; as store failures fail
-/// open, they stay SERVING through a later outage (a readiness probe must not
-/// pull every replica at once), which `ratekeeper_store_up` and the logs show.
-async fn probe_store(store: Store, reporter: HealthReporter) {
+/// service turn SERVING once the store has answered. After that, with a
+/// failure mode that serves without the store (`open`, `local`) they stay
+/// SERVING through an outage (a readiness probe must not pull every replica
+/// at once; `ratekeeper_store_up` and the logs show it); with `closed` or
+/// `unavailable` they are NOT_SERVING while the store is unreachable.
+async fn probe_store(store: Store, reporter: HealthReporter, serves_without_store: bool) {
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
-    reporter
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    reporter
-        .set_service_status(RLS_SERVICE, ServingStatus::NotServing)
-        .await;
-    let mut up = None;
+    let mut shown = ServingStatus::NotServing;
+    reporter.set_service_status("", shown).await;
+    reporter.set_service_status(RLS_SERVICE, shown).await;
+    let mut ever_up = false;
+    let mut was_up = None;
     loop {
-        let now_up = match store.ping().await {
+        let up = match store.ping().await {
             Ok(()) => true,
             Err(error) => {
-                tracing::warn!(%error, "store health probe failed; requests fail open");
+                tracing::warn!(%error, "store health probe failed");
                 false
             }
         };
-        metrics::gauge!("ratekeeper_store_up").set(if now_up { 1.0 } else { 0.0 });
-        if now_up && up.is_none() {
-            reporter
-                .set_service_status("", ServingStatus::Serving)
-                .await;
-            reporter
-                .set_service_status(RLS_SERVICE, ServingStatus::Serving)
-                .await;
+        ever_up |= up;
+        metrics::gauge!("ratekeeper_store_up").set(if up { 1.0 } else { 0.0 });
+        let status = if up || (ever_up && serves_without_store) {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        if status != shown {
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status(RLS_SERVICE, status).await;
+            shown = status;
         }
-        if up != Some(now_up) {
-            if up.is_some() {
-                tracing::info!(up = now_up, "store reachability changed");
-            }
-            up = Some(now_up);
+        if was_up.is_some_and(|was| was != up) {
+            tracing::info!(up, "store reachability changed");
         }
-        let pause = if now_up { 5_000 } else { 500 };
+        was_up = Some(up);
+        let pause = if up { 5_000 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }

@@ -4,11 +4,12 @@
 //! Two modes:
 //! - **closed loop** (default): `--concurrency N` tasks, each with one request
 //!   in flight at a time; latency is measured from the send.
-//! - **open loop** (`--rate R`): a pacer thread releases one send token per
-//!   `1/R` s, each stamped with its *intended* send time; `--concurrency N`
-//!   tasks take the tokens and send. Latency is measured from the intended
-//!   time, so a server (or generator) that falls behind shows up as latency
-//!   instead of silently lowering the rate (no coordinated omission).
+//! - **open loop** (`--rate R`): request `i` is due at `start + i / R`. A
+//!   pacer thread releases send permits as requests fall due; `--concurrency
+//!   N` tasks take them, send, and measure latency from the request's
+//!   *intended* send time, so a server (or generator) that falls behind shows
+//!   up as latency instead of silently lowering the rate (no coordinated
+//!   omission). How late sends were against their due times is reported too.
 //!
 //! Requests are spread over `--connections` HTTP/2 channels. Each task keeps
 //! one request and rewrites only its descriptor values, so the generator does
@@ -28,7 +29,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use hdrhistogram::Histogram;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::Semaphore;
 use tonic::transport::{Channel, Endpoint};
 
 /// Command-line options.
@@ -76,6 +77,10 @@ struct Args {
     /// Tokio worker threads of the generator.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Open loop: the pacer wakes at most once per this many µs and releases
+    /// every request due by then (fewer wake-ups, at most this much lag).
+    #[arg(long, default_value_t = 100)]
+    pace_us: u64,
     /// Per-call deadline in milliseconds (a call past it counts as an error).
     #[arg(long, default_value_t = 5_000)]
     timeout_ms: u64,
@@ -387,24 +392,86 @@ async fn closed_loop_task(
     tally
 }
 
-/// Send tokens (intended send times), shared by the open-loop tasks.
-type Tokens = Arc<Mutex<mpsc::UnboundedReceiver<Instant>>>;
+/// Open-loop schedule: request `i` is due at `start + i * interval`.
+/// The pacer adds a permit to `due` as each request falls due; the task that
+/// takes a permit claims the next request number.
+#[derive(Debug)]
+struct Schedule {
+    start: Instant,
+    interval: Duration,
+    /// Requests due after `end` are never released.
+    end: Instant,
+    due: Semaphore,
+    claimed: AtomicU64,
+}
 
-/// Open loop: takes the next token, sends, and measures from its intended
-/// time. Tokens left after `hard_stop` are counted as unsent.
+impl Schedule {
+    fn new(start: Instant, end: Instant, rate: f64) -> Self {
+        Schedule {
+            start,
+            interval: Duration::from_secs_f64(1.0 / rate),
+            end,
+            due: Semaphore::new(0),
+            claimed: AtomicU64::new(0),
+        }
+    }
+
+    /// When request `i` is due.
+    fn due_at(&self, i: u64) -> Instant {
+        self.start + self.interval.mul_f64(i as f64)
+    }
+
+    /// Waits for a due request; returns its intended send time, or `None`
+    /// once the schedule is over.
+    async fn next(&self) -> Option<Instant> {
+        let permit = self.due.acquire().await.ok()?;
+        permit.forget();
+        Some(self.due_at(self.claimed.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    /// The pacer (run on its own thread: Tokio's timer has 1 ms granularity,
+    /// a thread sleep tens of µs). Releases requests as they fall due, waking
+    /// at most once per `quantum`, then closes the schedule.
+    fn pace(&self, quantum: Duration) {
+        let mut released: u64 = 0;
+        loop {
+            let now = Instant::now();
+            let mut due = 0;
+            while self.due_at(released) <= now && self.due_at(released) < self.end {
+                released += 1;
+                due += 1;
+            }
+            if due > 0 {
+                self.due.add_permits(due);
+            }
+            let next = self.due_at(released);
+            if next >= self.end {
+                break;
+            }
+            let wait = next.saturating_duration_since(Instant::now()).max(quantum);
+            std::thread::sleep(wait);
+        }
+        // Tasks still waiting see the schedule closed once the permits left
+        // are taken.
+        while self.due.available_permits() > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.due.close();
+    }
+}
+
+/// Open loop: takes the next due request, sends it, and measures from its
+/// intended time. Requests still unsent at `hard_stop` are counted as unsent.
 async fn open_loop_task(
     mut client: RateLimitServiceClient<Channel>,
     mut template: RequestTemplate,
-    tokens: Tokens,
+    schedule: Arc<Schedule>,
     window: Window,
     hard_stop: Instant,
     timeout: Duration,
 ) -> Tally {
     let mut tally = Tally::new();
-    loop {
-        let Some(intended) = tokens.lock().await.recv().await else {
-            break;
-        };
+    while let Some(intended) = schedule.next().await {
         let now = Instant::now();
         if now >= hard_stop {
             tally.unsent += 1;
@@ -419,29 +486,6 @@ async fn open_loop_task(
         }
     }
     tally
-}
-
-/// Releases one token per `1 / rate` s from `start` to `end`, each carrying
-/// its intended send time. A thread (not a Tokio timer, which has 1 ms
-/// granularity) so tokens are late by tens of µs, not up to a millisecond.
-fn pace(tokens: mpsc::UnboundedSender<Instant>, start: Instant, end: Instant, rate: f64) {
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let mut next = start;
-    let mut sent: u32 = 0;
-    while next < end {
-        let now = Instant::now();
-        while next <= now && next < end {
-            if tokens.send(next).is_err() {
-                return;
-            }
-            sent = sent.wrapping_add(1);
-            // Computed from the start, so rounding never accumulates.
-            next = start + interval * sent;
-        }
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-    }
 }
 
 /// Opens `count` HTTP/2 channels to `addr`.
@@ -498,10 +542,12 @@ async fn run(args: &Args, dist: KeyDist) -> Result<Summary, String> {
     };
     let cpu_start = process_cpu();
     let budget = args.requests.map(|n| Arc::new(AtomicU64::new(n)));
-    let tokens = args.rate.map(|rate| {
-        let (tx, rx) = mpsc::unbounded_channel();
-        std::thread::spawn(move || pace(tx, start, window.end, rate));
-        Arc::new(Mutex::new(rx))
+    let schedule = args.rate.map(|rate| {
+        let schedule = Arc::new(Schedule::new(start, window.end, rate));
+        let pacer = schedule.clone();
+        let quantum = Duration::from_micros(args.pace_us);
+        std::thread::spawn(move || pacer.pace(quantum));
+        schedule
     });
     let hard_stop = window.end + Duration::from_secs_f64((args.duration * 0.2).max(1.0));
 
@@ -509,11 +555,11 @@ async fn run(args: &Args, dist: KeyDist) -> Result<Summary, String> {
     for i in 0..args.concurrency.max(1) {
         let client = RateLimitServiceClient::new(channels[i % channels.len()].clone());
         let template = RequestTemplate::new(args, keys.clone(), 0x5EED ^ (i as u64) << 20);
-        tasks.push(match &tokens {
-            Some(tokens) => tokio::spawn(open_loop_task(
+        tasks.push(match &schedule {
+            Some(schedule) => tokio::spawn(open_loop_task(
                 client,
                 template,
-                tokens.clone(),
+                schedule.clone(),
                 window,
                 hard_stop,
                 timeout,

@@ -14,6 +14,7 @@ use crate::limiter::{gcra, Algorithm, Unit};
 use crate::rules::{
     ConcurrencyRule, KeyNodes, Level, Node, Rate, Rule, RuleMetrics, RuleTree, Wildcard,
 };
+use crate::service::failure::FailureMode;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +27,25 @@ struct RawFile {
     response_headers: Option<bool>,
     /// ratekeeper: concurrent-connection limits, a descriptor tree of their own.
     concurrency: Option<Vec<RawConcurrency>>,
+    /// ratekeeper: the answer while the store fails (overrides the flag).
+    failure_mode: Option<FailureModeName>,
+}
+
+/// A failure mode name, checked while parsing.
+#[derive(Debug)]
+struct FailureModeName(FailureMode);
+
+impl<'de> Deserialize<'de> for FailureModeName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Scalar(name) = Scalar::deserialize(d)?;
+        FailureMode::parse(&name)
+            .map(FailureModeName)
+            .ok_or_else(|| {
+                de::Error::custom(format!(
+                    "unknown failure_mode {name:?}: expected open, closed, unavailable or local"
+                ))
+            })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,6 +220,8 @@ pub struct DomainOptions {
     pub all_or_nothing: bool,
     /// Whether to add RateLimit-* headers; `None` follows the server flag.
     pub response_headers: Option<bool>,
+    /// The answer while the store fails; `None` follows the server flag.
+    pub failure_mode: Option<FailureMode>,
 }
 
 /// One domain, as loaded from one file.
@@ -255,6 +277,7 @@ pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, ConfigError> {
         options: DomainOptions {
             all_or_nothing: raw.all_or_nothing.unwrap_or(true),
             response_headers: raw.response_headers,
+            failure_mode: raw.failure_mode.map(|FailureModeName(m)| m),
         },
     })
 }

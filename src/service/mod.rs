@@ -3,6 +3,7 @@
 
 pub mod caps;
 pub mod concurrency;
+pub mod failure;
 pub mod holds;
 pub mod lease_id;
 pub mod rls;

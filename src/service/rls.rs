@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -19,12 +20,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use tonic::{Request, Response, Status};
 
 use super::caps;
+use super::failure::FailureMode;
+use crate::clock::SystemClock;
 use crate::config::watch::SharedConfig;
 use crate::headers::{self, HeaderSettings, LimitState};
 use crate::keys::counter_key;
 use crate::limiter::{Check, Unit, MAX_HITS};
 use crate::rules::{Rate, Rule, RuleMetrics};
-use crate::store::Store;
+use crate::store::{MemoryStore, Store};
 
 /// Share of a limit above which admitted hits count as `near_limit`.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
@@ -35,6 +38,11 @@ pub struct LimiterSettings {
     /// Prefix of every counter key.
     pub key_prefix: String,
     pub headers: HeaderSettings,
+    /// The answer while the store fails, for domains that do not set one.
+    pub failure_mode: FailureMode,
+    /// Replicas sharing the limits: `failure_mode: local` enforces each limit
+    /// divided by this.
+    pub expected_replicas: u32,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -43,6 +51,8 @@ pub struct RateLimiter {
     config: SharedConfig,
     store: Store,
     settings: LimiterSettings,
+    /// Counters for `failure_mode: local` while the store fails.
+    local: Arc<MemoryStore>,
 }
 
 /// The limits that apply to one descriptor of a request.
@@ -66,6 +76,7 @@ impl RateLimiter {
             config,
             store,
             settings,
+            local: MemoryStore::new(Arc::new(SystemClock)),
         }
     }
 
@@ -144,17 +155,43 @@ impl RateLimiter {
             })
             .collect();
 
-        let outcomes = match self
-            .store
-            .apply(&checks, domain.options.all_or_nothing)
-            .await
-        {
+        let all_or_nothing = domain.options.all_or_nothing;
+        let outcomes = match self.store.apply(&checks, all_or_nothing).await {
             Ok(outcomes) => outcomes,
             Err(error) => {
-                // Fail open: the request goes ahead, the failure is visible.
+                let mode = domain
+                    .options
+                    .failure_mode
+                    .unwrap_or(self.settings.failure_mode);
                 metrics::counter!("ratekeeper_store_errors").increment(1);
-                tracing::warn!(%error, store = self.store.kind(), "store failed; allowing the request");
-                return Ok(allow_all(&applied, request.descriptors.len()));
+                metrics::counter!(format!("ratekeeper_store_error_fail_{mode}")).increment(1);
+                tracing::warn!(%error, store = self.store.kind(), %mode, "store failed");
+                match mode {
+                    FailureMode::Open => {
+                        return Ok(degraded(
+                            allow_all(&applied, request.descriptors.len()),
+                            mode,
+                        ))
+                    }
+                    FailureMode::Closed => return Ok(degraded(refuse_all(&applied), mode)),
+                    FailureMode::Unavailable => {
+                        return Err(Status::unavailable(format!(
+                            "the rate limit store failed: {error}"
+                        )))
+                    }
+                    FailureMode::Local => {
+                        let replicas = u64::from(self.settings.expected_replicas.max(1));
+                        let local: Vec<Check> = checks
+                            .iter()
+                            .map(|c| Check {
+                                limit: c.limit.div_ceil(replicas),
+                                burst: c.burst.div_ceil(replicas),
+                                ..c.clone()
+                            })
+                            .collect();
+                        self.local.apply(&local, all_or_nothing)
+                    }
+                }
             }
         };
 
@@ -381,6 +418,41 @@ fn allow_all(applied: &[Applied<'_>], descriptors: usize) -> RateLimitResponse {
         statuses,
         ..Default::default()
     }
+}
+
+/// Refuses every limited descriptor (`failure_mode: closed`).
+fn refuse_all(applied: &[Applied<'_>]) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = applied
+        .iter()
+        .map(|a| match a {
+            Applied::Counted { rates, .. } => {
+                status(Code::OverLimit, rates.first().map(current_limit), 0, None)
+            }
+            Applied::Unlimited => status(Code::Ok, None, u32::MAX, None),
+            Applied::None => status(Code::Ok, None, 0, None),
+        })
+        .collect();
+    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        ..Default::default()
+    }
+}
+
+/// Marks an answer given without the store: `dynamic_metadata` carries
+/// `ratekeeper.store_error` = the failure mode, for Envoy's logs.
+fn degraded(mut response: RateLimitResponse, mode: FailureMode) -> RateLimitResponse {
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+    let mut metadata = Struct::default();
+    metadata.fields.insert(
+        "ratekeeper.store_error".into(),
+        Value {
+            kind: Some(Kind::StringValue(mode.name().into())),
+        },
+    );
+    response.dynamic_metadata = Some(metadata);
+    response
 }
 
 /// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with

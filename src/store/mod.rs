@@ -1,6 +1,8 @@
 //! Where counters live. The service talks to [`Store`] only; nothing outside
 //! this module knows Redis.
 
+pub mod breaker;
+pub mod connection;
 pub mod lease;
 pub mod memory;
 pub mod redis;
@@ -10,9 +12,10 @@ use std::sync::Arc;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
+pub use self::connection::{RedisSettings, Topology};
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisSettings, RedisStore};
+pub use self::redis::RedisStore;
 
 /// A counter store. An enum rather than a trait object: there are two, and
 /// static dispatch keeps the hot path free of boxing.

@@ -18,7 +18,7 @@ use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::server::Server;
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store};
+use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store, Topology};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -92,7 +92,9 @@ impl RedisServer {
     /// A Redis store on this server; `clock` pins the scripts' time.
     pub fn store(&self, clock: Option<Arc<dyn Clock>>) -> Store {
         let settings = RedisSettings {
+            topology: Topology::Single,
             url: self.url(),
+            auth: None,
             connections: 2,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
@@ -178,6 +180,7 @@ impl TestServer {
                     enabled: true,
                     names: HeaderNames::default(),
                 },
+                ..LimiterSettings::default()
             },
             reload_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),

@@ -1,0 +1,53 @@
+//! What `ShouldRateLimit` answers when the store fails (error, deadline, or
+//! open circuit): the failure mode, set per domain (`failure_mode:` in its
+//! limits file) with a server-wide default (`--failure-mode`).
+
+use std::fmt;
+
+/// The answer while the store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailureMode {
+    /// Allow the request (counted in `ratekeeper_store_error_fail_open`).
+    #[default]
+    Open,
+    /// Refuse: OVER_LIMIT for every limited descriptor.
+    Closed,
+    /// Answer gRPC UNAVAILABLE (Envoy then applies its own `failure_mode_deny`).
+    Unavailable,
+    /// Enforce each limit divided by `--expected-replicas` in this replica's
+    /// memory until the store is back.
+    Local,
+}
+
+impl FailureMode {
+    pub fn parse(name: &str) -> Option<FailureMode> {
+        Some(match name {
+            "open" => FailureMode::Open,
+            "closed" => FailureMode::Closed,
+            "unavailable" => FailureMode::Unavailable,
+            "local" => FailureMode::Local,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Unavailable => "unavailable",
+            FailureMode::Local => "local",
+        }
+    }
+
+    /// Whether a replica in this mode still serves while the store is down
+    /// (what gRPC health reports).
+    pub fn serves_without_store(self) -> bool {
+        matches!(self, FailureMode::Open | FailureMode::Local)
+    }
+}
+
+impl fmt::Display for FailureMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

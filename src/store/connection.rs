@@ -1,0 +1,322 @@
+//! Connections to Redis in its three topologies, behind one handle.
+//!
+//! - **single**: redis-rs `ConnectionManager`s (multiplexed, reconnecting by
+//!   themselves), used round-robin.
+//! - **cluster**: one `ClusterConnection`, which routes each command by its
+//!   first key's slot and follows MOVED/ASK and topology changes.
+//! - **sentinel**: the master named by the sentinels, through
+//!   `ConnectionManager`s; on a connection error or `READONLY` (the old
+//!   master demoted) the master is looked up again, in the background.
+//!
+//! Cluster and sentinel connect in the background, so ratekeeper starts (and
+//! fails open) while Redis is unreachable.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisFuture, Value};
+
+use crate::{Error, Result};
+
+/// Which Redis deployment to talk to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Topology {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+/// Where and how to connect.
+#[derive(Clone)]
+pub struct RedisSettings {
+    pub topology: Topology,
+    /// single: `redis://[user:pass@]host:port[/db]` or `host:port`;
+    /// cluster: seed nodes `host:port,host:port,...`;
+    /// sentinel: `mastername,host:port,host:port,...` (the sentinels).
+    pub url: String,
+    /// `password` or `user:password` (envoyproxy/ratelimit's `REDIS_AUTH`).
+    pub auth: Option<String>,
+    /// Multiplexed connections (single and sentinel).
+    pub connections: usize,
+    /// Time allowed for establishing a connection.
+    pub connect_timeout: Duration,
+    /// Time allowed for one call, connection included.
+    pub call_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL and auth may carry secrets: never print them.
+        f.debug_struct("RedisSettings")
+            .field("topology", &self.topology)
+            .field("connections", &self.connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisSettings {
+    fn credentials(&self) -> (Option<String>, Option<String>) {
+        match self.auth.as_deref() {
+            None | Some("") => (None, None),
+            Some(auth) => match auth.split_once(':') {
+                Some((user, password)) => (Some(user.to_owned()), Some(password.to_owned())),
+                None => (None, Some(auth.to_owned())),
+            },
+        }
+    }
+
+    /// Connection info for one node address, with the credentials applied.
+    fn node(&self, address: &str) -> Result<redis::ConnectionInfo> {
+        let url = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("redis://{address}")
+        };
+        let info = url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| Error::Startup(format!("invalid Redis address ({:?})", e.kind())))?;
+        let (user, password) = self.credentials();
+        let mut redis = info.redis_settings().clone();
+        if let Some(user) = user {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = password {
+            redis = redis.set_password(password);
+        }
+        Ok(info.set_redis_settings(redis))
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.call_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1))
+    }
+}
+
+/// One usable connection.
+#[derive(Clone)]
+pub enum Conn {
+    Managed(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Managed(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connections of one store, whatever the topology.
+pub struct Connections {
+    settings: RedisSettings,
+    current: RwLock<Vec<Conn>>,
+    next: AtomicUsize,
+    connecting: AtomicBool,
+}
+
+impl Connections {
+    /// Starts connecting. Never waits for Redis.
+    pub fn new(settings: RedisSettings) -> Result<Arc<Self>> {
+        let initial = match settings.topology {
+            Topology::Single => {
+                let client = redis::Client::open(settings.node(&settings.url)?)
+                    .map_err(|e| Error::Startup(format!("invalid Redis URL ({:?})", e.kind())))?;
+                let config = settings.manager_config();
+                (0..settings.connections.max(1))
+                    .map(|_| {
+                        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                            .map(Conn::Managed)
+                    })
+                    .collect::<redis::RedisResult<Vec<_>>>()?
+            }
+            Topology::Cluster | Topology::Sentinel => {
+                // Fail early on a malformed address list.
+                settings.addresses()?;
+                Vec::new()
+            }
+        };
+        let connections = Arc::new(Connections {
+            settings,
+            current: RwLock::new(initial),
+            next: AtomicUsize::new(0),
+            connecting: AtomicBool::new(false),
+        });
+        if connections.settings.topology != Topology::Single {
+            connections.reconnect();
+        }
+        Ok(connections)
+    }
+
+    /// A connection to use now (round-robin).
+    pub fn get(self: &Arc<Self>) -> Result<Conn> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        if current.is_empty() {
+            drop(current);
+            self.reconnect();
+            return Err(Error::Store("not connected to Redis yet".into()));
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % current.len();
+        Ok(current[i].clone())
+    }
+
+    /// Reacts to a failed call: for sentinel, a connection error or a
+    /// `READONLY` reply means the master moved, so look it up again.
+    pub fn failed(self: &Arc<Self>, error: &RedisError) {
+        let moved = error.is_io_error()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        if self.settings.topology == Topology::Sentinel && moved {
+            self.reconnect();
+        }
+    }
+
+    /// (Re)connects in the background, once at a time.
+    fn reconnect(self: &Arc<Self>) {
+        if self.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(this.settings.connect_timeout * 2, this.connect()).await {
+                Ok(Ok(conns)) => {
+                    *this.current.write().unwrap_or_else(|p| p.into_inner()) = conns;
+                    tracing::info!(topology = ?this.settings.topology, "connected to Redis");
+                }
+                Ok(Err(error)) => tracing::warn!(%error, "cannot connect to Redis; will retry"),
+                Err(_) => tracing::warn!("connecting to Redis timed out; will retry"),
+            }
+            // Pace retries: at most one attempt per 200 ms.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            this.connecting.store(false, Ordering::Release);
+        });
+    }
+
+    async fn connect(&self) -> Result<Vec<Conn>> {
+        let s = &self.settings;
+        match s.topology {
+            Topology::Single => Ok(self
+                .current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()),
+            Topology::Cluster => {
+                let nodes = s
+                    .addresses()?
+                    .iter()
+                    .map(|a| s.node(a))
+                    .collect::<Result<Vec<_>>>()?;
+                let client = ClusterClientBuilder::new(nodes)
+                    .connection_timeout(s.connect_timeout)
+                    .response_timeout(s.call_timeout)
+                    .retries(1)
+                    .build()?;
+                Ok(vec![Conn::Cluster(client.get_async_connection().await?)])
+            }
+            Topology::Sentinel => {
+                let addresses = s.addresses()?;
+                let (master, sentinels) = addresses.split_first().ok_or_else(|| {
+                    Error::Startup("sentinel: expected mastername,host:port,...".into())
+                })?;
+                let sentinels = sentinels
+                    .iter()
+                    .map(|a| s.node_without_auth(a))
+                    .collect::<Result<Vec<_>>>()?;
+                let (user, password) = s.credentials();
+                let mut node = redis::RedisConnectionInfo::default();
+                if let Some(user) = user {
+                    node = node.set_username(user);
+                }
+                if let Some(password) = password {
+                    node = node.set_password(password);
+                }
+                let mut sentinel = SentinelClient::build(
+                    sentinels,
+                    master.clone(),
+                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+                    SentinelServerType::Master,
+                )?;
+                let client = sentinel.async_get_client().await?;
+                let config = s.manager_config();
+                let mut conns = Vec::new();
+                for _ in 0..s.connections.max(1) {
+                    conns.push(Conn::Managed(ConnectionManager::new_lazy_with_config(
+                        client.clone(),
+                        config.clone(),
+                    )?));
+                }
+                Ok(conns)
+            }
+        }
+    }
+}
+
+impl RedisSettings {
+    /// The comma-separated parts of `url` (cluster and sentinel).
+    fn addresses(&self) -> Result<Vec<String>> {
+        let parts: Vec<String> = self
+            .url
+            .split(',')
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect();
+        let needed = if self.topology == Topology::Sentinel {
+            2
+        } else {
+            1
+        };
+        if parts.len() < needed {
+            return Err(Error::Startup(match self.topology {
+                Topology::Sentinel => {
+                    "sentinel: --redis-url must be mastername,host:port[,host:port...]".into()
+                }
+                _ => "cluster: --redis-url must be host:port[,host:port...]".into(),
+            }));
+        }
+        Ok(parts)
+    }
+
+    /// A sentinel's address: sentinels here take no password.
+    fn node_without_auth(&self, address: &str) -> Result<redis::ConnectionInfo> {
+        let url = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("redis://{address}")
+        };
+        url.as_str()
+            .into_connection_info()
+            .map_err(|e| Error::Startup(format!("invalid sentinel address ({:?})", e.kind())))
+    }
+}
