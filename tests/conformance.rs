@@ -517,12 +517,13 @@ async fn redis_reads_its_own_clock_when_none_is_pinned() {
     );
 }
 
-/// Concurrency leases: the same steps on every store.
+/// Concurrency leases: the same steps on every store (on the cluster the
+/// user and org sets live in different slots).
 #[tokio::test]
 async fn leases_agree_on_every_store() {
     use ratekeeper::store::{LeaseRef, LeaseSlot};
     let start = 1_800_000_000_000u64;
-    for backend in Backend::all() {
+    for backend in Backend::all_with_cluster() {
         let name = backend.name();
         let clock = Arc::new(ManualClock::new(start));
         let store = backend.store(clock.clone());
@@ -545,9 +546,10 @@ async fn leases_agree_on_every_store() {
         assert_eq!((b.granted, b.active.clone()), (true, vec![2, 2]), "{name}");
         // The user set is full: refused everywhere, the org set untouched.
         let c = store.acquire(&both, "c", 10_000).await.unwrap();
+        // (On a cluster, sets in slots after the refusing one are not asked.)
         assert_eq!(
-            (c.granted, c.active.clone(), c.retry_after_ms),
-            (false, vec![2, 2], 9_000),
+            (c.granted, c.active[0], c.retry_after_ms),
+            (false, 2, 9_000),
             "{name}"
         );
         let org_only = store.acquire(&[org(3)], "d", 10_000).await.unwrap();
@@ -597,4 +599,23 @@ async fn leases_agree_on_every_store() {
             "{name}"
         );
     }
+}
+
+#[tokio::test]
+async fn cluster_requests_across_slots_are_atomic_per_slot() {
+    let cluster = common::RedisCluster::start(3, 0);
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let store = cluster.store(Some(clock));
+    let (a, b) = (c("slot-a", 5, 1), c("slot-b", 1, 2));
+    assert_ne!(
+        ratekeeper::keys::cluster_slot(&a.key),
+        ratekeeper::keys::cluster_slot(&b.key),
+        "the two keys must live in different slots"
+    );
+    // b refuses; a lives in another slot, so its own call consumed.
+    let out = store.apply(&[a.clone(), b.clone()], true).await.unwrap();
+    assert_eq!(out, vec![o(false, 4, 1000), o(true, 1, 1000)]);
+    // Both fit: both answered from their own slot.
+    let out = store.apply(&[a, c("slot-b", 1, 1)], true).await.unwrap();
+    assert_eq!(out, vec![o(false, 3, 1000), o(false, 0, 1000)]);
 }

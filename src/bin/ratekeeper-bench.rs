@@ -271,8 +271,10 @@ struct Tally {
     /// Answers whose overall code is neither OK nor OVER_LIMIT.
     unknown: u64,
     errors: u64,
-    /// Open loop: tokens still unsent when the run was cut off.
+    /// Open loop: requests still unsent when the run was cut off.
     unsent: u64,
+    /// Calls made, warm-up included (for CPU per call).
+    calls: u64,
     first_error: Option<String>,
 }
 
@@ -290,6 +292,7 @@ impl Tally {
             unknown: 0,
             errors: 0,
             unsent: 0,
+            calls: 0,
             first_error: None,
         }
     }
@@ -323,6 +326,7 @@ impl Tally {
         self.unknown += other.unknown;
         self.errors += other.errors;
         self.unsent += other.unsent;
+        self.calls += other.calls;
         if self.first_error.is_none() {
             self.first_error = other.first_error;
         }
@@ -385,6 +389,7 @@ async fn closed_loop_task(
             break;
         }
         let result = call(&mut client, template.next(), timeout).await;
+        tally.calls += 1;
         if started >= window.measure_from {
             tally.record(&result, started.elapsed());
         }
@@ -478,6 +483,7 @@ async fn open_loop_task(
             continue;
         }
         let result = call(&mut client, template.next(), timeout).await;
+        tally.calls += 1;
         if intended >= window.measure_from {
             tally
                 .send_lag
@@ -635,7 +641,7 @@ fn report(args: &Args, summary: &Summary) {
     };
     let cpu_us_per_req = summary
         .cpu
-        .map(|cpu| cpu.as_secs_f64() * 1e6 / (requests.max(1) as f64));
+        .map(|cpu| cpu.as_secs_f64() * 1e6 / (t.calls.max(1) as f64));
     let mode = match args.rate {
         Some(rate) => format!(
             "open loop at {rate} req/s, up to {} in flight",
@@ -682,7 +688,7 @@ fn report(args: &Args, summary: &Summary) {
             "\"keys\":{},\"descriptors\":{},\"domain\":{},\"seconds\":{:.3},\"requests\":{},",
             "\"rps\":{:.1},\"ok\":{},\"over_limit\":{},\"unknown\":{},\"errors\":{},\"unsent\":{},",
             "\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
-            "\"send_lag_p99_us\":{},\"client_cpu_us_per_req\":{}}}"
+            "\"send_lag_p99_us\":{},\"calls\":{},\"client_cpu_us_per_req\":{}}}"
         ),
         json_string(&args.label),
         json_string(if args.rate.is_some() {
@@ -710,6 +716,7 @@ fn report(args: &Args, summary: &Summary) {
         p999,
         max,
         lag_p99,
+        t.calls,
         cpu_us_per_req.map_or("null".to_owned(), |c| format!("{c:.2}")),
     );
 }

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -144,7 +146,16 @@ pub struct Connections {
     current: RwLock<Vec<Conn>>,
     next: AtomicUsize,
     connecting: AtomicBool,
+    /// Bumped after every successful (re)connect.
+    connected: watch::Sender<u64>,
+    /// Failed calls in a row (cluster: a dead master's slots).
+    failures: AtomicUsize,
 }
+
+/// Failed calls in a row after which a cluster connection is rebuilt from
+/// the seeds: the client keeps reconnecting to a dead master's address and
+/// only a fresh topology shows the promoted replica.
+const CLUSTER_REBUILD_AFTER: usize = 3;
 
 impl Connections {
     /// Starts connecting. Never waits for Redis.
@@ -172,6 +183,8 @@ impl Connections {
             current: RwLock::new(initial),
             next: AtomicUsize::new(0),
             connecting: AtomicBool::new(false),
+            connected: watch::Sender::new(0),
+            failures: AtomicUsize::new(0),
         });
         if connections.settings.topology != Topology::Single {
             connections.reconnect();
@@ -179,27 +192,58 @@ impl Connections {
         Ok(connections)
     }
 
-    /// A connection to use now (round-robin).
-    pub fn get(self: &Arc<Self>) -> Result<Conn> {
-        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
-        if current.is_empty() {
-            drop(current);
-            self.reconnect();
-            return Err(Error::Store("not connected to Redis yet".into()));
+    /// A connection to use now (round-robin). Before the first connection
+    /// is made it waits for it, up to `wait`.
+    pub async fn get(self: &Arc<Self>, wait: Duration) -> Result<Conn> {
+        if let Some(conn) = self.pick() {
+            return Ok(conn);
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % current.len();
-        Ok(current[i].clone())
+        let mut connected = self.connected.subscribe();
+        self.reconnect();
+        let _ = tokio::time::timeout(wait, connected.changed()).await;
+        self.pick()
+            .ok_or_else(|| Error::Store("not connected to Redis yet".into()))
     }
 
-    /// Reacts to a failed call: for sentinel, a connection error or a
-    /// `READONLY` reply means the master moved, so look it up again.
-    pub fn failed(self: &Arc<Self>, error: &RedisError) {
-        let moved = error.is_io_error()
-            || error.is_connection_refusal()
-            || error.is_connection_dropped()
-            || error.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
-        if self.settings.topology == Topology::Sentinel && moved {
-            self.reconnect();
+    fn pick(&self) -> Option<Conn> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        if current.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % current.len();
+        Some(current[i].clone())
+    }
+
+    /// Records a successful call.
+    pub fn succeeded(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
+    /// Reacts to a failed call (`error` is `None` for a deadline): for
+    /// sentinel, a connection error or a `READONLY` reply means the master
+    /// moved, so look it up again; for cluster, failures in a row rebuild the
+    /// connection from the seeds.
+    pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        match self.settings.topology {
+            Topology::Single => {}
+            Topology::Sentinel => {
+                let moved = error.is_some_and(|e| {
+                    e.is_io_error()
+                        || e.is_connection_refusal()
+                        || e.is_connection_dropped()
+                        || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                });
+                if moved {
+                    self.reconnect();
+                }
+            }
+            Topology::Cluster => {
+                if failures >= CLUSTER_REBUILD_AFTER {
+                    self.failures.store(0, Ordering::Relaxed);
+                    self.reconnect();
+                }
+            }
         }
     }
 
@@ -213,6 +257,7 @@ impl Connections {
             match tokio::time::timeout(this.settings.connect_timeout * 2, this.connect()).await {
                 Ok(Ok(conns)) => {
                     *this.current.write().unwrap_or_else(|p| p.into_inner()) = conns;
+                    this.connected.send_modify(|n| *n += 1);
                     tracing::info!(topology = ?this.settings.topology, "connected to Redis");
                 }
                 Ok(Err(error)) => tracing::warn!(%error, "cannot connect to Redis; will retry"),

@@ -35,7 +35,8 @@ const LIMITER_SCRIPT: &str = concat!(
 pub struct RedisStore {
     connections: Arc<Connections>,
     topology: Topology,
-    breaker: Breaker,
+    /// None on a cluster: one failing master must not stop the others' slots.
+    breaker: Option<Breaker>,
     limiter: Script,
     leases: Script,
     call_timeout: Duration,
@@ -65,7 +66,8 @@ impl RedisStore {
         Ok(RedisStore {
             connections: Connections::new(settings.clone())?,
             topology: settings.topology,
-            breaker: Breaker::new(BREAKER_THRESHOLD, BREAKER_COOLDOWN),
+            breaker: (settings.topology != Topology::Cluster)
+                .then(|| Breaker::new(BREAKER_THRESHOLD, BREAKER_COOLDOWN)),
             limiter: Script::new(LIMITER_SCRIPT),
             leases: Script::new(include_str!("../../lua/leases.lua")),
             call_timeout: settings.call_timeout,
@@ -85,13 +87,16 @@ impl RedisStore {
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        if !self.breaker.allow() {
+        let Some(breaker) = &self.breaker else {
+            return self.call(invocation).await;
+        };
+        if !breaker.allow() {
             return Err(Error::Store("circuit open: Redis is failing".into()));
         }
         let result = self.call(invocation).await;
         match &result {
-            Ok(_) => self.breaker.success(),
-            Err(_) => self.breaker.failure(),
+            Ok(_) => breaker.success(),
+            Err(_) => breaker.failure(),
         }
         result
     }
@@ -100,17 +105,23 @@ impl RedisStore {
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        let mut conn = self.connections.get()?;
+        let mut conn = self.connections.get(self.call_timeout).await?;
         match tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut conn)).await {
-            Err(_) => Err(Error::Store(format!(
-                "no answer within {:?}",
-                self.call_timeout
-            ))),
+            Err(_) => {
+                self.connections.failed(None);
+                Err(Error::Store(format!(
+                    "no answer within {:?}",
+                    self.call_timeout
+                )))
+            }
             Ok(Err(error)) => {
-                self.connections.failed(&error);
+                self.connections.failed(Some(&error));
                 Err(error.into())
             }
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                self.connections.succeeded();
+                Ok(value)
+            }
         }
     }
 
@@ -320,7 +331,7 @@ impl RedisStore {
     /// and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let result = async {
-            let mut conn = self.connections.get()?;
+            let mut conn = self.connections.get(self.call_timeout).await?;
             let cmd = redis::cmd("PING");
             match tokio::time::timeout(
                 self.call_timeout.max(Duration::from_millis(500)),
@@ -330,7 +341,7 @@ impl RedisStore {
             {
                 Err(_) => Err(Error::Store("PING timed out".into())),
                 Ok(Err(error)) => {
-                    self.connections.failed(&error);
+                    self.connections.failed(Some(&error));
                     Err(error.into())
                 }
                 Ok(Ok(pong)) if pong == "PONG" => Ok(()),
@@ -338,8 +349,8 @@ impl RedisStore {
             }
         }
         .await;
-        if result.is_ok() {
-            self.breaker.success();
+        if let (Ok(()), Some(breaker)) = (&result, &self.breaker) {
+            breaker.success();
         }
         result
     }

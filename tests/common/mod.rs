@@ -22,6 +22,9 @@ use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store, Topology}
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
+/// The Envoy rate limit client.
+pub type RlsClient = RateLimitServiceClient<Channel>;
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     StdListener::bind("127.0.0.1:0")
@@ -42,6 +45,12 @@ impl RedisServer {
     }
 
     fn start_on(port: u16) -> RedisServer {
+        RedisServer::spawn(port, &[])
+    }
+
+    /// Starts `redis-server` on `port` with extra arguments, and waits until
+    /// it answers.
+    pub fn spawn(port: u16, extra: &[&str]) -> RedisServer {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -53,31 +62,40 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
         let server = RedisServer { child, port };
-        let client = server.client();
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(mut conn) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                    return server;
-                }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
             }
             assert!(
                 Instant::now() < deadline,
-                "redis-server on port {port} did not start"
+                "redis-server on port {} did not start",
+                self.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    /// Stops the server and starts a fresh, empty one on the same port.
-    pub fn restart(&mut self) {
+    /// Stops the server with SIGKILL.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stops the server and starts a fresh, empty one on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
         *self = RedisServer::start_on(self.port);
     }
 
@@ -112,21 +130,31 @@ impl Drop for RedisServer {
     }
 }
 
-/// The two stores under test, for tables run against both.
+/// The stores under test, for tables run against each.
 pub enum Backend {
     Memory,
     Redis(RedisServer),
+    Cluster(RedisCluster),
 }
 
 impl Backend {
+    /// The in-memory store and a standalone Redis.
     pub fn all() -> Vec<Backend> {
         vec![Backend::Memory, Backend::Redis(RedisServer::start())]
+    }
+
+    /// Also a 3-master Redis Cluster.
+    pub fn all_with_cluster() -> Vec<Backend> {
+        let mut all = Backend::all();
+        all.push(Backend::Cluster(RedisCluster::start(3, 0)));
+        all
     }
 
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Memory => "memory",
             Backend::Redis(_) => "redis",
+            Backend::Cluster(_) => "cluster",
         }
     }
 
@@ -134,6 +162,7 @@ impl Backend {
         match self {
             Backend::Memory => Store::Memory(MemoryStore::new(clock)),
             Backend::Redis(redis) => redis.store(Some(clock)),
+            Backend::Cluster(cluster) => cluster.store(Some(clock)),
         }
     }
 }
@@ -259,5 +288,155 @@ where
         let clock = Arc::new(ManualClock::new(start_ms));
         let server = TestServer::start(limits, backend.store(clock.clone())).await;
         body(server, clock, backend.name()).await;
+    }
+}
+
+/// A Redis Cluster of real `redis-server` processes (masters, each with
+/// `replicas` replicas), stopped by PID when dropped.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| {
+                let port = free_port();
+                RedisServer::spawn(
+                    port,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--dir",
+                        &dir.path().display().to_string(),
+                    ],
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli must be installed (make test installs it)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes, _dir: dir };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and every replica
+    /// has synced with its master (a replica that has not cannot take over).
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let query = |node: &RedisServer, cmd: &str, arg: &str| -> String {
+            node.client()
+                .get_connection()
+                .and_then(|mut c| redis::cmd(cmd).arg(arg).query(&mut c))
+                .unwrap_or_default()
+        };
+        for node in &self.nodes {
+            loop {
+                let state = query(node, "CLUSTER", "INFO");
+                let replication = query(node, "INFO", "replication");
+                let synced = replication.contains("role:master")
+                    || replication.contains("master_link_status:up");
+                if state.contains("cluster_state:ok") && synced {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never became ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The seed list ratekeeper takes: `host:port,host:port,...`.
+    pub fn seeds(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn store(&self, clock: Option<Arc<dyn Clock>>) -> Store {
+        let settings = RedisSettings {
+            topology: Topology::Cluster,
+            url: self.seeds(),
+            auth: None,
+            connections: 1,
+            connect_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(2),
+        };
+        Store::Redis(Arc::new(
+            RedisStore::new(&settings, clock).expect("cluster store"),
+        ))
+    }
+}
+
+/// A `ratekeeper` process started from the test binary's build, stopped
+/// (SIGKILL) by PID when dropped. Its stderr goes to `log` for inspection.
+pub struct Ratekeeper {
+    child: Child,
+    pub grpc: String,
+    pub log: PathBuf,
+}
+
+impl Ratekeeper {
+    pub fn start(limits_yaml: &str, dir: &std::path::Path, args: &[&str]) -> Ratekeeper {
+        let limits = dir.join("limits");
+        std::fs::create_dir_all(&limits).expect("limits dir");
+        std::fs::write(limits.join("limits.yaml"), limits_yaml).expect("limits file");
+        let log = dir.join(format!("ratekeeper-{}.log", free_port()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("--config-dir")
+            .arg(&limits)
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+            .args(args)
+            .env_remove("REDIS_URL")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn ratekeeper");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("readiness line");
+        let grpc = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("grpc="))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Ratekeeper { child, grpc, log }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Ratekeeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -1,0 +1,394 @@
+//! Keep deciding while Redis fails: cluster failover, sentinel failover,
+//! Redis killed and restarted, Redis slow, AUTH. Real processes throughout.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+
+const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
+
+/// Whether an answer was given without the store (and in which mode).
+fn degraded(r: &RateLimitResponse) -> Option<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let value = r
+        .dynamic_metadata
+        .as_ref()?
+        .fields
+        .get("ratekeeper.store_error")?;
+    match &value.kind {
+        Some(Kind::StringValue(mode)) => Some(mode.clone()),
+        _ => None,
+    }
+}
+
+/// Sends requests for `keys` distinct values (so every node is hit) until
+/// `stop()`, recording (when, latency, degraded?) for each answer.
+async fn load(
+    server: &Ratekeeper,
+    keys: usize,
+    until: impl Fn(&[(Instant, Duration, bool)]) -> bool,
+    limit: Duration,
+) -> Vec<(Instant, Duration, bool)> {
+    let mut client = server.client().await;
+    let mut answers = Vec::new();
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < limit && !until(&answers) {
+        i += 1;
+        let sent = Instant::now();
+        let r = client
+            .should_rate_limit(request(
+                "d",
+                vec![descriptor(&[("k", &format!("v{}", i % keys))])],
+            ))
+            .await
+            .expect("every request gets an answer")
+            .into_inner();
+        answers.push((sent, sent.elapsed(), degraded(&r).is_some()));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    answers
+}
+
+#[tokio::test]
+async fn cluster_master_killed_under_load_fails_open_then_recovers() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let seeds = cluster.seeds();
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-type",
+            "cluster",
+            "--redis-url",
+            &seeds,
+            "--redis-timeout-ms",
+            "200",
+        ],
+    );
+    // Healthy first.
+    let before = load(&server, 64, |a| a.len() >= 50, Duration::from_secs(20)).await;
+    assert!(before.iter().all(|a| !a.2), "degraded before any failure");
+
+    // SIGKILL one master (the first three nodes are the masters).
+    cluster.nodes[0].kill();
+    let killed_at = Instant::now();
+    let during = load(
+        &server,
+        64,
+        |a| a.len() > 20 && a.iter().rev().take(20).all(|x| !x.2),
+        Duration::from_secs(30),
+    )
+    .await;
+    let degraded: Vec<_> = during.iter().filter(|a| a.2).collect();
+    assert!(
+        !degraded.is_empty(),
+        "the killed master's slots were never hit"
+    );
+    let recovered = during.iter().rev().take(20).all(|a| !a.2);
+    let logs = server.logs();
+    let tail: Vec<&str> = logs.lines().rev().take(15).collect();
+    assert!(
+        recovered,
+        "no recovery within 30 s of the kill; log tail: {tail:#?}"
+    );
+    let last_degraded = degraded
+        .last()
+        .map(|a| a.0.duration_since(killed_at))
+        .unwrap_or_default();
+    println!(
+        "cluster failover: degraded (failing open) for {last_degraded:?} after the kill; {} of {} answers degraded",
+        degraded.len(),
+        during.len()
+    );
+    // Fail-open answers never waited past the deadline by much.
+    let slowest = during.iter().map(|a| a.1).max().unwrap_or_default();
+    assert!(
+        slowest < Duration::from_millis(1_500),
+        "an answer took {slowest:?}"
+    );
+}
+
+#[tokio::test]
+async fn sentinel_follows_the_new_master() {
+    let master = RedisServer::start();
+    let replica_port = common::free_port();
+    let _replica = RedisServer::spawn(
+        replica_port,
+        &["--replicaof", "127.0.0.1", &master.port.to_string()],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sentinel_conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &sentinel_conf,
+        format!(
+            "sentinel monitor mymaster 127.0.0.1 {} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n",
+            master.port
+        ),
+    )
+    .unwrap();
+    let sentinel_port = common::free_port();
+    let mut sentinel = std::process::Command::new("redis-server")
+        .arg(&sentinel_conf)
+        .args([
+            "--sentinel",
+            "--port",
+            &sentinel_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server --sentinel");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _sentinel = Kill(&mut sentinel);
+    // Let the replica sync and the sentinel find it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let url = format!("mymaster,127.0.0.1:{sentinel_port}");
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-type",
+            "sentinel",
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "200",
+        ],
+    );
+    let healthy = load(
+        &server,
+        8,
+        |a| a.len() >= 20 && !a.last().unwrap().2,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(
+        !healthy.last().unwrap().2,
+        "never served from Redis through the sentinel"
+    );
+
+    let mut master = master;
+    master.kill();
+    let killed_at = Instant::now();
+    // Wait for degraded answers, then for Redis answers from the promoted replica.
+    let during = load(
+        &server,
+        8,
+        |a| a.iter().any(|x| x.2) && a.len() > 10 && a.iter().rev().take(10).all(|x| !x.2),
+        Duration::from_secs(40),
+    )
+    .await;
+    assert!(
+        during.iter().rev().take(10).all(|x| !x.2),
+        "did not follow the new master within 40 s"
+    );
+    println!(
+        "sentinel failover: back on Redis {:?} after the kill",
+        killed_at.elapsed()
+    );
+    // The counters really are on the new master.
+    let new_master = redis::Client::open(format!("redis://127.0.0.1:{replica_port}")).unwrap();
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query(&mut new_master.get_connection().unwrap())
+        .unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec()))
+    );
+}
+
+#[tokio::test]
+async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
+    let mut redis = RedisServer::spawn(common::free_port(), &["--enable-debug-command", "yes"]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "50",
+            "--failure-mode",
+            "closed",
+        ],
+    );
+    let mut client = server.client().await;
+    let call = |client: &mut common::RlsClient, v: usize| {
+        let mut client = client.clone();
+        async move {
+            let started = Instant::now();
+            let r = client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", &format!("v{v}"))])]))
+                .await
+                .expect("answer")
+                .into_inner();
+            (r, started.elapsed())
+        }
+    };
+    let (r, _) = call(&mut client, 0).await;
+    assert_eq!((r.overall_code, degraded(&r)), (Code::Ok as i32, None));
+
+    // Slow: DEBUG SLEEP blocks the server for 1 s.
+    let slow = redis.client();
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1")
+            .query(&mut slow.get_connection().unwrap());
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for v in 0..10 {
+        let (r, took) = call(&mut client, v).await;
+        assert!(
+            took < Duration::from_millis(250),
+            "answer took {took:?} with a 50 ms deadline"
+        );
+        assert_eq!(
+            (r.overall_code, degraded(&r).as_deref()),
+            (Code::OverLimit as i32, Some("closed")),
+            "fail closed"
+        );
+    }
+    sleeper.join().unwrap();
+
+    // Killed: answers keep coming, fast (the circuit opens), failing closed.
+    redis.kill();
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for v in 0..200 {
+        let (r, took) = call(&mut client, v).await;
+        slowest = slowest.max(took);
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+    println!(
+        "200 answers with Redis down in {:?}, slowest {slowest:?}",
+        started.elapsed()
+    );
+    assert!(
+        slowest < Duration::from_millis(250),
+        "slowest answer {slowest:?}"
+    );
+
+    // Restarted: decisions come from Redis again within seconds.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (r, _) = call(&mut client, 0).await;
+        if degraded(&r).is_none() {
+            assert_eq!(r.overall_code, Code::Ok as i32);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not back on Redis within 10 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
+    const SECRET: &str = "s3cret-Pa55word";
+    let redis = RedisServer::spawn(common::free_port(), &["--requirepass", SECRET]);
+    let mut admin = redis::Client::open(format!("redis://:{SECRET}@127.0.0.1:{}", redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "rk",
+                "on",
+                &format!(">{SECRET}-acl"),
+                "~*",
+                "+@all",
+            ][..],
+        )
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("127.0.0.1:{}", redis.port);
+    let dir = tempfile::tempdir().unwrap();
+    let auth_file = dir.path().join("auth");
+    std::fs::write(&auth_file, format!("rk:{SECRET}-acl\n")).unwrap();
+    let ok = |r: &RateLimitResponse| r.overall_code == Code::Ok as i32 && degraded(r).is_none();
+
+    for args in [
+        vec![
+            "--redis-url",
+            &url,
+            "--redis-auth",
+            SECRET,
+            "--log-level",
+            "debug",
+        ],
+        vec![
+            "--redis-url",
+            &url,
+            "--redis-auth-file",
+            auth_file.to_str().unwrap(),
+            "--log-level",
+            "debug",
+        ],
+    ] {
+        let server = Ratekeeper::start(LIMITS, dir.path(), &args);
+        let mut client = server.client().await;
+        let r = client
+            .should_rate_limit(request("d", vec![descriptor(&[("k", "a")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(ok(&r), "{args:?}: {r:?}");
+        drop(server);
+    }
+    // Wrong password: the store fails (open by default), and says why in the log.
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-auth",
+            "wrong",
+            "--log-level",
+            "debug",
+        ],
+    );
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(degraded(&r).as_deref(), Some("open"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut logs = server.logs();
+    drop(server);
+    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".log") {
+            logs.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+    }
+    assert!(logs.contains("store failed"), "the failure is logged");
+    assert!(
+        !logs.contains(SECRET),
+        "a Redis secret appeared in the logs"
+    );
+}
