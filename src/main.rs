@@ -27,9 +27,10 @@ struct Cli {
     /// is set (envoyproxy/ratelimit's layout), else `config`.
     #[arg(long, env = "CONFIG_DIR")]
     config_dir: Option<PathBuf>,
-    /// gRPC listen address.
-    #[arg(long, env = "GRPC_ADDR", default_value = "0.0.0.0:8081")]
-    grpc_addr: SocketAddr,
+    /// gRPC listen address. Default `0.0.0.0:$GRPC_PORT` when GRPC_PORT is
+    /// set (envoyproxy/ratelimit's name), else `0.0.0.0:8081`.
+    #[arg(long, env = "GRPC_ADDR")]
+    grpc_addr: Option<SocketAddr>,
     /// Prometheus `/metrics` listen address, or `off`.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
     metrics_addr: String,
@@ -179,7 +180,12 @@ async fn run(cli: Cli) -> Result<()> {
         }
     };
 
-    let grpc = bind(&cli.grpc_addr.to_string(), "gRPC").await?;
+    let grpc_addr = match (cli.grpc_addr, std::env::var("GRPC_PORT")) {
+        (Some(addr), _) => addr.to_string(),
+        (None, Ok(port)) => format!("0.0.0.0:{port}"),
+        (None, Err(_)) => "0.0.0.0:8081".into(),
+    };
+    let grpc = bind(&grpc_addr, "gRPC").await?;
     let grpc_addr = local_addr(&grpc)?;
     let metrics_addr = match metrics {
         Some((listener, handle)) => {

@@ -307,10 +307,16 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
 async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
     const SECRET: &str = "s3cret-Pa55word";
     let redis = RedisServer::spawn(common::free_port(), &["--requirepass", SECRET]);
-    let mut admin = redis::Client::open(format!("redis://:{SECRET}@127.0.0.1:{}", redis.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let admin_client =
+        redis::Client::open(format!("redis://:{SECRET}@127.0.0.1:{}", redis.port)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut admin = loop {
+        match admin_client.get_connection() {
+            Ok(conn) => break conn,
+            Err(e) if Instant::now() > deadline => panic!("cannot reach redis-server: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
     let _: () = redis::cmd("ACL")
         .arg(
             &[

@@ -72,11 +72,23 @@ impl RedisServer {
         server
     }
 
+    /// Waits until the server answers a command (NOAUTH counts: it answers).
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+            let answer = self
+                .client()
+                .get_connection()
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            match answer {
+                Ok(_) => return,
+                Err(e)
+                    if e.to_string().contains("NOAUTH")
+                        || e.kind() == redis::ErrorKind::AuthenticationFailed =>
+                {
+                    return
+                }
+                Err(_) => {}
             }
             assert!(
                 Instant::now() < deadline,
