@@ -13,7 +13,7 @@ use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::server::Server;
 use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store, Topology};
+use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store, Topology};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
@@ -48,9 +48,18 @@ struct Cli {
     /// File holding the Redis password (or `user:password`).
     #[arg(long, env = "REDIS_AUTH_FILE")]
     redis_auth_file: Option<PathBuf>,
-    /// TLS to Redis (not supported yet: refused rather than ignored).
+    /// TLS to Redis (also implied by a `rediss://` URL).
     #[arg(long, env = "REDIS_TLS")]
     redis_tls: bool,
+    /// PEM CA certificate to trust for Redis TLS (default: the system's roots).
+    #[arg(long, env = "REDIS_TLS_CACERT")]
+    redis_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for Redis mutual TLS.
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT", requires = "redis_tls_client_key")]
+    redis_tls_client_cert: Option<PathBuf>,
+    /// PEM client key for Redis mutual TLS.
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY", requires = "redis_tls_client_cert")]
+    redis_tls_client_key: Option<PathBuf>,
     /// The answer while Redis fails: open (allow), closed (OVER_LIMIT),
     /// unavailable (gRPC UNAVAILABLE), local (limit / --expected-replicas in
     /// memory). Domains can override with `failure_mode:`.
@@ -153,22 +162,22 @@ async fn run(cli: Cli) -> Result<()> {
     let store = match &cli.redis_url {
         None => Store::Memory(MemoryStore::new(Arc::new(SystemClock))),
         Some(url) => {
-            if cli.redis_tls || url.starts_with("rediss://") {
-                return Err(Error::Startup("TLS to Redis is not supported yet".into()));
-            }
             let auth = match &cli.redis_auth_file {
-                Some(file) => Some(
-                    std::fs::read_to_string(file)
-                        .map_err(|source| Error::Io {
-                            context: format!("cannot read {}", file.display()),
-                            source,
-                        })?
-                        .trim()
-                        .to_owned(),
-                ),
+                Some(file) => Some(String::from_utf8_lossy(&read_file(file)?).trim().to_owned()),
                 None => cli.redis_auth.clone(),
             };
+            let tls = if cli.redis_tls || url.starts_with("rediss://") {
+                let client = match (&cli.redis_tls_client_cert, &cli.redis_tls_client_key) {
+                    (Some(cert), Some(key)) => Some((read_file(cert)?, read_file(key)?)),
+                    _ => None,
+                };
+                let ca = cli.redis_tls_ca.as_deref().map(read_file).transpose()?;
+                Some(RedisTls { ca, client })
+            } else {
+                None
+            };
             let settings = RedisSettings {
+                tls,
                 topology: cli.redis_type,
                 url: url.clone(),
                 auth,
@@ -214,6 +223,13 @@ async fn run(cli: Cli) -> Result<()> {
     }
     .run(shutdown_signal())
     .await
+}
+
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        context: format!("cannot read {}", path.display()),
+        source,
+    })
 }
 
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {

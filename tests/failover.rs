@@ -398,3 +398,189 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
         "a Redis secret appeared in the logs"
     );
 }
+
+/// Throwaway CA, server and client certificates made with the openssl CLI.
+fn make_certs(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl must be installed");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=rk-test-ca",
+    ]);
+    for name in ["server", "client"] {
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ]);
+    }
+}
+
+#[tokio::test]
+async fn tls_with_client_certificates_and_auth() {
+    const SECRET: &str = "tls-pa55";
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let port = common::free_port();
+    let redis = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args([
+            "--tls-cert-file",
+            &file("server.crt"),
+            "--tls-key-file",
+            &file("server.key"),
+        ])
+        .args([
+            "--tls-ca-cert-file",
+            &file("ca.crt"),
+            "--tls-auth-clients",
+            "yes",
+            "--requirepass",
+            SECRET,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _redis = Kill(redis);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "TLS redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("rediss://127.0.0.1:{port}");
+    let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
+    let ask = |server: &Ratekeeper| {
+        let server_grpc = server.grpc.clone();
+        async move {
+            let mut client = common::RlsClient::connect(format!("http://{server_grpc}"))
+                .await
+                .unwrap();
+            client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", "tls")])]))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+
+    let base = [
+        "--redis-url",
+        url.as_str(),
+        "--redis-auth",
+        SECRET,
+        "--redis-tls-ca",
+        ca.as_str(),
+        "--redis-timeout-ms",
+        "2000",
+    ];
+    let mutual: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain([
+            "--redis-tls-client-cert",
+            cert.as_str(),
+            "--redis-tls-client-key",
+            key.as_str(),
+        ])
+        .collect();
+    let server = Ratekeeper::start(LIMITS, dir.path(), &mutual);
+    let r = ask(&server).await;
+    assert_eq!(
+        (r.overall_code, degraded(&r)),
+        (Code::Ok as i32, None),
+        "mTLS + AUTH: served from Redis"
+    );
+    drop(server);
+
+    // Without a client certificate the server refuses the handshake.
+    let server = Ratekeeper::start(LIMITS, dir.path(), &base);
+    let r = ask(&server).await;
+    assert_eq!(
+        degraded(&r).as_deref(),
+        Some("open"),
+        "no client certificate: the store fails"
+    );
+    drop(server);
+    // Plain TCP against the TLS port fails too.
+    let plain = format!("redis://127.0.0.1:{port}");
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &plain,
+            "--redis-auth",
+            SECRET,
+            "--redis-timeout-ms",
+            "300",
+        ],
+    );
+    let r = ask(&server).await;
+    assert_eq!(degraded(&r).as_deref(), Some("open"));
+}

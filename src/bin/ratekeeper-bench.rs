@@ -44,7 +44,7 @@ struct Args {
     addr: String,
     /// Requests in flight (closed loop), or sending tasks, i.e. the most
     /// requests in flight (open loop).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 256)]
     concurrency: usize,
     /// Open loop: requests per second, measured from intended send times.
     #[arg(long)]
@@ -75,7 +75,7 @@ struct Args {
     #[arg(long, default_value = "user_id")]
     key: String,
     /// Tokio worker threads of the generator.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Open loop: the pacer wakes at most once per this many µs and releases
     /// every request due by then (fewer wake-ups, at most this much lag).
@@ -266,6 +266,9 @@ struct Tally {
     latency: Histogram<u64>,
     /// Open loop: how late each send was against its intended time, µs.
     send_lag: Histogram<u64>,
+    /// Open loop: latency from the actual send (what the server and the
+    /// network took, without the generator's own lag), µs.
+    from_send: Histogram<u64>,
     ok: u64,
     over_limit: u64,
     /// Answers whose overall code is neither OK nor OVER_LIMIT.
@@ -287,6 +290,7 @@ impl Tally {
         Tally {
             latency: histogram(),
             send_lag: histogram(),
+            from_send: histogram(),
             ok: 0,
             over_limit: 0,
             unknown: 0,
@@ -321,6 +325,7 @@ impl Tally {
         // Same bounds on both sides: adding cannot fail.
         let _ = self.latency.add(&other.latency);
         let _ = self.send_lag.add(&other.send_lag);
+        let _ = self.from_send.add(&other.from_send);
         self.ok += other.ok;
         self.over_limit += other.over_limit;
         self.unknown += other.unknown;
@@ -488,6 +493,9 @@ async fn open_loop_task(
             tally
                 .send_lag
                 .saturating_record(micros(now.saturating_duration_since(intended)));
+            if result.is_ok() {
+                tally.from_send.saturating_record(micros(now.elapsed()));
+            }
             tally.record(&result, intended.elapsed());
         }
     }
@@ -634,11 +642,15 @@ fn report(args: &Args, summary: &Summary) {
         }
     };
     let (p50, p90, p99, p999, max) = (q(0.5), q(0.9), q(0.99), q(0.999), t.latency.max());
-    let lag_p99 = if t.send_lag.is_empty() {
-        0
-    } else {
-        t.send_lag.value_at_quantile(0.99)
+    let quantile = |h: &Histogram<u64>, p: f64| {
+        if h.is_empty() {
+            0
+        } else {
+            h.value_at_quantile(p)
+        }
     };
+    let lag_p99 = quantile(&t.send_lag, 0.99);
+    let (sent_p50, sent_p99) = (quantile(&t.from_send, 0.5), quantile(&t.from_send, 0.99));
     let cpu_us_per_req = summary
         .cpu
         .map(|cpu| cpu.as_secs_f64() * 1e6 / (t.calls.max(1) as f64));
@@ -674,7 +686,9 @@ fn report(args: &Args, summary: &Summary) {
         }
     );
     if args.rate.is_some() {
-        println!("generator send lag us: p99 {lag_p99}");
+        println!(
+            "generator send lag us: p99 {lag_p99}; latency from the actual send us: p50 {sent_p50}  p99 {sent_p99}"
+        );
     }
     if let Some(cpu) = cpu_us_per_req {
         println!("generator cpu: {cpu:.1} us/request");
@@ -688,7 +702,7 @@ fn report(args: &Args, summary: &Summary) {
             "\"keys\":{},\"descriptors\":{},\"domain\":{},\"seconds\":{:.3},\"requests\":{},",
             "\"rps\":{:.1},\"ok\":{},\"over_limit\":{},\"unknown\":{},\"errors\":{},\"unsent\":{},",
             "\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},",
-            "\"send_lag_p99_us\":{},\"calls\":{},\"client_cpu_us_per_req\":{}}}"
+            "\"send_lag_p99_us\":{},\"sent_p50_us\":{},\"sent_p99_us\":{},\"calls\":{},\"client_cpu_us_per_req\":{}}}"
         ),
         json_string(&args.label),
         json_string(if args.rate.is_some() {
@@ -716,6 +730,8 @@ fn report(args: &Args, summary: &Summary) {
         p999,
         max,
         lag_p99,
+        sent_p50,
+        sent_p99,
         t.calls,
         cpu_us_per_req.map_or("null".to_owned(), |c| format!("{c:.2}")),
     );

@@ -21,7 +21,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisFuture, Value};
+use redis::{
+    ClientTlsConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisFuture, TlsCertificates,
+    TlsMode, Value,
+};
 
 use crate::{Error, Result};
 
@@ -49,6 +52,29 @@ pub struct RedisSettings {
     pub connect_timeout: Duration,
     /// Time allowed for one call, connection included.
     pub call_timeout: Duration,
+    /// TLS to every node (`rediss://` in a single URL turns it on too).
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS settings: PEM bytes, read from files at start-up.
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    /// CA to trust instead of the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate and key, for mutual TLS.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RedisTls {
+    fn certificates(&self) -> TlsCertificates {
+        TlsCertificates {
+            client_tls: self.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            root_cert: self.ca.clone(),
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -59,6 +85,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("connections", &self.connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("call_timeout", &self.call_timeout)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -76,10 +103,15 @@ impl RedisSettings {
 
     /// Connection info for one node address, with the credentials applied.
     fn node(&self, address: &str) -> Result<redis::ConnectionInfo> {
-        let url = if address.contains("://") {
-            address.to_owned()
+        let scheme = if self.tls.is_some() {
+            "rediss"
         } else {
-            format!("redis://{address}")
+            "redis"
+        };
+        let url = match address.split_once("://") {
+            Some((_, rest)) if self.tls.is_some() => format!("rediss://{rest}"),
+            Some(_) => address.to_owned(),
+            None => format!("{scheme}://{address}"),
         };
         let info = url
             .as_str()
@@ -159,11 +191,18 @@ const CLUSTER_REBUILD_AFTER: usize = 3;
 
 impl Connections {
     /// Starts connecting. Never waits for Redis.
-    pub fn new(settings: RedisSettings) -> Result<Arc<Self>> {
+    pub fn new(mut settings: RedisSettings) -> Result<Arc<Self>> {
+        if settings.url.starts_with("rediss://") && settings.tls.is_none() {
+            settings.tls = Some(RedisTls::default());
+        }
+        if settings.tls.is_some() {
+            // rustls needs one crypto provider for the process; ring is the
+            // one compiled in. Already installed is fine.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let initial = match settings.topology {
             Topology::Single => {
-                let client = redis::Client::open(settings.node(&settings.url)?)
-                    .map_err(|e| Error::Startup(format!("invalid Redis URL ({:?})", e.kind())))?;
+                let client = settings.client(settings.node(&settings.url)?)?;
                 let config = settings.manager_config();
                 (0..settings.connections.max(1))
                     .map(|_| {
@@ -283,7 +322,11 @@ impl Connections {
                     .iter()
                     .map(|a| s.node(a))
                     .collect::<Result<Vec<_>>>()?;
-                let client = ClusterClientBuilder::new(nodes)
+                let mut builder = ClusterClientBuilder::new(nodes);
+                if let Some(tls) = &s.tls {
+                    builder = builder.tls(TlsMode::Secure).certs(tls.certificates());
+                }
+                let client = builder
                     .connection_timeout(s.connect_timeout)
                     .response_timeout(s.call_timeout)
                     .retries(1)
@@ -307,10 +350,21 @@ impl Connections {
                 if let Some(password) = password {
                     node = node.set_password(password);
                 }
+                let mut node_info =
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
+                if let Some(tls) = &s.tls {
+                    node_info = node_info.set_tls_mode(TlsMode::Secure);
+                    if tls.ca.is_some() || tls.client.is_some() {
+                        return Err(Error::Startup(
+                            "sentinel: TLS with a custom CA or client certificate is not supported"
+                                .into(),
+                        ));
+                    }
+                }
                 let mut sentinel = SentinelClient::build(
                     sentinels,
                     master.clone(),
-                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+                    Some(node_info),
                     SentinelServerType::Master,
                 )?;
                 let client = sentinel.async_get_client().await?;
@@ -329,6 +383,15 @@ impl Connections {
 }
 
 impl RedisSettings {
+    /// A client for one node, with TLS certificates when configured.
+    fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
+        let client = match &self.tls {
+            Some(tls) => redis::Client::build_with_tls(info, tls.certificates()),
+            None => redis::Client::open(info),
+        };
+        client.map_err(|e| Error::Startup(format!("invalid Redis settings ({:?})", e.kind())))
+    }
+
     /// The comma-separated parts of `url` (cluster and sentinel).
     fn addresses(&self) -> Result<Vec<String>> {
         let parts: Vec<String> = self

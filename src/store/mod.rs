@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
-pub use self::connection::{RedisSettings, Topology};
+pub use self::connection::{RedisSettings, RedisTls, Topology};
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
