@@ -584,3 +584,104 @@ async fn tls_with_client_certificates_and_auth() {
     let r = ask(&server).await;
     assert_eq!(degraded(&r).as_deref(), Some("open"));
 }
+
+#[tokio::test]
+async fn failure_modes_per_domain_and_health() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // One domain per file: the default (closed, from the flag), and two overrides.
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("local.yaml"), "domain: local\nfailure_mode: local\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 4}\n").unwrap();
+    std::fs::write(limits.join("unavailable.yaml"), "domain: unavailable\nfailure_mode: unavailable\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 4}\n").unwrap();
+    let url = redis.url();
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "100",
+            "--failure-mode",
+            "closed",
+            "--expected-replicas",
+            "2",
+        ],
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let status = |health: &mut HealthClient<tonic::transport::Channel>| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&mut health).await != ServingStatus::Serving as i32 {
+        assert!(Instant::now() < deadline, "never SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    redis.kill();
+    let mut client = server.client().await;
+    let ask = |domain: &'static str| request(domain, vec![descriptor(&[("k", "x")])]);
+    // closed (the flag's default for domain d): OVER_LIMIT, marked.
+    let r = client
+        .should_rate_limit(ask("d"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.overall_code, degraded(&r).as_deref()),
+        (Code::OverLimit as i32, Some("closed"))
+    );
+    // unavailable: a gRPC error Envoy's failure_mode_deny decides on.
+    let e = client
+        .should_rate_limit(ask("unavailable"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    // local: 4 an hour over 2 replicas = 2 here, then refused.
+    let codes: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let r = client
+                .should_rate_limit(ask("local"))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(degraded(&r).as_deref(), Some("local"));
+            codes.push(r.overall_code);
+        }
+        codes
+    };
+    assert_eq!(
+        codes,
+        vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+    // With the default mode closed, health says NOT_SERVING while Redis is down.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&mut health).await != ServingStatus::NotServing as i32 {
+        assert!(
+            Instant::now() < deadline,
+            "still SERVING with Redis down and failure mode closed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

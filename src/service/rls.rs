@@ -156,6 +156,7 @@ impl RateLimiter {
             .collect();
 
         let all_or_nothing = domain.options.all_or_nothing;
+        let mut answered_locally = false;
         let outcomes = match self.store.apply(&checks, all_or_nothing).await {
             Ok(outcomes) => outcomes,
             Err(error) => {
@@ -189,6 +190,7 @@ impl RateLimiter {
                                 ..c.clone()
                             })
                             .collect();
+                        answered_locally = true;
                         self.local.apply(&local, all_or_nothing)
                     }
                 }
@@ -257,11 +259,16 @@ impl RateLimiter {
             }
             _ => Vec::new(),
         };
-        Ok(RateLimitResponse {
+        let response = RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
             response_headers_to_add,
             ..Default::default()
+        };
+        Ok(if answered_locally {
+            degraded(response, FailureMode::Local)
+        } else {
+            response
         })
     }
 }
