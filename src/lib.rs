@@ -9,8 +9,9 @@
 //!
 //! A tour of the modules, in the order a request meets them:
 //!
-//! - [`server`] binds the gRPC server: the rate limit service, gRPC health,
-//!   reflection, and the config watcher.
+//! - [`server`] binds the gRPC server: the rate limit service, the
+//!   concurrency service, gRPC health, reflection, and the config watcher;
+//!   [`incoming`] guards its accepted connections.
 //! - [`service`] holds the gRPC services: [`service::rls`] validates a
 //!   request against [`service::caps`], matches its descriptors and answers.
 //! - [`config`] loads the limits directory (envoyproxy/ratelimit's YAML) and
@@ -31,6 +32,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod headers;
+pub mod incoming;
 pub mod keys;
 pub mod limiter;
 pub mod pb;

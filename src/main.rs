@@ -10,7 +10,7 @@ use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
-use ratekeeper::server::Server;
+use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store, Topology};
@@ -65,6 +65,10 @@ struct Cli {
     /// memory). Domains can override with `failure_mode:`.
     #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
     failure_mode: FailureMode,
+    /// Most distinct `detailed_metric` label values kept in /metrics; past
+    /// it new values are counted under `overflow`.
+    #[arg(long, env = "MAX_DETAILED_METRIC_SERIES", default_value_t = 10_000)]
+    max_detailed_metric_series: usize,
     /// Replicas sharing the limits, for `failure_mode: local`.
     #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
     expected_replicas: u32,
@@ -106,6 +110,16 @@ struct Cli {
     /// On SIGTERM, how long open connections may drain, in milliseconds.
     #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 5_000)]
     shutdown_grace_ms: u64,
+    /// Time a client has to send the HTTP/2 preface after connecting, in ms.
+    #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
+    handshake_timeout_ms: u64,
+    /// Close client connections this old (e.g. `1h`), so clients rebalance
+    /// across replicas. Default: never.
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = duration)]
+    max_connection_age: Option<Duration>,
+    /// Time a connection past its maximum age gets to finish its calls.
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = duration, default_value = "30s")]
+    max_connection_age_grace: Duration,
     /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a directive.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -217,12 +231,25 @@ async fn run(cli: Cli) -> Result<()> {
             headers,
             failure_mode: cli.failure_mode,
             expected_replicas: cli.expected_replicas,
+            max_detailed_series: cli.max_detailed_metric_series,
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
+        limits: ConnectionLimits {
+            handshake_timeout: Duration::from_millis(cli.handshake_timeout_ms),
+            max_connection_age: cli.max_connection_age,
+            max_connection_age_grace: cli.max_connection_age_grace,
+            ..ConnectionLimits::default()
+        },
     }
     .run(shutdown_signal())
     .await
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h` (or seconds) for clap.
+fn duration(text: &str) -> std::result::Result<Duration, String> {
+    ratekeeper::config::file::parse_duration(text)
+        .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 2m, 1h"))
 }
 
 fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {

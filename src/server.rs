@@ -9,11 +9,11 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
+use crate::incoming::incoming;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
@@ -47,6 +47,43 @@ pub struct Server {
     /// After shutdown is asked, how long in-flight calls and open connections
     /// may drain before they are cut (Envoy keeps its connection open).
     pub shutdown_grace: Duration,
+    pub limits: ConnectionLimits,
+}
+
+/// What one client connection may hold, so slow or stuck clients cannot
+/// hold resources forever.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Time to send the HTTP/2 preface after connecting.
+    pub handshake_timeout: Duration,
+    /// Calls served at once per connection (more wait).
+    pub concurrency_per_connection: usize,
+    /// HTTP/2 streams open at once per connection.
+    pub max_streams: u32,
+    /// HTTP/2 ping interval; a peer that does not answer within
+    /// `keepalive_timeout` is dropped.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// Close connections this old (after `max_connection_age_grace`), so
+    /// clients rebalance across replicas (envoyproxy/ratelimit's
+    /// `GRPC_MAX_CONNECTION_AGE`).
+    pub max_connection_age: Option<Duration>,
+    pub max_connection_age_grace: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            handshake_timeout: Duration::from_secs(10),
+            // Envoy multiplexes all its calls over a few connections: high.
+            concurrency_per_connection: 4_096,
+            max_streams: 4_096,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: None,
+            max_connection_age_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 impl Server {
@@ -97,16 +134,25 @@ impl Server {
                 asked.notify_one();
             }
         };
-        let serving = tonic::transport::Server::builder()
+        let limits = &self.limits;
+        let mut builder = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(limits.concurrency_per_connection)
+            .max_concurrent_streams(limits.max_streams)
+            .http2_keepalive_interval(Some(limits.keepalive_interval))
+            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+            .tcp_keepalive(Some(Duration::from_secs(60)));
+        if let Some(age) = limits.max_connection_age {
+            builder = builder
+                .max_connection_age(age)
+                .max_connection_age_grace(limits.max_connection_age_grace);
+        }
+        let serving = builder
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(rls)
             .add_service(concurrency)
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
-                signal,
-            );
+            .serve_with_incoming_shutdown(incoming(self.grpc, limits.handshake_timeout), signal);
         let grace = self.shutdown_grace;
         let served = tokio::select! {
             served = serving => served,

@@ -326,3 +326,32 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
         "the failure is counted"
     );
 }
+
+#[tokio::test]
+async fn detailed_metrics_are_capped_with_an_overflow_label() {
+    let dir = limits_dir("domain: web\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 50}\n");
+    let server = Process::start(dir.path(), &["--max-detailed-metric-series", "5"]);
+    let mut client = server.client().await;
+    for i in 0..40 {
+        client
+            .should_rate_limit(request(
+                "web",
+                vec![descriptor(&[("user", &format!("attacker-{i}"))])],
+            ))
+            .await
+            .unwrap();
+    }
+    let text = server.metrics();
+    let detailed: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("ratekeeper_rate_limit_total_hits{") && l.contains("rule=\"user_")
+        })
+        .collect();
+    assert_eq!(detailed.len(), 5, "{detailed:#?}");
+    assert!(
+        text.contains("ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"overflow\"} 35"),
+        "{text}"
+    );
+    assert!(text.contains("ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"user\"} 40"));
+}

@@ -191,3 +191,39 @@ fn sliding_window_error_vs_exact_log() {
     assert!(steady.0 <= 0.05 && steady.1 <= 0.40, "{steady:?}");
     assert!(bursty.0 <= 0.45 && bursty.1 <= 0.25, "{bursty:?}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { failure_persistence: None, cases: 2_000, ..ProptestConfig::default() })]
+
+    /// Distinct (domain, entries) never share a counter key, whatever the
+    /// values hold: separators, braces, percent signs, unicode, empties.
+    #[test]
+    fn counter_keys_are_injective(
+        a in descriptor_strategy(), b in descriptor_strategy(),
+    ) {
+        let key = |(domain, entries): &(String, Vec<(String, String)>)| {
+            ratekeeper::keys::counter_key("rk:", domain, entries.iter().map(|(k, v)| (k.as_str(), v.as_str())), "fw.60")
+        };
+        prop_assert_eq!(a == b, key(&a) == key(&b), "{:?} vs {:?}", a, b);
+        // The whole descriptor is the hash tag: one slot per descriptor.
+        let k = key(&a);
+        let open = k.find('{').unwrap();
+        prop_assert_eq!(k[open..].find('}').map(|c| c + open), k.rfind('}'));
+    }
+}
+
+fn descriptor_strategy() -> impl Strategy<Value = (String, Vec<(String, String)>)> {
+    // A small alphabet full of separators makes collisions likely if the
+    // encoding were not injective.
+    let part = prop::collection::vec(
+        prop::sample::select(vec![
+            'a', 'b', ':', '|', '=', '{', '}', '%', '_', '\n', 'é', ' ',
+        ]),
+        0..4,
+    )
+    .prop_map(|chars| chars.into_iter().collect::<String>());
+    (
+        part.clone(),
+        prop::collection::vec((part.clone(), part), 0..3),
+    )
+}

@@ -7,8 +7,9 @@
 //! consumes nothing (all-or-nothing; see the README).
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -43,6 +44,8 @@ pub struct LimiterSettings {
     /// Replicas sharing the limits: `failure_mode: local` enforces each limit
     /// divided by this.
     pub expected_replicas: u32,
+    /// Most distinct `detailed_metric` label values (then `overflow`).
+    pub max_detailed_series: usize,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -53,6 +56,7 @@ pub struct RateLimiter {
     settings: LimiterSettings,
     /// Counters for `failure_mode: local` while the store fails.
     local: Arc<MemoryStore>,
+    detailed: Arc<DetailedSeries>,
 }
 
 /// The limits that apply to one descriptor of a request.
@@ -75,8 +79,9 @@ impl RateLimiter {
         RateLimiter {
             config,
             store,
-            settings,
             local: MemoryStore::new(Arc::new(SystemClock)),
+            detailed: Arc::new(DetailedSeries::new(settings.max_detailed_series)),
+            settings,
         }
     }
 
@@ -225,6 +230,7 @@ impl RateLimiter {
                     if let Some(rule) = rule {
                         let any_over = outcomes[range.clone()].iter().any(|o| o.over);
                         record(
+                            &self.detailed,
                             &request.domain,
                             rule,
                             descriptor,
@@ -462,10 +468,41 @@ fn degraded(mut response: RateLimitResponse, mode: FailureMode) -> RateLimitResp
     response
 }
 
+/// The `detailed_metric` label values seen so far, capped: a flood of random
+/// user ids must not grow `/metrics` (and memory) without bound. Past the cap,
+/// new values are counted under the label `overflow`.
+#[derive(Debug, Default)]
+pub struct DetailedSeries {
+    cap: usize,
+    seen: Mutex<HashSet<String>>,
+}
+
+/// The label detailed counters past the cap share.
+pub const OVERFLOW_LABEL: &str = "overflow";
+
+impl DetailedSeries {
+    pub fn new(cap: usize) -> Self {
+        DetailedSeries {
+            cap,
+            seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn label(&self, value: String) -> String {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(&value) || seen.len() < self.cap && seen.insert(value.clone()) {
+            value
+        } else {
+            OVERFLOW_LABEL.to_owned()
+        }
+    }
+}
+
 /// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with
 /// `detailed_metric` also per descriptor value. `state` is the descriptor's
 /// tightest limit; `any_over` includes shadow-mode limits.
 fn record(
+    series: &DetailedSeries,
     domain: &str,
     rule: &Rule,
     descriptor: &RateLimitDescriptor,
@@ -495,6 +532,9 @@ fn record(
             .iter()
             .map(|e| format!("{}_{}", e.key, e.value))
             .collect();
-        count(&RuleMetrics::register(domain, &detailed.join(".")));
+        count(&RuleMetrics::register(
+            domain,
+            &series.label(detailed.join(".")),
+        ));
     }
 }

@@ -16,7 +16,7 @@ use ratekeeper::clock::{Clock, ManualClock};
 use ratekeeper::config::watch::SharedConfig;
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
-use ratekeeper::server::Server;
+use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store, Topology};
 use tokio::sync::oneshot;
@@ -226,6 +226,10 @@ impl TestServer {
             },
             reload_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),
+            limits: ConnectionLimits {
+                handshake_timeout: Duration::from_millis(500),
+                ..ConnectionLimits::default()
+            },
         };
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;
