@@ -2,7 +2,8 @@
 //! a client that connects and then sends nothing (or dribbles bytes, the
 //! slowloris attack) is cut after `handshake_timeout` instead of holding a
 //! socket and a task forever. Once the preface is in, HTTP/2 keepalive pings
-//! (see `server`) take over the detection of stuck peers.
+//! (see `server`) take over the detection of stuck peers. With TLS the
+//! handshake happens here too, off the accept loop.
 
 use std::future::Future;
 use std::io;
@@ -15,6 +16,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::tls::ReloadingTls;
 
 /// Bytes of the HTTP/2 client preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE_BYTES: usize = 24;
@@ -91,16 +94,101 @@ impl Connected for Deadlined {
     }
 }
 
-/// The listener's connections, each wrapped in a preface deadline.
+/// An accepted connection, plain or TLS.
+pub enum Accepted {
+    Plain(Deadlined),
+    Tls(Box<tokio_rustls::server::TlsStream<Deadlined>>),
+}
+
+impl AsyncRead for Accepted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Accepted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => Pin::new(s).poll_write(cx, data),
+            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => Pin::new(s).poll_flush(cx),
+            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Connected for Accepted {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        match self {
+            Accepted::Plain(s) => s.connect_info(),
+            Accepted::Tls(s) => s.get_ref().0.connect_info(),
+        }
+    }
+}
+
+/// The listener's connections, each with a preface deadline; with `tls`,
+/// after a TLS handshake (done off the accept loop, within the same
+/// deadline, with the certificate current at that moment).
 pub fn incoming(
     listener: TcpListener,
     handshake_timeout: Duration,
-) -> impl Stream<Item = io::Result<Deadlined>> {
-    futures_util::stream::unfold(listener, move |listener| async move {
-        let accepted = listener.accept().await.map(|(stream, _)| {
+    tls: Option<ReloadingTls>,
+) -> impl Stream<Item = io::Result<Accepted>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
             let _ = stream.set_nodelay(true);
-            Deadlined::new(stream, handshake_timeout)
-        });
-        Some((accepted, listener))
-    })
+            let stream = Deadlined::new(stream, handshake_timeout);
+            let Some(tls) = &tls else {
+                if tx.send(Ok(Accepted::Plain(stream))).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let (tx, acceptor) = (tx.clone(), tls.acceptor());
+            tokio::spawn(async move {
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(Accepted::Tls(Box::new(stream)))).await;
+                    }
+                    Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

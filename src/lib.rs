@@ -41,5 +41,6 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 
 pub use error::{ConfigError, Error, Result};

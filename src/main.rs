@@ -15,6 +15,7 @@ use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store, Topology};
 use ratekeeper::telemetry::{self, LogFormat};
+use ratekeeper::tls::{ReloadingTls, TlsFiles};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
@@ -110,6 +111,15 @@ struct Cli {
     /// On SIGTERM, how long open connections may drain, in milliseconds.
     #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 5_000)]
     shutdown_grace_ms: u64,
+    /// PEM certificate chain for gRPC over TLS (reloaded when it changes).
+    #[arg(long, env = "GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key for gRPC over TLS. Never logged.
+    #[arg(long, env = "GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// PEM CA: require client certificates signed by it (mutual TLS).
+    #[arg(long, env = "GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    grpc_tls_client_ca: Option<PathBuf>,
     /// Time a client has to send the HTTP/2 preface after connecting, in ms.
     #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
@@ -208,6 +218,20 @@ async fn run(cli: Cli) -> Result<()> {
         (None, Ok(port)) => format!("0.0.0.0:{port}"),
         (None, Err(_)) => "0.0.0.0:8081".into(),
     };
+    let tls = match (&cli.grpc_tls_cert, &cli.grpc_tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: cli.grpc_tls_client_ca.clone(),
+            };
+            Some(ReloadingTls::start(
+                files,
+                Duration::from_millis(cli.reload_interval_ms.max(50)),
+            )?)
+        }
+        _ => None,
+    };
     let grpc = bind(&grpc_addr, "gRPC").await?;
     let grpc_addr = local_addr(&grpc)?;
     let metrics_addr = match metrics {
@@ -236,6 +260,7 @@ async fn run(cli: Cli) -> Result<()> {
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
         limits: ConnectionLimits {
+            tls,
             handshake_timeout: Duration::from_millis(cli.handshake_timeout_ms),
             max_connection_age: cli.max_connection_age,
             max_connection_age_grace: cli.max_connection_age_grace,

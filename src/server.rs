@@ -19,6 +19,7 @@ use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
 use crate::service::{caps, Concurrency, RateLimiter};
 use crate::store::Store;
+use crate::tls::ReloadingTls;
 use crate::{Error, Result};
 
 /// Descriptor set of Envoy's rate limit service, for reflection (build.rs).
@@ -69,6 +70,8 @@ pub struct ConnectionLimits {
     /// `GRPC_MAX_CONNECTION_AGE`).
     pub max_connection_age: Option<Duration>,
     pub max_connection_age_grace: Duration,
+    /// gRPC over TLS (mutual when the files name a client CA).
+    pub tls: Option<ReloadingTls>,
 }
 
 impl Default for ConnectionLimits {
@@ -82,6 +85,7 @@ impl Default for ConnectionLimits {
             keepalive_timeout: Duration::from_secs(10),
             max_connection_age: None,
             max_connection_age_grace: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -152,7 +156,10 @@ impl Server {
             .add_service(reflection_v1alpha)
             .add_service(rls)
             .add_service(concurrency)
-            .serve_with_incoming_shutdown(incoming(self.grpc, limits.handshake_timeout), signal);
+            .serve_with_incoming_shutdown(
+                incoming(self.grpc, limits.handshake_timeout, limits.tls.clone()),
+                signal,
+            );
         let grace = self.shutdown_grace;
         let served = tokio::select! {
             served = serving => served,

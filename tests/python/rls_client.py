@@ -69,8 +69,9 @@ def descriptor(entries, hits_addend=None, limit=None) -> RateLimitDescriptor:
 class RlsClient:
     """`ShouldRateLimit` over one channel."""
 
-    def __init__(self, target: str):
-        self.channel = insecure_channel(target)
+    def __init__(self, target: str, channel=None):
+        # A given channel (e.g. a secure one) is used as is.
+        self.channel = channel if channel is not None else insecure_channel(target)
         self._call = self.channel.unary_unary(
             METHOD,
             request_serializer=bytes,  # betterproto2: bytes(msg) is the wire form

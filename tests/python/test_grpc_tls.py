@@ -1,0 +1,85 @@
+"""gRPC over TLS and mutual TLS, with certificate rotation without a restart.
+
+Certificates are throwaway ones made with the openssl CLI; clients are
+grpcio secure channels speaking Envoy's own messages.
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rls_client import RlsClient, descriptor
+
+
+def openssl(cwd: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(cwd: Path, name: str) -> None:
+    openssl(cwd, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.crt", "-days", "1", "-subj", f"/CN={name}")
+
+
+def make_cert(cwd: Path, name: str, ca: str) -> None:
+    (cwd / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl(cwd, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+    openssl(cwd, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", "-extfile", "ext.cnf")
+
+
+@pytest.fixture
+def certs(tmp_path) -> Path:
+    make_ca(tmp_path, "ca")
+    make_cert(tmp_path, "server", "ca")
+    make_cert(tmp_path, "client", "ca")
+    return tmp_path
+
+
+def ask(addr: str, root: Path | None, client: tuple[Path, Path] | None = None) -> str:
+    """One ShouldRateLimit over TLS (or plaintext with root=None); the overall code's name."""
+    if root is None:
+        channel = grpc.insecure_channel(addr)
+    else:
+        key, chain = (client[1].read_bytes(), client[0].read_bytes()) if client else (None, None)
+        creds = grpc.ssl_channel_credentials(root.read_bytes(), private_key=key, certificate_chain=chain)
+        channel = grpc.secure_channel(addr, creds)
+    with channel:
+        with RlsClient(addr, channel=channel) as rls:
+            resp = rls.should_rate_limit("compat", [descriptor({"remote_address": "10.9.9.9"})], timeout=3)
+            return resp.overall_code.name
+
+
+def test_mutual_tls_and_rotation(start_server, certs):
+    """Only clients with a certificate from the client CA get answers; the
+    server certificate is replaced on disk and the next handshake uses it."""
+    args = ("--grpc-tls-cert", str(certs / "server.crt"), "--grpc-tls-key", str(certs / "server.key"),
+            "--grpc-tls-client-ca", str(certs / "ca.crt"), "--reload-interval-ms", "100")
+    with start_server(*args) as server:
+        addr = server.grpc_addr
+        client = (certs / "client.crt", certs / "client.key")
+        assert ask(addr, certs / "ca.crt", client) == "OK"
+        for anonymous in ({"root": certs / "ca.crt"}, {"root": None}):
+            with pytest.raises(grpc.RpcError):
+                ask(addr, client=None, **anonymous)
+
+        # Rotate: a new CA signs a new server certificate, written in place.
+        make_ca(certs, "ca2")
+        make_cert(certs, "server2", "ca2")
+        (certs / "server.key").write_bytes((certs / "server2.key").read_bytes())
+        (certs / "server.crt").write_bytes((certs / "server2.crt").read_bytes())
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert ask(addr, certs / "ca2.crt", client) == "OK"
+                break
+            except grpc.RpcError:
+                assert time.monotonic() < deadline, "the new certificate was never served"
+                time.sleep(0.1)
+        with pytest.raises(grpc.RpcError):
+            ask(addr, certs / "ca.crt", client)  # the old server certificate is gone
+        assert "TLS certificate reloaded" in server.log()
