@@ -5,13 +5,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Backend, RedisServer, TestServer};
+use common::{Backend, Ratekeeper, RedisServer, TestServer};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::pb::v1::concurrency_service_client::ConcurrencyServiceClient;
 use ratekeeper::pb::v1::{
@@ -257,52 +255,11 @@ async fn hold_keeps_the_lease_alive_and_releases_it_when_dropped() {
     }
 }
 
-/// A `ratekeeper` process, SIGKILLed when dropped.
-struct Replica {
-    child: Child,
-    grpc: String,
-}
-
-impl Replica {
-    fn start(config_dir: &Path, redis_url: &str) -> Replica {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-            .arg("--config-dir")
-            .arg(config_dir)
-            .args([
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--metrics-addr",
-                "off",
-                "--redis-url",
-                redis_url,
-            ])
-            .args(["--redis-timeout-ms", "2000"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ratekeeper");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("readiness line");
-        let grpc = line
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
-        Replica { child, grpc }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn replica(config_dir: &Path, redis_url: &str) -> Ratekeeper {
+    Ratekeeper::spawn(
+        config_dir,
+        &["--redis-url", redis_url, "--redis-timeout-ms", "2000"],
+    )
 }
 
 fn limits_dir() -> tempfile::TempDir {
@@ -319,9 +276,7 @@ fn limits_dir() -> tempfile::TempDir {
 async fn replicas_racing_never_over_admit_and_reuse_freed_places() {
     let redis = RedisServer::start();
     let dir = limits_dir();
-    let replicas: Vec<Replica> = (0..3)
-        .map(|_| Replica::start(dir.path(), &redis.url()))
-        .collect();
+    let replicas: Vec<Ratekeeper> = (0..3).map(|_| replica(dir.path(), &redis.url())).collect();
     let mut tasks = Vec::new();
     for replica in &replicas {
         for _ in 0..4 {
@@ -370,8 +325,8 @@ async fn replicas_racing_never_over_admit_and_reuse_freed_places() {
 async fn dead_callers_and_a_killed_replica_free_their_places_within_the_ttl() {
     let redis = RedisServer::start();
     let dir = limits_dir();
-    let mut doomed = Replica::start(dir.path(), &redis.url());
-    let survivor = Replica::start(dir.path(), &redis.url());
+    let mut doomed = replica(dir.path(), &redis.url());
+    let survivor = replica(dir.path(), &redis.url());
     let mut client = connect(&survivor.grpc).await;
 
     // A caller that stops heartbeating: its lease (2 s) lapses.
@@ -429,7 +384,7 @@ async fn dead_callers_and_a_killed_replica_free_their_places_within_the_ttl() {
 async fn a_redis_restart_loses_leases_and_the_service_recovers() {
     let mut redis = RedisServer::start();
     let dir = limits_dir();
-    let replica = Replica::start(dir.path(), &redis.url());
+    let replica = replica(dir.path(), &redis.url());
     let mut client = connect(&replica.grpc).await;
     let mut held = client
         .hold(acquire_request(&[("user_id", "r")], None))

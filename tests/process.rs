@@ -4,101 +4,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{descriptor, request, RedisServer};
+use common::{descriptor, request, Ratekeeper, RedisServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-
-/// A running `ratekeeper` process, stopped by PID when dropped.
-struct Process {
-    child: Child,
-    grpc: String,
-    metrics: String,
-}
-
-impl Process {
-    fn start(config_dir: &Path, extra: &[&str]) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-            .arg("--config-dir")
-            .arg(config_dir)
-            .args([
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
-            .env_remove("REDIS_URL")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ratekeeper");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("readiness line");
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|f| f.strip_prefix(name))
-                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-                .to_owned()
-        };
-        Process {
-            grpc: field("grpc="),
-            metrics: field("metrics="),
-            child,
-        }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .expect("connect")
-    }
-
-    fn metrics(&self) -> String {
-        let mut stream = TcpStream::connect(&self.metrics).expect("metrics port");
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-            .unwrap();
-        let mut body = String::new();
-        stream.read_to_string(&mut body).unwrap();
-        body
-    }
-
-    /// Sends SIGTERM and returns the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn limits_dir(yaml: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -111,12 +24,8 @@ const LIMITS: &str = "domain: web\ndescriptors:\n  - key: user\n    rate_limit: 
 #[tokio::test]
 async fn serves_health_metrics_and_stops_on_sigterm() {
     let dir = limits_dir(LIMITS);
-    let server = Process::start(dir.path(), &[]);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let server = Ratekeeper::spawn(dir.path(), &[]);
+    let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
         let status = health
@@ -179,9 +88,9 @@ async fn replicas_sharing_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let dir = limits_dir(LIMITS);
     let url = redis.url();
-    let replicas: Vec<Process> = (0..3)
+    let replicas: Vec<Ratekeeper> = (0..3)
         .map(|_| {
-            Process::start(
+            Ratekeeper::spawn(
                 dir.path(),
                 &["--redis-url", &url, "--redis-timeout-ms", "2000"],
             )
@@ -240,12 +149,8 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
     // Redis is not there yet: a port nobody listens on.
     let port = common::free_port();
     let url = format!("redis://127.0.0.1:{port}");
-    let server = Process::start(dir.path(), &["--redis-url", &url]);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &url]);
+    let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
     for (service, expected) in [
         ("liveness", ServingStatus::Serving),
@@ -276,12 +181,8 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
 
     // With Redis up: SERVING, and still SERVING (failing open) once it is gone.
     let redis = RedisServer::start();
-    let server = Process::start(dir.path(), &["--redis-url", &redis.url()]);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
+    let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -330,7 +231,7 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
 #[tokio::test]
 async fn detailed_metrics_are_capped_with_an_overflow_label() {
     let dir = limits_dir("domain: web\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 50}\n");
-    let server = Process::start(dir.path(), &["--max-detailed-metric-series", "5"]);
+    let server = Ratekeeper::spawn(dir.path(), &["--max-detailed-metric-series", "5"]);
     let mut client = server.client().await;
     for i in 0..40 {
         client

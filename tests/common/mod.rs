@@ -409,19 +409,32 @@ impl RedisCluster {
 pub struct Ratekeeper {
     child: Child,
     pub grpc: String,
+    pub metrics: String,
     pub log: PathBuf,
 }
 
 impl Ratekeeper {
+    /// Writes `limits_yaml` into `dir/limits/` and serves that directory.
     pub fn start(limits_yaml: &str, dir: &std::path::Path, args: &[&str]) -> Ratekeeper {
         let limits = dir.join("limits");
         std::fs::create_dir_all(&limits).expect("limits dir");
         std::fs::write(limits.join("limits.yaml"), limits_yaml).expect("limits file");
-        let log = dir.join(format!("ratekeeper-{}.log", free_port()));
+        Ratekeeper::spawn(&limits, args)
+    }
+
+    /// Serves `config_dir` on ports it picks itself, with extra `args`.
+    pub fn spawn(config_dir: &std::path::Path, args: &[&str]) -> Ratekeeper {
+        // Not a .yaml file: the limits loader skips it.
+        let log = config_dir.join(format!("ratekeeper-{}.log", free_port()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
             .arg("--config-dir")
-            .arg(&limits)
-            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+            .arg(config_dir)
+            .args([
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
             .args(args)
             .env_remove("REDIS_URL")
             .stdout(Stdio::piped())
@@ -433,12 +446,18 @@ impl Ratekeeper {
         std::io::BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
             .expect("readiness line");
-        let grpc = line
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
-        Ratekeeper { child, grpc, log }
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .to_owned()
+        };
+        Ratekeeper {
+            grpc: field("grpc="),
+            metrics: field("metrics="),
+            child,
+            log,
+        }
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
@@ -447,14 +466,57 @@ impl Ratekeeper {
             .expect("connect")
     }
 
+    /// A channel to the gRPC port, for other services' clients.
+    pub async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// The body of `GET /metrics`, with the status line.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.metrics).expect("metrics port");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .expect("request");
+        let mut body = String::new();
+        stream.read_to_string(&mut body).expect("response");
+        body
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and returns the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the process with SIGKILL (no goodbye to anyone).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
 impl Drop for Ratekeeper {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
