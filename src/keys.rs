@@ -9,6 +9,8 @@
 //! injective and two different descriptors never share a counter. The braces
 //! are a Redis Cluster hash tag: every key of one descriptor lives in one slot.
 
+use std::borrow::Cow;
+
 /// The default prefix of every key ratekeeper writes.
 pub const DEFAULT_PREFIX: &str = "rk:";
 
@@ -43,6 +45,7 @@ pub fn counter_key<'a>(
     prefix: &str,
     domain: &str,
     entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    values: Values,
     rule_id: &str,
 ) -> String {
     let mut key = String::with_capacity(prefix.len() + domain.len() + rule_id.len() + 48);
@@ -53,11 +56,42 @@ pub fn counter_key<'a>(
         key.push('|');
         push_escaped(&mut key, k);
         key.push('=');
-        push_escaped(&mut key, v);
+        push_escaped(&mut key, &values.encode(v));
     }
     key.push_str("}:");
     key.push_str(rule_id);
     key
+}
+
+/// How descriptor values appear in keys and metrics labels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Values {
+    /// As sent (escaped).
+    #[default]
+    Raw,
+    /// The first 128 bits of their SHA-256, in hex: raw tokens, emails or IPs
+    /// never reach Redis or `/metrics`. Stable across releases and replicas
+    /// (no secret), so counters survive restarts and upgrades.
+    Sha256,
+}
+
+impl Values {
+    /// `value` as it goes into a key or label.
+    pub fn encode(self, value: &str) -> Cow<'_, str> {
+        match self {
+            Values::Raw => Cow::Borrowed(value),
+            Values::Sha256 => {
+                use sha2::{Digest, Sha256};
+                let digest = Sha256::digest(value.as_bytes());
+                let mut hex = String::with_capacity(35);
+                hex.push_str("h:");
+                for b in &digest[..16] {
+                    hex.push_str(&format!("{b:02x}"));
+                }
+                Cow::Owned(hex)
+            }
+        }
+    }
 }
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
@@ -94,7 +128,13 @@ mod tests {
     use super::*;
 
     fn key(domain: &str, entries: &[(&str, &str)]) -> String {
-        counter_key(DEFAULT_PREFIX, domain, entries.iter().copied(), "fw.60")
+        counter_key(
+            DEFAULT_PREFIX,
+            domain,
+            entries.iter().copied(),
+            Values::Raw,
+            "fw.60",
+        )
     }
 
     #[test]
@@ -147,6 +187,14 @@ mod tests {
             cluster_slot(&k),
             cluster_slot(&k.replace(":fw.60", ":sw.1"))
         );
+    }
+
+    #[test]
+    fn hashed_values_hide_the_value_and_stay_stable() {
+        let hashed = Values::Sha256.encode("alice@example.com");
+        assert_eq!(hashed, "h:ff8d9819fc0e12bf0d24892e45987e24");
+        assert_ne!(hashed, Values::Sha256.encode("bob@example.com"));
+        assert_eq!(Values::Raw.encode("alice@example.com"), "alice@example.com");
     }
 
     #[test]

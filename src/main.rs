@@ -10,6 +10,7 @@ use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
+use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
@@ -70,6 +71,11 @@ struct Cli {
     /// it new values are counted under `overflow`.
     #[arg(long, env = "MAX_DETAILED_METRIC_SERIES", default_value_t = 10_000)]
     max_detailed_metric_series: usize,
+    /// Put the SHA-256 of descriptor values (not the values) in Redis keys
+    /// and metrics labels, so raw tokens or emails never appear there.
+    /// Changing it starts every counter afresh.
+    #[arg(long, env = "HASH_DESCRIPTOR_VALUES")]
+    hash_descriptor_values: bool,
     /// Replicas sharing the limits, for `failure_mode: local`.
     #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
     expected_replicas: u32,
@@ -256,6 +262,11 @@ async fn run(cli: Cli) -> Result<()> {
             failure_mode: cli.failure_mode,
             expected_replicas: cli.expected_replicas,
             max_detailed_series: cli.max_detailed_metric_series,
+            values: if cli.hash_descriptor_values {
+                Values::Sha256
+            } else {
+                Values::Raw
+            },
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

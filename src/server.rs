@@ -103,6 +103,7 @@ impl Server {
             self.config.clone(),
             self.store.clone(),
             self.limiter.key_prefix.clone(),
+            self.limiter.values,
             holds.clone(),
         ))
         .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);

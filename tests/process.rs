@@ -256,3 +256,47 @@ async fn detailed_metrics_are_capped_with_an_overflow_label() {
     );
     assert!(text.contains("ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"user\"} 40"));
 }
+
+#[tokio::test]
+async fn hashed_values_keep_raw_values_out_of_redis_and_metrics() {
+    let redis = RedisServer::start();
+    let dir = limits_dir("domain: web\ndescriptors:\n  - key: email\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 50}\n");
+    let url = redis.url();
+    let server = Ratekeeper::spawn(
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--hash-descriptor-values",
+            "--redis-timeout-ms",
+            "2000",
+        ],
+    );
+    let mut client = server.client().await;
+    for remaining in [49, 48] {
+        let r = client
+            .should_rate_limit(request(
+                "web",
+                vec![descriptor(&[("email", "alice@example.com")])],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.statuses[0].limit_remaining, remaining,
+            "counting still works"
+        );
+    }
+    let mut conn = redis.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(
+        keys,
+        vec!["rk:{web|email=h%3Aff8d9819fc0e12bf0d24892e45987e24}:fw.3600".to_string()]
+    );
+    let metrics = server.metrics();
+    assert!(!metrics.contains("alice"), "{metrics}");
+    assert!(
+        metrics.contains("rule=\"email_h:ff8d9819fc0e12bf0d24892e45987e24\""),
+        "{metrics}"
+    );
+}

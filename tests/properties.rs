@@ -202,7 +202,13 @@ proptest! {
         a in descriptor_strategy(), b in descriptor_strategy(),
     ) {
         let key = |(domain, entries): &(String, Vec<(String, String)>)| {
-            ratekeeper::keys::counter_key("rk:", domain, entries.iter().map(|(k, v)| (k.as_str(), v.as_str())), "fw.60")
+            ratekeeper::keys::counter_key(
+                "rk:",
+                domain,
+                entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                ratekeeper::keys::Values::Raw,
+                "fw.60",
+            )
         };
         prop_assert_eq!(a == b, key(&a) == key(&b), "{:?} vs {:?}", a, b);
         // The whole descriptor is the hash tag: one slot per descriptor.

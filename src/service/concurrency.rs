@@ -19,7 +19,7 @@ use super::holds::Holds;
 use super::lease_id::{LeaseId, SET_SUFFIX};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::config::watch::SharedConfig;
-use crate::keys::counter_key;
+use crate::keys::{counter_key, Values};
 use crate::pb::v1::concurrency_service_server::ConcurrencyService;
 use crate::pb::v1::{
     hold_event, AcquireRequest, AcquireResponse, HeartbeatRequest, HeartbeatResponse, HoldEvent,
@@ -37,15 +37,23 @@ pub struct Concurrency {
     config: SharedConfig,
     store: Store,
     key_prefix: String,
+    values: Values,
     holds: Arc<Holds>,
 }
 
 impl Concurrency {
-    pub fn new(config: SharedConfig, store: Store, key_prefix: String, holds: Arc<Holds>) -> Self {
+    pub fn new(
+        config: SharedConfig,
+        store: Store,
+        key_prefix: String,
+        values: Values,
+        holds: Arc<Holds>,
+    ) -> Self {
         Concurrency {
             config,
             store,
             key_prefix,
+            values,
             holds,
         }
     }
@@ -81,7 +89,13 @@ impl Concurrency {
                 let Some(rule) = domain.concurrency.find(entries.clone()) else {
                     continue;
                 };
-                let key = counter_key(&self.key_prefix, &request.domain, entries, &SET_SUFFIX[1..]);
+                let key = counter_key(
+                    &self.key_prefix,
+                    &request.domain,
+                    entries,
+                    self.values,
+                    &SET_SUFFIX[1..],
+                );
                 if !matched.iter().any(|(slot, _)| slot.key == key) {
                     matched.push((
                         LeaseSlot {

@@ -25,7 +25,7 @@ use super::failure::FailureMode;
 use crate::clock::SystemClock;
 use crate::config::watch::SharedConfig;
 use crate::headers::{self, HeaderSettings, LimitState};
-use crate::keys::counter_key;
+use crate::keys::{counter_key, Values};
 use crate::limiter::{Check, Unit, MAX_HITS};
 use crate::rules::{Rate, Rule, RuleMetrics};
 use crate::store::{MemoryStore, Store};
@@ -46,6 +46,8 @@ pub struct LimiterSettings {
     pub expected_replicas: u32,
     /// Most distinct `detailed_metric` label values (then `overflow`).
     pub max_detailed_series: usize,
+    /// Raw or hashed descriptor values in keys and labels.
+    pub values: Values,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -142,6 +144,7 @@ impl RateLimiter {
                             &self.settings.key_prefix,
                             &request.domain,
                             entries(descriptor),
+                            self.settings.values,
                             &counter_id,
                         ),
                         algorithm: rate.algorithm,
@@ -231,6 +234,7 @@ impl RateLimiter {
                         let any_over = outcomes[range.clone()].iter().any(|o| o.over);
                         record(
                             &self.detailed,
+                            self.settings.values,
                             &request.domain,
                             rule,
                             descriptor,
@@ -503,6 +507,7 @@ impl DetailedSeries {
 /// tightest limit; `any_over` includes shadow-mode limits.
 fn record(
     series: &DetailedSeries,
+    values: Values,
     domain: &str,
     rule: &Rule,
     descriptor: &RateLimitDescriptor,
@@ -530,7 +535,7 @@ fn record(
         let detailed: Vec<String> = descriptor
             .entries
             .iter()
-            .map(|e| format!("{}_{}", e.key, e.value))
+            .map(|e| format!("{}_{}", e.key, values.encode(&e.value)))
             .collect();
         count(&RuleMetrics::register(
             domain,
