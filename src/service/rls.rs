@@ -232,9 +232,7 @@ impl RateLimiter {
                     };
                     if let Some(rule) = rule {
                         let any_over = outcomes[range.clone()].iter().any(|o| o.over);
-                        record(
-                            &self.detailed,
-                            self.settings.values,
+                        self.record(
                             &request.domain,
                             rule,
                             descriptor,
@@ -502,44 +500,45 @@ impl DetailedSeries {
     }
 }
 
-/// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with
-/// `detailed_metric` also per descriptor value. `state` is the descriptor's
-/// tightest limit; `any_over` includes shadow-mode limits.
-fn record(
-    series: &DetailedSeries,
-    values: Values,
-    domain: &str,
-    rule: &Rule,
-    descriptor: &RateLimitDescriptor,
-    state: &LimitState,
-    any_over: bool,
-    hits: u64,
-) {
-    let used = state.limit.saturating_sub(state.remaining);
-    let near = used as f64 > (state.limit as f64 * NEAR_LIMIT_RATIO).floor();
-    let count = |m: &RuleMetrics| {
-        m.total_hits.increment(hits);
-        if any_over {
-            m.over_limit.increment(hits);
-            if rule.shadow_mode {
-                m.shadow_mode.increment(hits);
+impl RateLimiter {
+    /// Per-rule hit counters, as envoyproxy/ratelimit keeps them; with
+    /// `detailed_metric` also per descriptor value. `state` is the
+    /// descriptor's tightest limit; `any_over` includes shadow-mode limits.
+    fn record(
+        &self,
+        domain: &str,
+        rule: &Rule,
+        descriptor: &RateLimitDescriptor,
+        state: &LimitState,
+        any_over: bool,
+        hits: u64,
+    ) {
+        let used = state.limit.saturating_sub(state.remaining);
+        let near = used as f64 > (state.limit as f64 * NEAR_LIMIT_RATIO).floor();
+        let count = |m: &RuleMetrics| {
+            m.total_hits.increment(hits);
+            if any_over {
+                m.over_limit.increment(hits);
+                if rule.shadow_mode {
+                    m.shadow_mode.increment(hits);
+                }
+            } else if near {
+                m.near_limit.increment(hits);
+            } else {
+                m.within_limit.increment(hits);
             }
-        } else if near {
-            m.near_limit.increment(hits);
-        } else {
-            m.within_limit.increment(hits);
+        };
+        count(&rule.metrics);
+        if rule.detailed_metric {
+            let detailed: Vec<String> = descriptor
+                .entries
+                .iter()
+                .map(|e| format!("{}_{}", e.key, self.settings.values.encode(&e.value)))
+                .collect();
+            count(&RuleMetrics::register(
+                domain,
+                &self.detailed.label(detailed.join(".")),
+            ));
         }
-    };
-    count(&rule.metrics);
-    if rule.detailed_metric {
-        let detailed: Vec<String> = descriptor
-            .entries
-            .iter()
-            .map(|e| format!("{}_{}", e.key, values.encode(&e.value)))
-            .collect();
-        count(&RuleMetrics::register(
-            domain,
-            &series.label(detailed.join(".")),
-        ));
     }
 }
