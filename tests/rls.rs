@@ -719,3 +719,51 @@ async fn reflection_v1_and_v1alpha_list_the_envoy_service() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
+    let redis = common::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let server = TestServer::start(&[LIMITS], redis.store(Some(clock.clone()))).await;
+    let mut client = server.client().await;
+    let req = request("api", vec![descriptor(&[("user", "hot")])]);
+    for _ in 0..4 {
+        client.should_rate_limit(req.clone()).await.unwrap();
+    }
+    let mut conn = redis.client().get_connection().unwrap();
+    let script_calls = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = script_calls(&mut conn);
+    clock.advance(10_000);
+    for _ in 0..10 {
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(overall(&r), Code::OverLimit);
+        assert_eq!(
+            reset_ms(&r.statuses[0]),
+            50_000,
+            "the reset keeps counting down"
+        );
+    }
+    assert_eq!(
+        script_calls(&mut conn),
+        before,
+        "the hot key cost Redis nothing"
+    );
+    // At the window's end the cache lets go and Redis decides again.
+    clock.set(START_MS + 60_000);
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
+    assert_eq!(script_calls(&mut conn), before + 1);
+    server.stop().await;
+}

@@ -6,6 +6,7 @@ pub mod concurrency;
 pub mod failure;
 pub mod holds;
 pub mod lease_id;
+pub mod over_cache;
 pub mod rls;
 
 pub use self::concurrency::Concurrency;

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 
 use super::caps;
 use super::failure::FailureMode;
+use super::over_cache::OverCache;
 use crate::clock::SystemClock;
 use crate::config::watch::SharedConfig;
 use crate::headers::{self, HeaderSettings, LimitState};
@@ -59,6 +60,8 @@ pub struct RateLimiter {
     /// Counters for `failure_mode: local` while the store fails.
     local: Arc<MemoryStore>,
     detailed: Arc<DetailedSeries>,
+    /// Keys known to be full until their window ends (no store call).
+    over: Arc<OverCache>,
 }
 
 /// The limits that apply to one descriptor of a request.
@@ -83,6 +86,7 @@ impl RateLimiter {
             store,
             local: MemoryStore::new(Arc::new(SystemClock)),
             detailed: Arc::new(DetailedSeries::new(settings.max_detailed_series)),
+            over: Arc::new(OverCache::default()),
             settings,
         }
     }
@@ -165,7 +169,19 @@ impl RateLimiter {
 
         let all_or_nothing = domain.options.all_or_nothing;
         let mut answered_locally = false;
-        let outcomes = match self.store.apply(&checks, all_or_nothing).await {
+        let now_ms = self.store.now_ms();
+        let stored = match self.over.answer(&checks, now_ms) {
+            Some(known) => {
+                metrics::counter!("ratekeeper_over_limit_cache_hits").increment(1);
+                Ok(known)
+            }
+            None => self
+                .store
+                .apply(&checks, all_or_nothing)
+                .await
+                .inspect(|outcomes| self.over.learn(&checks, outcomes, now_ms)),
+        };
+        let outcomes = match stored {
             Ok(outcomes) => outcomes,
             Err(error) => {
                 let mode = domain

@@ -152,6 +152,10 @@ impl MemoryStore {
         batch::evaluate(&mut table, checks, all_or_nothing, now)
     }
 
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     /// Number of live (unexpired or not yet swept) counters.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| Self::lock(s).len()).sum()

@@ -85,6 +85,16 @@ impl Store {
         }
     }
 
+    /// The local reading of the clock the store's decisions follow, in ms
+    /// (tests pin it; production reads the system clock). Only differences
+    /// of it are meaningful next to Redis's own clock.
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            Store::Memory(store) => store.now_ms(),
+            Store::Redis(store) => store.now_ms(),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Store::Memory(_) => "memory",

@@ -75,6 +75,14 @@ impl RedisStore {
         })
     }
 
+    /// The pinned clock, or the system's.
+    pub fn now_ms(&self) -> u64 {
+        use crate::clock::SystemClock;
+        self.clock
+            .as_ref()
+            .map_or_else(|| SystemClock.now_ms(), |c| c.now_ms())
+    }
+
     fn now_arg(&self) -> String {
         self.clock
             .as_ref()

@@ -1,0 +1,144 @@
+//! Keys known to be over their limit, remembered until their window ends, so
+//! a caller who is already refused (the hot key of an abusive client) costs
+//! no store round trip.
+//!
+//! Only fixed-window counters qualify: within a window their count only
+//! grows, so a counter at its limit refuses every request until the window
+//! ends, on every replica. Each entry remembers the limit it was seen with;
+//! a reload that changes the limit stops the entry from matching.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::limiter::{Algorithm, Check, Outcome};
+
+/// Most keys remembered; past it, expired entries are dropped first and new
+/// ones not added until there is room.
+const CAPACITY: usize = 100_000;
+
+#[derive(Debug, Default)]
+pub struct OverCache {
+    /// Key -> (until, in the store's clock's milliseconds; the limit).
+    entries: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+impl OverCache {
+    /// Remembers the checks the store found full (at the limit, refusing
+    /// even one more hit, and enforced).
+    /// `now_ms` is the store's clock (tests pin it).
+    pub fn learn(&self, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
+        let now = now_ms;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        for (check, outcome) in checks.iter().zip(outcomes) {
+            if check.algorithm != Algorithm::FixedWindow
+                || !check.enforce
+                || !outcome.over
+                || outcome.remaining > 0
+            {
+                continue;
+            }
+            if entries.len() >= CAPACITY {
+                entries.retain(|_, (until, _)| *until > now);
+                if entries.len() >= CAPACITY {
+                    return;
+                }
+            }
+            let until = now + outcome.reset_ms;
+            entries.insert(check.key.clone(), (until, check.limit));
+        }
+    }
+
+    /// If every check is a remembered full counter, the outcomes the store
+    /// would give (over, nothing remaining, the time left); else `None`.
+    pub fn answer(&self, checks: &[Check], now_ms: u64) -> Option<Vec<Outcome>> {
+        if checks.is_empty() {
+            return None;
+        }
+        let now = now_ms;
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        checks
+            .iter()
+            .map(|check| {
+                let &(until, limit) = entries.get(&check.key)?;
+                (check.algorithm == Algorithm::FixedWindow
+                    && check.enforce
+                    && limit == check.limit
+                    && until > now)
+                    .then(|| Outcome {
+                        over: true,
+                        remaining: 0,
+                        reset_ms: until - now,
+                    })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str, algorithm: Algorithm, limit: u64) -> Check {
+        Check {
+            key: key.into(),
+            algorithm,
+            limit,
+            period_ms: 60_000,
+            burst: 0,
+            hits: 1,
+            enforce: true,
+        }
+    }
+
+    #[test]
+    fn remembers_only_full_fixed_windows_until_reset_and_for_the_same_limit() {
+        let cache = OverCache::default();
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+        };
+        let fw = check("a", Algorithm::FixedWindow, 3);
+        let tb = check("b", Algorithm::TokenBucket, 3);
+        let partial = Outcome {
+            remaining: 2,
+            ..full
+        };
+        cache.learn(
+            &[
+                fw.clone(),
+                tb.clone(),
+                check("c", Algorithm::FixedWindow, 3),
+            ],
+            &[full, full, partial],
+            1_000,
+        );
+        assert_eq!(
+            cache.answer(&[fw.clone()], 1_020).map(|o| o[0].reset_ms),
+            Some(30)
+        );
+        assert!(
+            cache.answer(&[tb], 1_000).is_none(),
+            "token buckets refill: never cached"
+        );
+        assert!(
+            cache
+                .answer(&[check("c", Algorithm::FixedWindow, 3)], 1_000)
+                .is_none(),
+            "over only for a big request"
+        );
+        assert!(
+            cache
+                .answer(&[fw.clone(), check("d", Algorithm::FixedWindow, 3)], 1_000)
+                .is_none(),
+            "all checks or none"
+        );
+        assert!(
+            cache
+                .answer(&[check("a", Algorithm::FixedWindow, 10)], 1_000)
+                .is_none(),
+            "the limit changed"
+        );
+        assert!(cache.answer(&[fw], 1_050).is_none(), "the window ended");
+    }
+}
