@@ -114,7 +114,9 @@ mod tests {
             1_000,
         );
         assert_eq!(
-            cache.answer(&[fw.clone()], 1_020).map(|o| o[0].reset_ms),
+            cache
+                .answer(std::slice::from_ref(&fw), 1_020)
+                .map(|o| o[0].reset_ms),
             Some(30)
         );
         assert!(
