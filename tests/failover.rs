@@ -344,6 +344,8 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
             SECRET,
             "--log-level",
             "debug",
+            "--redis-timeout-ms",
+            "2000",
         ],
         vec![
             "--redis-url",
@@ -352,6 +354,8 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
             auth_file.to_str().unwrap(),
             "--log-level",
             "debug",
+            "--redis-timeout-ms",
+            "2000",
         ],
     ] {
         let server = Ratekeeper::start(LIMITS, dir.path(), &args);
@@ -397,6 +401,31 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
         !logs.contains(SECRET),
         "a Redis secret appeared in the logs"
     );
+    // Nor in /metrics, nor in a refused request's gRPC error.
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-auth",
+            SECRET,
+            "--failure-mode",
+            "unavailable",
+        ],
+    );
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "a")])]))
+        .await
+        .unwrap();
+    assert!(!server.metrics().contains(SECRET));
+    drop(redis);
+    let e = client
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "b")])]))
+        .await
+        .unwrap_err();
+    assert!(!e.message().contains(SECRET), "{e:?}");
 }
 
 /// Throwaway CA, server and client certificates made with the openssl CLI.

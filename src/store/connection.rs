@@ -428,3 +428,28 @@ impl RedisSettings {
             .map_err(|e| Error::Startup(format!("invalid sentinel address ({:?})", e.kind())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_secrets() {
+        let settings = RedisSettings {
+            topology: Topology::Single,
+            url: "redis://user:url-secret@127.0.0.1:6379".into(),
+            auth: Some("user:auth-secret".into()),
+            connections: 1,
+            connect_timeout: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(1),
+            tls: Some(RedisTls {
+                ca: None,
+                client: Some((b"cert".to_vec(), b"key-secret".to_vec())),
+            }),
+        };
+        let debug = format!("{settings:?}");
+        for secret in ["url-secret", "auth-secret", "key-secret"] {
+            assert!(!debug.contains(secret), "{debug}");
+        }
+    }
+}
