@@ -257,7 +257,7 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
     for v in 0..10 {
         let (r, took) = call(&mut client, v).await;
         assert!(
-            took < Duration::from_millis(250),
+            took < Duration::from_millis(500),
             "answer took {took:?} with a 50 ms deadline"
         );
         assert_eq!(
@@ -282,7 +282,7 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
         started.elapsed()
     );
     assert!(
-        slowest < Duration::from_millis(250),
+        slowest < Duration::from_millis(500),
         "slowest answer {slowest:?}"
     );
 
