@@ -134,8 +134,12 @@ impl Server {
         let asked = Arc::new(Notify::new());
         let signal = {
             let asked = asked.clone();
+            let holds = holds.clone();
             async move {
                 shutdown.await;
+                // Hold streams never end on their own: end them, or the
+                // drain would always last the whole grace.
+                holds.close();
                 asked.notify_one();
             }
         };

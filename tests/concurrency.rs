@@ -1,7 +1,7 @@
 //! Concurrency leases over gRPC: the unary calls and `Hold` in-process on
 //! every store, and the failure tests with real processes: several replicas
-//! racing, dead callers, a SIGKILLed replica, a dropped stream, and a Redis
-//! restart.
+//! racing, dead callers, a SIGKILLed replica, a SIGTERMed one, a dropped
+//! stream, and a Redis restart.
 
 mod common;
 
@@ -181,6 +181,18 @@ async fn acquire_heartbeat_release_and_hold_on_every_store() {
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().contains("lease_ids[0]"), "{}", e.message());
+        // A real id with its TTL rewritten to pin the slot for years.
+        let real = acquire(&mut client, "forge", None).await.lease_id;
+        let (member, rest) = real.split_once('.').unwrap();
+        let (_, keys) = rest.split_once('.').unwrap();
+        let e = client
+            .heartbeat(HeartbeatRequest {
+                lease_ids: vec![format!("{member}.{}.{keys}", u64::MAX)],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{name}");
+        assert!(e.message().contains("TTL"), "{}", e.message());
         let mut bad = acquire_request(&[("user_id", "u")], Some(Duration::from_millis(10)));
         assert_eq!(
             client
@@ -378,6 +390,67 @@ async fn dead_callers_and_a_killed_replica_free_their_places_within_the_ttl() {
         "freed {took:?} after the kill, TTL 2 s + a tick"
     );
     drop(streams);
+}
+
+#[tokio::test]
+async fn sigterm_ends_hold_streams_at_once_and_gives_their_places_back() {
+    let redis = RedisServer::start();
+    let dir = limits_dir();
+    // A long grace and long leases: only an explicit release can free the
+    // places quickly, and only ending the streams can end the drain early.
+    let draining = Ratekeeper::spawn(
+        dir.path(),
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--redis-timeout-ms",
+            "2000",
+            "--shutdown-grace-ms",
+            "30000",
+        ],
+    );
+    let survivor = replica(dir.path(), &redis.url());
+    let mut held = connect(&draining.grpc).await;
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut request =
+            acquire_request(&[("user_id", "drained")], Some(Duration::from_secs(600)));
+        request.holder = "sigterm".into();
+        let mut s = held.hold(request).await.unwrap().into_inner();
+        let Some(hold_event::Event::Acquired(r)) = s.message().await.unwrap().unwrap().event else {
+            panic!("no first message")
+        };
+        assert!(r.granted);
+        streams.push(s);
+    }
+    let mut client = connect(&survivor.grpc).await;
+    assert!(!acquire(&mut client, "drained", None).await.granted);
+
+    let started = Instant::now();
+    let status = tokio::task::spawn_blocking(move || draining.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "exited {:?} after SIGTERM: the drain waited for the streams",
+        started.elapsed()
+    );
+    for mut s in streams {
+        let end = s
+            .message()
+            .await
+            .expect_err("the stream ends with a status");
+        assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    }
+    for _ in 0..5 {
+        assert!(
+            acquire(&mut client, "drained", Some(Duration::from_secs(60)))
+                .await
+                .granted,
+            "the drained replica's places are free at once"
+        );
+    }
 }
 
 #[tokio::test]

@@ -317,6 +317,14 @@ impl ConcurrencyService for Concurrency {
                     Ok(()) = lost_rx => {
                         let _ = tx.send(Ok(HoldEvent { event: Some(hold_event::Event::Lost(id)) })).await;
                     }
+                    // The replica is draining: give the place back before
+                    // saying so, so the caller can hold again elsewhere at once.
+                    () = holds.closed() => {
+                        holds.release(&id).await;
+                        let _ = tx.send(Err(Status::unavailable(
+                            "ratekeeper is shutting down: the lease was released; hold again on another replica",
+                        ))).await;
+                    }
                 }
             });
         }

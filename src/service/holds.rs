@@ -1,13 +1,16 @@
 //! The leases this replica keeps alive for open `Hold` streams, refreshed
 //! together: one batched heartbeat per tick for all of them, at a third of
 //! the shortest TTL, so a lease survives two failed ticks. A lease the store
-//! reports lost is handed back to its stream, which then ends.
+//! reports lost is handed back to its stream, which then ends. At shutdown
+//! [`Holds::close`] tells every stream to give its lease back and end, so a
+//! draining replica neither waits for long-lived streams nor leaves their
+//! leases to expire.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 
 use super::lease_id::LeaseId;
 use crate::store::{LeaseRef, Store};
@@ -23,6 +26,7 @@ pub struct Holds {
     store: Store,
     held: Mutex<HashMap<String, Held>>,
     changed: Notify,
+    closing: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Holds {
@@ -39,7 +43,21 @@ impl Holds {
             store,
             held: Mutex::new(HashMap::new()),
             changed: Notify::new(),
+            closing: watch::Sender::new(false),
         })
+    }
+
+    /// Asks every `Hold` stream, open or opened from now on, to release its
+    /// lease and end (the replica is shutting down).
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Resolves once [`Holds::close`] has been called.
+    pub async fn closed(&self) {
+        let mut closing = self.closing.subscribe();
+        // The sender lives in `self`, so waiting cannot fail.
+        let _ = closing.wait_for(|closing| *closing).await;
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Held>> {

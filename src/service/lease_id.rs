@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::config::file::LEASE_TTL_RANGE;
+
 /// The suffix of every lease set key (see `keys::counter_key`).
 pub const SET_SUFFIX: &str = ":conn";
 
@@ -57,10 +59,20 @@ impl LeaseId {
         let member = parts
             .next()
             .filter(|m| m.len() == 32 && m.bytes().all(|b| b.is_ascii_hexdigit()));
-        let ttl_ms = parts.next().and_then(|t| t.parse().ok());
+        let ttl_ms = parts.next().and_then(|t| t.parse::<u64>().ok());
         let (Some(member), Some(ttl_ms)) = (member, ttl_ms) else {
             return Err(bad());
         };
+        // Only the service mints ids, always with a TTL in range; a TTL
+        // outside it is a forgery that could pin a lease (and its slot) for
+        // years or overflow an expiry.
+        let (min, max) = LEASE_TTL_RANGE;
+        if !(min.as_millis()..=max.as_millis()).contains(&u128::from(ttl_ms)) {
+            return Err(format!(
+                "lease id {:?} carries a TTL outside {min:?}..={max:?}",
+                truncate(id)
+            ));
+        }
         let keys = parts
             .map(|hex| {
                 let bytes = (0..hex.len())
@@ -122,8 +134,8 @@ mod tests {
         let id = lease.encode();
         assert_eq!(LeaseId::decode(&id, "rk:"), Ok(lease.clone()));
         assert_ne!(
-            LeaseId::new(1, vec![]).member,
-            LeaseId::new(1, vec![]).member
+            LeaseId::new(1000, vec![]).member,
+            LeaseId::new(1000, vec![]).member
         );
         let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
         for bad in [
@@ -135,6 +147,9 @@ mod tests {
             format!("{}.ttl.{}", lease.member, hex("rk:{d}:conn")),
             format!("short.30000.{}", hex("rk:{d}:conn")),
             format!("{}.30000.zz", lease.member),
+            format!("{}.999.{}", lease.member, hex("rk:{d}:conn")),
+            format!("{}.3600001.{}", lease.member, hex("rk:{d}:conn")),
+            format!("{}.{}.{}", lease.member, u64::MAX, hex("rk:{d}:conn")),
             "a".repeat(MAX_LEASE_ID_BYTES + 1),
         ] {
             assert!(LeaseId::decode(&bad, "rk:").is_err(), "{bad:?}");

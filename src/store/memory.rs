@@ -83,14 +83,15 @@ impl MemoryStore {
             if set.len() as u64 >= slot.limit {
                 acquired.granted = false;
                 if let Some(first) = set.values().min() {
-                    acquired.retry_after_ms = acquired.retry_after_ms.max(first - now);
+                    acquired.retry_after_ms =
+                        acquired.retry_after_ms.max(first.saturating_sub(now));
                 }
             }
         }
         if acquired.granted {
             for (slot, active) in slots.iter().zip(&mut acquired.active) {
                 if let Some(set) = sets.get_mut(&slot.key) {
-                    set.insert(member.to_owned(), now + ttl_ms);
+                    set.insert(member.to_owned(), now.saturating_add(ttl_ms));
                     *active += 1;
                 }
             }
@@ -114,7 +115,7 @@ impl MemoryStore {
                 for key in lease.keys {
                     if let Some(set) = sets.get_mut(key) {
                         if alive {
-                            set.insert(lease.member.to_owned(), now + lease.ttl_ms);
+                            set.insert(lease.member.to_owned(), now.saturating_add(lease.ttl_ms));
                         } else {
                             set.remove(lease.member);
                         }
