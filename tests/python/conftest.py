@@ -177,3 +177,28 @@ def rls(rls_server):
 def start_server(limits_dir, tmp_path):
     """run_server for tests that need a server of their own."""
     return lambda *extra: run_server(limits_dir, tmp_path / "ratekeeper.log", *extra)
+
+
+# Concurrency leases (ratekeeper.v1.ConcurrencyService): a domain of its own,
+# used by test_python_client_leases.py and test_ws_example.py.
+CONCURRENCY_DOMAIN = "ws"
+MAX_CONNECTIONS = 2
+LEASE_TTL_S = 30
+CONCURRENCY_YAML = f"""\
+domain: {CONCURRENCY_DOMAIN}
+concurrency:
+  - key: user_id
+    max_connections: {MAX_CONNECTIONS}
+    lease_ttl: {LEASE_TTL_S}s
+"""
+
+
+@pytest.fixture(scope="session")
+def concurrency_server(tmp_path_factory):
+    """One ratekeeper whose limits hold the `ws` domain's `concurrency:` rule
+    (MAX_CONNECTIONS per user_id); tests use distinct user ids."""
+    limits = tmp_path_factory.mktemp("concurrency-limits")
+    (limits / f"{CONCURRENCY_DOMAIN}.yaml").write_text(CONCURRENCY_YAML)
+    log_path = tmp_path_factory.mktemp("concurrency-server") / "ratekeeper.log"
+    with run_server(limits, log_path) as server:
+        yield server

@@ -1,4 +1,5 @@
-"""A small Python client for ratekeeper's ShouldRateLimit (Envoy's rate limit API v3).
+"""A small Python client for ratekeeper: ShouldRateLimit (Envoy's rate limit
+API v3) and concurrency leases (ratekeeper.v1.ConcurrencyService).
 
 It uses grpcio with stubs that grpcio-tools generates from the repository's
 `proto/` directory (nothing generated is committed):
@@ -13,21 +14,39 @@ It uses grpcio with stubs that grpcio-tools generates from the repository's
 A descriptor is a dict (entries in insertion order) or a sequence of
 (key, value) pairs; the order of entries is the order of the limits file's
 nesting (`plan` then `user_id` above).
+
+Concurrency leases ("at most N open connections per user", the limits file's
+`concurrency:` rules):
+
+    with RateLimitClient("localhost:8081") as rl:
+        lease = rl.acquire_connection("ws", [{"user_id": "alice"}])
+        if lease.granted:
+            ...                                  # heartbeat well within lease.lease_ttl
+            rl.heartbeat([lease.lease_id])
+            rl.release([lease.lease_id])
+        # or let the server keep the lease alive while a Hold stream is open:
+        with rl.hold("ws", [{"user_id": "alice"}]) as lease:
+            if lease.granted:
+                ...                              # released when the block ends
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
 __all__ = [
     "Decision",
     "DescriptorStatus",
+    "HeartbeatResult",
+    "Lease",
     "Limit",
     "RateLimitClient",
     "generate_stubs",
@@ -83,6 +102,23 @@ def _stubs():
     return rls_pb2, rls_pb2_grpc
 
 
+def _concurrency_stubs():
+    """The generated ratekeeper.v1 modules (concurrency leases)."""
+    try:
+        from ratekeeper.v1 import concurrency_pb2, concurrency_pb2_grpc
+    except ImportError as e:
+        raise ImportError(
+            "ratekeeper.v1 stubs not found: call ratekeeper_client.generate_stubs(DIR) "
+            "(it compiles proto/ratekeeper/v1/concurrency.proto too) or put the "
+            "grpcio-tools output directory on PYTHONPATH"
+        ) from e
+    return concurrency_pb2, concurrency_pb2_grpc
+
+
+def _entries(descriptor: Descriptor):
+    return descriptor.items() if isinstance(descriptor, Mapping) else descriptor
+
+
 @dataclass(frozen=True)
 class Limit:
     """The rule that applied: requests_per_unit per unit (SECOND ... YEAR)."""
@@ -122,13 +158,49 @@ class Decision:
         return max(resets) if resets else None
 
 
+@dataclass(frozen=True)
+class Lease:
+    """The answer to AcquireConnection (or a Hold stream's first event).
+
+    granted: the connection may stay open. lease_id: heartbeat and release
+    it; empty when refused, and also when granted because no `concurrency:`
+    rule matched (then limit is 0 and there is nothing to give back).
+    active: leases open on the tightest limited descriptor, this one
+    included when granted; limit: that descriptor's max_connections.
+    retry_after: when refused, the soonest an existing lease expires unless
+    it is renewed (a release frees a place sooner). lease_ttl: heartbeat well
+    within it. error: set only when fail_open granted a call the service did
+    not answer.
+    """
+
+    granted: bool
+    lease_id: str = ""
+    active: int = 0
+    limit: int = 0
+    retry_after: Optional[timedelta] = None
+    lease_ttl: Optional[timedelta] = None
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    """extended: leases renewed for their TTL. lost: leases that expired or
+    were released; their connections should close."""
+
+    extended: Tuple[str, ...] = ()
+    lost: Tuple[str, ...] = ()
+
+
 class RateLimitClient:
-    """ShouldRateLimit over one gRPC channel (HTTP/2, reused for every call).
+    """ShouldRateLimit and the concurrency lease calls over one gRPC channel
+    (HTTP/2, reused for every call).
 
     target: "host:port". timeout: seconds per call. fail_open: when the service
     is unreachable or misses the deadline, answer allowed (with `error` set)
     instead of raising grpc.RpcError. channel: an existing channel (e.g. with
-    TLS); options: grpc channel options for the channel made here.
+    TLS); options: grpc channel options for the channel made here. fail_open
+    applies to ShouldRateLimit, acquire_connection and hold; heartbeat and
+    release always raise.
     """
 
     def __init__(
@@ -146,6 +218,7 @@ class RateLimitClient:
         self._stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
         self.timeout = timeout
         self.fail_open = fail_open
+        self._leases = None  # (concurrency_pb2, stub), made on first use
 
     def should_rate_limit(self, domain: str, descriptors: Iterable[Descriptor], hits_addend: int = 1) -> Decision:
         """Asks whether a request carrying `descriptors` in `domain` may go ahead,
@@ -157,9 +230,8 @@ class RateLimitClient:
         pb2 = self._pb2
         request = pb2.RateLimitRequest(domain=domain, hits_addend=hits_addend)
         for d in descriptors:
-            entries = d.items() if isinstance(d, Mapping) else d
             desc = request.descriptors.add()
-            for key, value in entries:
+            for key, value in _entries(d):
                 desc.entries.add(key=key, value=value)
             if hits_addend == 0:
                 desc.hits_addend.value = 0
@@ -185,6 +257,124 @@ class RateLimitClient:
             reset = s.duration_until_reset.ToTimedelta() if s.HasField("duration_until_reset") else None
             statuses.append(DescriptorStatus(codes.Name(s.code), limit, s.limit_remaining, reset))
         return Decision(allowed=response.overall_code != codes.OVER_LIMIT, statuses=tuple(statuses))
+
+    # Concurrency leases: ratekeeper.v1.ConcurrencyService.
+
+    def _lease_api(self):
+        if self._leases is None:
+            pb2, pb2_grpc = _concurrency_stubs()
+            self._leases = (pb2, pb2_grpc.ConcurrencyServiceStub(self.channel))
+        return self._leases
+
+    def _acquire_request(self, domain, descriptors, lease_ttl, holder):
+        pb2, _ = self._lease_api()
+        request = pb2.AcquireRequest(domain=domain, holder=holder)
+        for d in descriptors:
+            desc = request.descriptors.add()
+            for key, value in _entries(d):
+                desc.entries.add(key=key, value=value)
+        if lease_ttl is not None:
+            if not isinstance(lease_ttl, timedelta):
+                lease_ttl = timedelta(seconds=lease_ttl)
+            request.lease_ttl.FromTimedelta(lease_ttl)
+        return request
+
+    @staticmethod
+    def _lease(response) -> Lease:
+        return Lease(
+            granted=response.granted,
+            lease_id=response.lease_id,
+            active=response.active,
+            limit=response.limit,
+            retry_after=response.retry_after.ToTimedelta() if response.HasField("retry_after") else None,
+            lease_ttl=response.lease_ttl.ToTimedelta() if response.HasField("lease_ttl") else None,
+        )
+
+    def acquire_connection(
+        self,
+        domain: str,
+        descriptors: Iterable[Descriptor],
+        lease_ttl: Union[None, float, timedelta] = None,
+        holder: str = "",
+    ) -> Lease:
+        """Takes a lease on every descriptor limited by the domain's
+        `concurrency:` rules, or on none (refused). lease_ttl (seconds or a
+        timedelta, 1 s to 1 h) overrides the rule's; holder is free text for
+        the server's logs. Keep the lease with heartbeat() well within
+        lease.lease_ttl, and release() it when the connection ends."""
+        _, stub = self._lease_api()
+        request = self._acquire_request(domain, descriptors, lease_ttl, holder)
+        try:
+            response = stub.AcquireConnection(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if self.fail_open and e.code() in _UNAVAILABLE:
+                return Lease(granted=True, error=f"{e.code().name}: {e.details()}")
+            raise
+        return self._lease(response)
+
+    def heartbeat(self, lease_ids: Iterable[str]) -> HeartbeatResult:
+        """Extends the leases that still exist by their TTL; says which are
+        lost (expired or released). Empty ids (leases of unlimited
+        connections) are skipped. At most 1000 ids per call."""
+        pb2, stub = self._lease_api()
+        ids = [i for i in lease_ids if i]
+        if not ids:
+            return HeartbeatResult()
+        response = stub.Heartbeat(pb2.HeartbeatRequest(lease_ids=ids), timeout=self.timeout)
+        return HeartbeatResult(tuple(response.extended), tuple(response.lost))
+
+    def release(self, lease_ids: Iterable[str]) -> None:
+        """Gives leases back; releasing one twice, or one already expired, is
+        not an error. Empty ids are skipped."""
+        pb2, stub = self._lease_api()
+        ids = [i for i in lease_ids if i]
+        if ids:
+            stub.Release(pb2.ReleaseRequest(lease_ids=ids), timeout=self.timeout)
+
+    @contextlib.contextmanager
+    def hold(
+        self,
+        domain: str,
+        descriptors: Iterable[Descriptor],
+        lease_ttl: Union[None, float, timedelta] = None,
+        holder: str = "",
+        on_lost: Optional[Callable[[str], None]] = None,
+    ) -> Iterator[Lease]:
+        """Opens a Hold stream and yields its first event as a Lease (granted
+        or refused). While the block runs the server keeps a granted lease
+        alive; on exit the stream is cancelled, which releases it at once (no
+        heartbeat or release call needed). If the server reports the lease
+        lost while the block runs, on_lost(lease_id) is called from a
+        background thread: the connection it guarded should close."""
+        _, stub = self._lease_api()
+        request = self._acquire_request(domain, descriptors, lease_ttl, holder)
+        call = stub.Hold(request)  # long-lived: no deadline
+        try:
+            try:
+                first = next(call)
+            except StopIteration:
+                raise RuntimeError("the Hold stream ended before its first event") from None
+            except grpc.RpcError as e:
+                if not (self.fail_open and e.code() in _UNAVAILABLE):
+                    raise
+                lease = Lease(granted=True, error=f"{e.code().name}: {e.details()}")
+            else:
+                lease = self._lease(first.acquired)
+                if lease.granted and lease.lease_id and on_lost is not None:
+                    threading.Thread(target=self._watch_hold, args=(call, on_lost), daemon=True).start()
+            yield lease
+        finally:
+            call.cancel()
+
+    @staticmethod
+    def _watch_hold(call, on_lost: Callable[[str], None]) -> None:
+        try:
+            for event in call:
+                if event.WhichOneof("event") == "lost":
+                    on_lost(event.lost)
+                    return
+        except grpc.RpcError:
+            pass  # cancelled on exit, or the channel closed
 
     def close(self) -> None:
         if self._own_channel:
