@@ -5,21 +5,32 @@ through a C ABI, no helm binary, no cluster), with the default values and with
 each helm/ratekeeper/ci/*.yaml. Every rendered object is checked against the
 Kubernetes 1.30 schemas in strict mode (PyPI kubernetes-validate: unknown
 fields fail); CRD kinds (ServiceMonitor) have no schema there, so only their
-apiVersion/kind and the fields ratekeeper relies on are checked.
+apiVersion/kind and the fields ratekeeper relies on are checked. Each
+rendered pod is then started for real: the ratekeeper binary runs with the
+container's environment as Kubernetes would build it (Secret values, $(VAR)
+expansion, Secret volumes laid out in a temporary directory with throwaway
+certificates) and answers the rendered probes.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import queue
 import re
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
+import grpc
 import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import REPO, ratekeeper_bin, run_server
+from conftest import LISTENING, REPO, STARTUP_TIMEOUT_S, _die_with_parent, ratekeeper_bin, run_server, stop
 from rls_client import RlsClient
 
 CHART = REPO / "helm" / "ratekeeper"
@@ -31,7 +42,12 @@ LIMITS_DIR = "/etc/ratekeeper/limits"
 # Kinds served by CRDs, not by Kubernetes itself: apiVersion -> kinds.
 CRD_KINDS = {"monitoring.coreos.com/v1": {"ServiceMonitor"}}
 # Env vars the chart may set that the binary does not read itself.
-CHART_ONLY_ENV = {"REDIS_PASSWORD"}  # expanded into REDIS_URL by Kubernetes
+CHART_ONLY_ENV = {"REDIS_PASSWORD"}  # expanded into REDIS_AUTH by Kubernetes (with a username)
+# Env vars holding paths of files from mounted Secrets.
+TLS_FILE_ENV = {"GRPC_TLS_CERT", "GRPC_TLS_KEY", "GRPC_TLS_CLIENT_CA",
+                "REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"}
+NEW_CI_FILES = {"redis-cluster.yaml", "redis-sentinel.yaml", "redis-tls.yaml", "grpc-tls.yaml",
+                "failure-mode-closed.yaml"}
 
 
 def ci_values(name: str) -> dict:
@@ -84,6 +100,38 @@ def env_of(c) -> dict:
     return {e["name"]: e for e in c.get("env", [])}
 
 
+def values_of(c) -> dict:
+    """name -> literal value (env vars from a Secret left out)."""
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def volume(deploy, name) -> dict:
+    [v] = [v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == name]
+    return v
+
+
+def mount(c, name) -> dict:
+    [m] = [m for m in c["volumeMounts"] if m["name"] == name]
+    return m
+
+
+def assert_tls_files_mounted(deploy):
+    """Every TLS file the env names is an item of a Secret volume mounted read-only, whole."""
+    c = container(deploy)
+    env = values_of(c)
+    for name in TLS_FILE_ENV & env.keys():
+        path = Path(env[name])
+        [m] = [m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent)]
+        assert m["readOnly"] is True and "subPath" not in m, m
+        secret = volume(deploy, m["name"])["secret"]
+        assert path.name in {i["path"] for i in secret["items"]}, (name, secret)
+    # ...and no Secret volume is mounted that no env var uses.
+    used = {str(Path(env[n]).parent) for n in TLS_FILE_ENV & env.keys()}
+    for v in deploy["spec"]["template"]["spec"]["volumes"]:
+        if "secret" in v:
+            assert mount(c, v["name"])["mountPath"] in used, v
+
+
 def validate_objects(objects):
     """Every object against Kubernetes' schemas (strict), CRD kinds by apiVersion/kind."""
     assert objects
@@ -107,7 +155,7 @@ def validate_objects(objects):
 def test_ci_values_files_exist():
     names = {p.name for p in CI_VALUES}
     assert {"redis-embedded.yaml", "existing-secret.yaml", "hpa-pdb-netpol-servicemonitor.yaml",
-            "existing-configmap.yaml"} <= names
+            "existing-configmap.yaml", *NEW_CI_FILES} <= names
 
 
 @pytest.mark.parametrize("values_file", [None, *CI_VALUES], ids=lambda p: p.name if p else "defaults")
@@ -133,6 +181,7 @@ def test_renders_valid_kubernetes_objects(chart, values_file):
         if svc["metadata"]["name"].endswith("-redis"):
             continue
         assert svc["spec"]["selector"].items() <= pod_labels.items(), svc["metadata"]["name"]
+    assert_tls_files_mounted(deploy)
 
 
 def test_strict_validation_catches_a_bad_field(chart):
@@ -206,18 +255,25 @@ def test_defaults_env_matches_the_binary(chart):
     """Every env var the chart sets is one the binary reads (from its --help)."""
     help_text = subprocess.run([str(ratekeeper_bin()), "--help"], capture_output=True, text=True,
                                check=True, timeout=30).stdout
-    known = set(re.findall(r"\[env: ([A-Z0-9_]+)=", help_text))
+    # "[env: NAME=value]", or "[env: NAME]" for hidden values (REDIS_AUTH).
+    known = set(re.findall(r"\[env: ([A-Z0-9_]+)[=\]]", help_text))
     assert {"CONFIG_DIR", "REDIS_URL", "LOG_FORMAT"} <= known, help_text
-    for values in [None, ci_values("existing-secret.yaml"), ci_values("redis-embedded.yaml")]:
+    for values in [None, *(yaml.safe_load(p.read_text()) for p in CI_VALUES)]:
         env = env_of(container(server_deployment(render(chart, values))))
         assert set(env) - CHART_ONLY_ENV <= known, set(env) - CHART_ONLY_ENV - known
-    env = env_of(container(server_deployment(render(chart))))
-    assert env["CONFIG_DIR"]["value"] == LIMITS_DIR
-    assert env["GRPC_ADDR"]["value"].endswith(":8081")
-    assert env["METRICS_ADDR"]["value"].endswith(":9090")
-    assert env["LOG_FORMAT"]["value"] in ("text", "json")
-    assert "REDIS_URL" not in env  # no Redis configured: the in-memory store
+    env = values_of(container(server_deployment(render(chart))))
+    assert env["CONFIG_DIR"] == LIMITS_DIR
+    assert env["GRPC_ADDR"].endswith(":8081")
+    assert env["METRICS_ADDR"].endswith(":9090")
+    assert env["LOG_FORMAT"] in ("text", "json")
+    assert not {k for k in env if k.startswith("REDIS_")}  # no Redis configured: the in-memory store
     assert "single replica" in notes(chart)
+    # The new settings' defaults are the binary's own.
+    assert env["FAILURE_MODE"] == "open"
+    assert env["EXPECTED_REPLICAS"] == "1"
+    assert env["LIMIT_RESPONSE_HEADERS_ENABLED"] == "false"
+    assert env["MAX_DETAILED_METRIC_SERIES"] == "10000"
+    assert "GRPC_MAX_CONNECTION_AGE" not in env and not TLS_FILE_ENV & env.keys()
 
 
 def test_defaults_limits_configmap_is_mounted_whole_and_loads(chart, tmp_path):
@@ -262,7 +318,8 @@ def test_checksum_annotation_only_without_hot_reload(chart):
 # --- ci/*.yaml cases -------------------------------------------------------------
 
 
-def test_existing_secret_password_via_dependent_env(chart):
+def test_existing_secret_password_via_redis_auth(chart):
+    """With an ACL user: REDIS_AUTH is user:$(REDIS_PASSWORD), the password from the Secret."""
     values = ci_values("existing-secret.yaml")
     objects = render(chart, values)
     c = container(server_deployment(objects))
@@ -272,15 +329,24 @@ def test_existing_secret_password_via_dependent_env(chart):
     assert ref == {"name": values["redis"]["auth"]["existingSecret"],
                    "key": values["redis"]["auth"]["existingSecretPasswordKey"]}
     # Kubernetes expands $(VAR) only from variables defined earlier in the list.
-    assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")
-    assert env["REDIS_URL"]["value"] == \
-        "redis://ratekeeper:$(REDIS_PASSWORD)@redis-master.data.svc.cluster.local:6379/2"
+    assert names.index("REDIS_PASSWORD") < names.index("REDIS_AUTH")
+    assert env["REDIS_AUTH"]["value"] == "ratekeeper:$(REDIS_PASSWORD)"
+    # The URL carries no credentials any more.
+    assert env["REDIS_URL"]["value"] == "redis://redis-master.data.svc.cluster.local:6379/2"
+    assert env["REDIS_TYPE"]["value"] == "single"
     assert env["REDIS_POOL_SIZE"]["value"] == "8"
     assert env["REDIS_TIMEOUT_MS"]["value"] == "50"
     assert env["REDIS_CONNECT_TIMEOUT_MS"]["value"] == "2000"
     assert env["CACHE_KEY_PREFIX"]["value"] == "prod:rk:"
     assert not find(objects, "Secret"), "the chart must not create or copy the Secret"
     assert server_deployment(objects)["spec"]["replicas"] == 3
+    assert env["EXPECTED_REPLICAS"]["value"] == "3"  # replicaCount
+
+    # Without a username the Secret's value is REDIS_AUTH itself.
+    values["redis"]["auth"]["username"] = ""
+    env = env_of(container(server_deployment(render(chart, values))))
+    assert env["REDIS_AUTH"]["valueFrom"]["secretKeyRef"] == ref
+    assert "REDIS_PASSWORD" not in env and "value" not in env["REDIS_AUTH"]
 
 
 def test_redis_embedded(chart):
@@ -290,7 +356,8 @@ def test_redis_embedded(chart):
     redis_svc = one(objects, "Service", redis_name)
     env = env_of(container(server_deployment(objects)))
     assert env["REDIS_URL"]["value"] == f"redis://{redis_name}:6379"
-    assert "REDIS_PASSWORD" not in env
+    assert env["REDIS_TYPE"]["value"] == "single"
+    assert "REDIS_PASSWORD" not in env and "REDIS_AUTH" not in env and "REDIS_TLS" not in env
     assert redis["spec"]["replicas"] == 1
     redis_pod_labels = redis["spec"]["template"]["metadata"]["labels"]
     assert redis_svc["spec"]["selector"].items() <= redis_pod_labels.items()
@@ -343,6 +410,8 @@ def test_hpa_pdb_netpol_servicemonitor(chart):
 
     annotations = deploy["spec"]["template"]["metadata"]["annotations"]
     assert annotations["example.com/team"] == "edge" and "checksum/config" in annotations
+    # failureMode local with the HPA: each pod's share is limit / maxReplicas.
+    assert values_of(container(deploy))["EXPECTED_REPLICAS"] == "12"
 
 
 def test_existing_configmap(chart):
@@ -359,20 +428,299 @@ def test_existing_configmap(chart):
     assert not find(objects, "ServiceAccount")
 
 
+def test_redis_cluster(chart):
+    values = ci_values("redis-cluster.yaml")
+    objects = render(chart, values)
+    deploy = server_deployment(objects)
+    c = container(deploy)
+    env = env_of(c)
+    assert env["REDIS_TYPE"]["value"] == "cluster"
+    assert env["REDIS_URL"]["value"] == values["redis"]["url"]
+    assert len(env["REDIS_URL"]["value"].split(",")) == 3
+    assert env["REDIS_AUTH"]["valueFrom"]["secretKeyRef"] == {"name": "redis-cluster", "key": "redis-password"}
+    assert "REDIS_PASSWORD" not in env and "REDIS_TLS" not in env
+    assert env["FAILURE_MODE"]["value"] == "local"
+    assert env["EXPECTED_REPLICAS"]["value"] == "9"  # autoscaling.maxReplicas
+    assert env["GRPC_MAX_CONNECTION_AGE"]["value"] == "1h"
+    assert "replicas" not in deploy["spec"]
+    assert "cluster" in notes(chart, values)
+    # An explicit expectedReplicas wins over the HPA's maximum.
+    env = values_of(container(server_deployment(render(chart, {**values, "expectedReplicas": 4}))))
+    assert env["EXPECTED_REPLICAS"] == "4"
+
+
+def test_redis_sentinel(chart):
+    values = ci_values("redis-sentinel.yaml")
+    c = container(server_deployment(render(chart, values)))
+    env = env_of(c)
+    names = [e["name"] for e in c["env"]]
+    assert env["REDIS_TYPE"]["value"] == "sentinel"
+    # mastername,sentinel,sentinel,...
+    assert env["REDIS_URL"]["value"] == "mymaster," + values["redis"]["url"]
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "redis-sentinel-auth", "key": "password"}
+    assert env["REDIS_AUTH"]["value"] == "ratekeeper:$(REDIS_PASSWORD)"
+    assert names.index("REDIS_PASSWORD") < names.index("REDIS_AUTH")
+    text = notes(chart, values)
+    assert "sentinel" in text and "master mymaster" in text
+
+
+def test_redis_tls(chart):
+    values = ci_values("redis-tls.yaml")
+    deploy = server_deployment(render(chart, values))
+    c = container(deploy)
+    env = env_of(c)
+    assert env["REDIS_TLS"]["value"] == "true"
+    assert env["REDIS_URL"]["value"] == "redis-tls.data.svc.cluster.local:6380"  # host:port: fine now
+    assert env["REDIS_AUTH"]["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "redis-password"}
+    m = mount(c, "redis-tls")
+    assert m["readOnly"] is True and "subPath" not in m
+    secret = volume(deploy, "redis-tls")["secret"]
+    assert secret["secretName"] == "ratekeeper-redis-client-tls"
+    assert {i["key"]: i["path"] for i in secret["items"]} == {"ca.crt": "ca.crt", "tls.crt": "tls.crt",
+                                                            "tls.key": "tls.key"}
+    d = m["mountPath"]
+    assert (env["REDIS_TLS_CACERT"]["value"], env["REDIS_TLS_CLIENT_CERT"]["value"],
+            env["REDIS_TLS_CLIENT_KEY"]["value"]) == (f"{d}/ca.crt", f"{d}/tls.crt", f"{d}/tls.key")
+    # gRPC stays plaintext with native grpc probes.
+    assert c["livenessProbe"]["grpc"] == {"port": 8081, "service": "liveness"}
+    assert "TLS to Redis" in notes(chart, values)
+
+    # The client certificate is optional: the CA alone...
+    values["redis"]["tls"]["clientCert"] = False
+    deploy = server_deployment(render(chart, values))
+    env = values_of(container(deploy))
+    assert "REDIS_TLS_CACERT" in env and not {"REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"} & env.keys()
+    assert [i["key"] for i in volume(deploy, "redis-tls")["secret"]["items"]] == ["ca.crt"]
+    # ...or no Secret at all: the system roots, nothing mounted.
+    values["redis"]["tls"]["existingSecret"] = ""
+    deploy = server_deployment(render(chart, values))
+    env = values_of(container(deploy))
+    assert env["REDIS_TLS"] == "true" and not TLS_FILE_ENV & env.keys()
+    assert [v["name"] for v in deploy["spec"]["template"]["spec"]["volumes"]] == ["limits"]
+
+
+def test_grpc_tls(chart):
+    values = ci_values("grpc-tls.yaml")
+    deploy = server_deployment(render(chart, values))
+    c = container(deploy)
+    env = values_of(c)
+    m = mount(c, "grpc-tls")
+    assert m["readOnly"] is True and "subPath" not in m, "a subPath mount never sees a renewed certificate"
+    secret = volume(deploy, "grpc-tls")["secret"]
+    assert secret["secretName"] == "ratekeeper-grpc-tls"
+    assert {i["key"] for i in secret["items"]} == {"tls.crt", "tls.key", "ca.crt"}
+    d = m["mountPath"]
+    assert (env["GRPC_TLS_CERT"], env["GRPC_TLS_KEY"], env["GRPC_TLS_CLIENT_CA"]) == \
+        (f"{d}/tls.crt", f"{d}/tls.key", f"{d}/ca.crt")
+    assert env["LIMIT_RESPONSE_HEADERS_ENABLED"] == "true"
+    # Kubernetes' grpc probe cannot speak TLS: both probes check the port.
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["tcpSocket"] == {"port": 8081}, probe
+        assert "grpc" not in c[probe]
+        assert c[probe]["periodSeconds"]  # the timings still apply
+    text = notes(chart, values)
+    assert "-plaintext" not in text and "-cacert" in text and "-cert client.crt" in text
+
+    # Server TLS only: no client CA, no ca.crt mounted.
+    values["grpcTls"]["clientCA"] = False
+    deploy = server_deployment(render(chart, values))
+    assert "GRPC_TLS_CLIENT_CA" not in values_of(container(deploy))
+    assert {i["key"] for i in volume(deploy, "grpc-tls")["secret"]["items"]} == {"tls.crt", "tls.key"}
+
+
+def test_failure_mode_closed(chart):
+    values = ci_values("failure-mode-closed.yaml")
+    c = container(server_deployment(render(chart, values)))
+    env = values_of(c)
+    assert env["FAILURE_MODE"] == "closed"
+    assert env["LIMIT_RESPONSE_HEADERS_ENABLED"] == "true"
+    assert env["MAX_DETAILED_METRIC_SERIES"] == "2000"
+    assert env["EXPECTED_REPLICAS"] == "3"
+    # A rediss:// URL turns TLS on (system roots, nothing mounted).
+    assert env["REDIS_TLS"] == "true" and env["REDIS_URL"] == "rediss://redis.data.svc:6380/1"
+    assert not TLS_FILE_ENV & env.keys()
+    # Readiness asks for "", which turns NOT_SERVING during an outage when failing closed.
+    assert c["readinessProbe"]["grpc"] == {"port": 8081, "service": ""}
+    assert c["livenessProbe"]["grpc"] == {"port": 8081, "service": "liveness"}
+    assert "failureMode closed" in notes(chart, values)
+
+
+def test_large_numbers_render_as_integers(chart):
+    """Helm hands numbers to templates as floats: 1000000 must not become 1e+06."""
+    values = {"maxDetailedMetricSeries": 1000000, "expectedReplicas": 2000000,
+              "redis": {"url": "redis://r:6379", "connectTimeoutMs": 3000000}}
+    env = values_of(container(server_deployment(render(chart, values))))
+    assert env["MAX_DETAILED_METRIC_SERIES"] == "1000000"
+    assert env["EXPECTED_REPLICAS"] == "2000000"
+    assert env["REDIS_CONNECT_TIMEOUT_MS"] == "3000000"
+
+
+# --- the rendered pod runs: the real binary with the rendered environment ------
+
+
+def openssl(cwd: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict[str, Path]:
+    """A throwaway CA and one certificate it signed (for 127.0.0.1), as a Secret's keys."""
+    d = tmp_path_factory.mktemp("certs")
+    openssl(d, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+            "-days", "1", "-subj", "/CN=ca")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl(d, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=rk")
+    openssl(d, "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "tls.crt", "-days", "1", "-extfile", "ext.cnf")
+    return {name: d / name for name in ("ca.crt", "tls.crt", "tls.key")}
+
+
+SECRET_VALUE = "s3cret"
+
+
+def pod_environment(objects, root: Path, certs) -> dict[str, str]:
+    """The server container's environment as the kubelet builds it, with its volumes
+    laid out under root: ConfigMap data as files, Secret items from `certs`, every
+    secretKeyRef as SECRET_VALUE, $(VAR) expanded from variables defined earlier."""
+    deploy = server_deployment(objects)
+    c = container(deploy)
+    moved = {}
+    for m in c["volumeMounts"]:
+        src = volume(deploy, m["name"])
+        target = root / m["mountPath"].lstrip("/")
+        target.mkdir(parents=True)
+        moved[m["mountPath"]] = target
+        if "configMap" in src:
+            found = find(objects, "ConfigMap", src["configMap"]["name"])
+            data = found[0]["data"] if found else {"outside.yaml": "domain: outside\n"}  # existingConfigMap
+            for name, content in data.items():
+                (target / name).write_text(content)
+        else:
+            for item in src["secret"]["items"]:
+                (target / item["path"]).write_bytes(certs[item["key"]].read_bytes())
+    env: dict[str, str] = {}
+    for e in c["env"]:
+        if "valueFrom" in e:
+            assert set(e["valueFrom"]) == {"secretKeyRef"}, e
+            env[e["name"]] = SECRET_VALUE
+            continue
+        value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), e["value"])
+        if value.startswith("/"):
+            for mount_path, target in moved.items():
+                if value == mount_path or value.startswith(mount_path + "/"):
+                    value = str(target) + value[len(mount_path):]
+        env[e["name"]] = value
+    assert "$(" not in "".join(env.values()), env
+    env["GRPC_ADDR"] = env["METRICS_ADDR"] = "127.0.0.1:0"
+    return env
+
+
+@contextlib.contextmanager
+def run_with_env(env: dict[str, str], log_path: Path):
+    """ratekeeper with exactly this environment; yields (grpc address, log reader)."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([str(ratekeeper_bin())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=log, env={"PATH": os.environ.get("PATH", ""), **env},
+                                   preexec_fn=_die_with_parent)
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(raw.decode(errors="replace").strip())
+                                         for raw in process.stdout], daemon=True).start()
+        try:
+            first = lines.get(timeout=STARTUP_TIMEOUT_S)
+        except queue.Empty:
+            first = ""
+        match = LISTENING.match(first)
+        if not match:
+            pytest.fail(f"ratekeeper refused the rendered environment (exit {process.poll()}):\n"
+                        f"{log_path.read_text(errors='replace')}")
+        yield match[1]
+    finally:
+        stop(process)
+
+
+def health(channel, service: str) -> str:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+@pytest.mark.parametrize("values_file", [None, *CI_VALUES], ids=lambda p: p.name if p else "defaults")
+def test_rendered_pod_starts_and_answers_its_probes(chart, values_file, certs, tmp_path):
+    """The binary accepts every rendered setting (names, formats, file paths) and
+    answers the rendered probes the way the kubelet would ask them."""
+    values = yaml.safe_load(values_file.read_text()) if values_file else None
+    objects = render(chart, values)
+    c = container(server_deployment(objects))
+    env = pod_environment(objects, tmp_path / "pod", certs)
+    if "REDIS_AUTH" in env:
+        assert env["REDIS_AUTH"] in (SECRET_VALUE, f"ratekeeper:{SECRET_VALUE}")
+    tls = "GRPC_TLS_CERT" in env
+    with run_with_env(env, tmp_path / "ratekeeper.log") as addr:
+        if tls:
+            # What the tcpSocket probes do (the container's 8081 is this address)...
+            for probe in ("livenessProbe", "readinessProbe"):
+                assert c[probe]["tcpSocket"] == {"port": 8081}, probe
+                socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=5).close()
+            # ...and a client of the mounted CA (with a client certificate for mTLS) is served.
+            client = (certs["tls.key"].read_bytes(), certs["tls.crt"].read_bytes()) \
+                if "GRPC_TLS_CLIENT_CA" in env else (None, None)
+            creds = grpc.ssl_channel_credentials(certs["ca.crt"].read_bytes(), *client)
+            with grpc.secure_channel(addr, creds) as channel:
+                assert health(channel, "liveness") == "SERVING"
+            # A plaintext grpc probe could not have worked.
+            with grpc.insecure_channel(addr) as channel, pytest.raises(grpc.RpcError):
+                health(channel, "liveness")
+        else:
+            with grpc.insecure_channel(addr) as channel:
+                assert health(channel, c["livenessProbe"]["grpc"]["service"]) == "SERVING"
+                ready = health(channel, c["readinessProbe"]["grpc"]["service"])
+            # No Redis is reachable here: ready only with the in-memory store.
+            assert ready == ("NOT_SERVING" if "REDIS_URL" in env else "SERVING"), ready
+
+
 # --- bad values fail at install time ------------------------------------------
 
 BAD_VALUES = {
     "replicaCount-string": {"replicaCount": "x"},
     "unknown-top-level-key": {"replicas": 2},
-    "redis-mode-not-implemented": {"redis": {"mode": "cluster"}},
+    "redis-mode-unknown": {"redis": {"mode": "galaxy", "url": "redis://r:6379"}},
+    "redis-mode-standalone-case": {"redis": {"mode": "Standalone"}},
     "log-format": {"log": {"format": "xml"}},
     "redis-url-with-password": {"redis": {"url": "redis://:hunter2@redis:6379"}},
-    "redis-url-not-a-url": {"redis": {"url": "redis:6379"}},
+    "redis-url-other-scheme": {"redis": {"url": "http://redis:6379"}},
+    "redis-url-a-list-in-standalone": {"redis": {"url": "r1:6379,r2:6379"}},
     "unknown-nested-key": {"redis": {"embedded": {"enable": True}}},
     "limits-file-name": {"limits": {"api.json": "domain: x\n"}},
     "probe-unknown-key": {"livenessProbe": {"httpGet": {"path": "/"}}},
     "service-port-range": {"service": {"grpcPort": 70000}},
     "pdb-int-or-percent": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": "half"}},
+    # cluster and sentinel
+    "cluster-without-url": {"redis": {"mode": "cluster"}},
+    "cluster-with-embedded-redis": {"redis": {"mode": "cluster", "embedded": {"enabled": True}}},
+    "cluster-url-with-scheme": {"redis": {"mode": "cluster", "url": "redis://r1:6379,redis://r2:6379"}},
+    "cluster-url-without-port": {"redis": {"mode": "cluster", "url": "r1,r2"}},
+    "cluster-url-with-password": {"redis": {"mode": "cluster", "url": "r1:6379,:pw@r2:6379"}},
+    "sentinel-without-master-name": {"redis": {"mode": "sentinel", "url": "s1:26379,s2:26379"}},
+    "sentinel-without-url": {"redis": {"mode": "sentinel", "sentinel": {"masterName": "m"}}},
+    "sentinel-master-name-in-url": {"redis": {"mode": "sentinel", "url": "mymaster,s1:26379",
+                                              "sentinel": {"masterName": "mymaster"}}},
+    "sentinel-unknown-key": {"redis": {"sentinel": {"master": "m"}}},
+    "auth-username-colon": {"redis": {"auth": {"username": "a:b"}}},
+    # TLS
+    "redis-tls-enabled-string": {"redis": {"tls": {"enabled": "yes"}}},
+    "redis-tls-unknown-key": {"redis": {"tls": {"ca": "ca.crt"}}},
+    "grpc-tls-client-ca-string": {"grpcTls": {"clientCA": "ca.crt"}},
+    "grpc-tls-unknown-key": {"grpcTls": {"enabled": True}},
+    # failure mode and the other settings
+    "failure-mode-unknown": {"failureMode": "sometimes"},
+    "failure-mode-case": {"failureMode": "Open"},
+    "expected-replicas-zero": {"expectedReplicas": 0},
+    "expected-replicas-string": {"expectedReplicas": "3"},
+    "response-headers-string": {"responseHeaders": "true"},
+    "max-connection-age-no-unit": {"maxConnectionAge": "3600"},
+    "max-connection-age-zero": {"maxConnectionAge": "0s"},
+    "max-connection-age-words": {"maxConnectionAge": "1 hour"},
+    "max-detailed-series-negative": {"maxDetailedMetricSeries": -1},
 }
 
 
@@ -392,6 +740,15 @@ BAD_COMBINATIONS = {
     "url-and-embedded": ({"redis": {"url": "redis://r:6379", "embedded": {"enabled": True}}}, "exclusive"),
     "secret-without-redis": ({"redis": {"auth": {"existingSecret": "s"}}}, "needs a Redis"),
     "pdb-both": ({"podDisruptionBudget": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}}, "exactly one"),
+    "redis-tls-without-redis": ({"redis": {"tls": {"enabled": True}}}, "needs a Redis"),
+    "redis-tls-embedded": ({"redis": {"embedded": {"enabled": True}, "tls": {"enabled": True}}}, "no TLS"),
+    "redis-tls-secret-not-enabled": ({"redis": {"url": "redis://r:6379", "tls": {"existingSecret": "t"}}},
+                                     "redis.tls.enabled"),
+    "redis-tls-secret-unused": ({"redis": {"url": "r:6379", "tls": {"enabled": True, "existingSecret": "t",
+                                                                    "caCert": False}}}, "unused"),
+    "sentinel-tls-secret": ({"redis": {"mode": "sentinel", "url": "s1:26379", "sentinel": {"masterName": "m"},
+                                       "tls": {"enabled": True, "existingSecret": "t"}}}, "system roots"),
+    "grpc-client-ca-without-secret": ({"grpcTls": {"clientCA": True}}, "grpcTls.existingSecret"),
 }
 
 
@@ -408,6 +765,7 @@ def test_chart_metadata(chart):
     assert meta["appVersion"] == "0.1.0"
     schema = chart.schema
     assert schema["additionalProperties"] is False
-    assert schema["properties"]["redis"]["properties"]["mode"]["enum"] == ["standalone"]
+    assert schema["properties"]["redis"]["properties"]["mode"]["enum"] == ["standalone", "cluster", "sentinel"]
+    assert schema["properties"]["failureMode"]["enum"] == ["open", "closed", "unavailable", "local"]
     # values.yaml's top-level keys are exactly the schema's (global aside).
     assert set(chart.values) == set(schema["properties"]) - {"global"}

@@ -76,8 +76,8 @@ app.kubernetes.io/component: redis
 {{- end }}
 
 {{/*
-The Redis URL without credentials: redis.url, else the embedded Redis' Service,
-else empty (the in-memory store).
+The Redis address as configured (never with credentials): redis.url, else the
+embedded Redis' Service, else empty (the in-memory store).
 */}}
 {{- define "ratekeeper.redisBaseUrl" -}}
 {{- if .Values.redis.url }}
@@ -88,34 +88,83 @@ else empty (the in-memory store).
 {{- end }}
 
 {{/*
-REDIS_URL as the container sees it. With auth.existingSecret the password goes
-in as $(REDIS_PASSWORD), which Kubernetes expands from the REDIS_PASSWORD env
-var defined before it: redis://[username]:$(REDIS_PASSWORD)@host:port[/db].
+REDIS_URL as the binary reads it: the address, prefixed with the master's name
+for sentinel (mastername,host:port,...). Credentials go in REDIS_AUTH, never here.
 */}}
 {{- define "ratekeeper.redisUrl" -}}
 {{- $base := include "ratekeeper.redisBaseUrl" . }}
-{{- if and $base .Values.redis.auth.existingSecret }}
-{{- $u := urlParse $base }}
-{{- printf "%s://%s:$(REDIS_PASSWORD)@%s%s" $u.scheme .Values.redis.auth.username $u.host $u.path }}
+{{- if and $base (eq .Values.redis.mode "sentinel") }}
+{{- printf "%s,%s" .Values.redis.sentinel.masterName $base }}
 {{- else }}
 {{- $base }}
+{{- end }}
+{{- end }}
+
+{{/* REDIS_TYPE: the chart's mode names mapped to the binary's. */}}
+{{- define "ratekeeper.redisType" -}}
+{{- get (dict "standalone" "single" "cluster" "cluster" "sentinel" "sentinel") .Values.redis.mode }}
+{{- end }}
+
+{{/* "true" when ratekeeper talks TLS to Redis (redis.tls.enabled or a rediss:// URL), else empty. */}}
+{{- define "ratekeeper.redisTls" -}}
+{{- if and (include "ratekeeper.redisBaseUrl" .) (or .Values.redis.tls.enabled (hasPrefix "rediss://" .Values.redis.url)) }}true{{ end }}
+{{- end }}
+
+{{/* Where the Secret volumes are mounted. */}}
+{{- define "ratekeeper.redisTlsDir" -}}/etc/ratekeeper/redis-tls{{- end }}
+{{- define "ratekeeper.grpcTlsDir" -}}/etc/ratekeeper/grpc-tls{{- end }}
+
+{{/*
+EXPECTED_REPLICAS: expectedReplicas, else autoscaling.maxReplicas with the HPA
+(all pods together never exceed a limit in failure mode local), else replicaCount.
+*/}}
+{{- define "ratekeeper.expectedReplicas" -}}
+{{- if not (kindIs "invalid" .Values.expectedReplicas) }}
+{{- .Values.expectedReplicas | int64 }}
+{{- else if .Values.autoscaling.enabled }}
+{{- .Values.autoscaling.maxReplicas | int64 }}
+{{- else }}
+{{- max 1 (int .Values.replicaCount) }}
 {{- end }}
 {{- end }}
 
 {{/* Refuses combinations the schema cannot express. */}}
 {{- define "ratekeeper.validate" -}}
 {{- $shared := include "ratekeeper.redisBaseUrl" . }}
-{{- if and .Values.redis.url .Values.redis.embedded.enabled }}
+{{- $redis := .Values.redis }}
+{{- if and $redis.url $redis.embedded.enabled }}
 {{- fail "redis.url and redis.embedded.enabled are exclusive: the embedded Redis is only for when no Redis URL is given" }}
 {{- end }}
 {{- if and (not $shared) (or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1)) }}
 {{- fail "more than one replica (replicaCount > 1 or autoscaling.enabled) needs a shared Redis: set redis.url or redis.embedded.enabled, otherwise every replica counts on its own" }}
 {{- end }}
-{{- if and .Values.redis.auth.existingSecret (not $shared) }}
+{{- if and $redis.auth.existingSecret (not $shared) }}
 {{- fail "redis.auth.existingSecret needs a Redis: set redis.url or redis.embedded.enabled" }}
 {{- end }}
-{{- if and .Values.redis.url (regexMatch "^redis://[^/]*@" .Values.redis.url) }}
+{{- /* The schema refuses it too; this holds with --skip-schema-validation. */}}
+{{- if contains "@" $redis.url }}
 {{- fail "redis.url must not carry credentials: put the password in a Secret and name it in redis.auth.existingSecret" }}
+{{- end }}
+{{- if or $redis.tls.enabled $redis.tls.existingSecret }}
+{{- if $redis.embedded.enabled }}
+{{- fail "redis.tls: the embedded Redis serves no TLS; use redis.url for a Redis with TLS" }}
+{{- else if not $shared }}
+{{- fail "redis.tls needs a Redis: set redis.url" }}
+{{- end }}
+{{- end }}
+{{- if $redis.tls.existingSecret }}
+{{- if not (include "ratekeeper.redisTls" .) }}
+{{- fail "redis.tls.existingSecret needs redis.tls.enabled (or a rediss:// redis.url)" }}
+{{- end }}
+{{- if not (or $redis.tls.caCert $redis.tls.clientCert) }}
+{{- fail "redis.tls.existingSecret is unused: set redis.tls.caCert and/or redis.tls.clientCert" }}
+{{- end }}
+{{- if eq $redis.mode "sentinel" }}
+{{- fail "redis.mode sentinel: TLS with the system roots only (ratekeeper supports no custom CA nor client certificate there): leave redis.tls.existingSecret empty" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.grpcTls.clientCA (not .Values.grpcTls.existingSecret) }}
+{{- fail "grpcTls.clientCA needs grpcTls.existingSecret (its ca.crt)" }}
 {{- end }}
 {{- if .Values.podDisruptionBudget.enabled }}
 {{- $min := not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable) }}
