@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# `make bench`: measures ratekeeper on this machine and writes BENCHMARKS.md.
+#
+# Builds the release binaries, starts its own redis-server and ratekeeper
+# processes (in-memory and Redis stores) on free loopback ports with the
+# limits in bench/limits/, and runs every scenario BENCH_RUNS times, in
+# rounds (each round runs every scenario once, so ratios are taken within a
+# round), plus redis-benchmark running the limiter script alone by EVALSHA as
+# the Redis ceiling, a resident-memory measurement and a sweep check.
+# Results (one JSON object per run) go to target/bench/results.jsonl; the
+# report is made from them by bench/report.py.
+#
+# Settings (environment):
+#   BENCH_SECONDS=5        measured seconds per run (plus BENCH_WARMUP=1)
+#   BENCH_RUNS=3           rounds; the report gives medians
+#   BENCH_CONCURRENCY=256  requests in flight (closed loop; most in flight, open loop)
+#   BENCH_CONNECTIONS=4    HTTP/2 connections from the generator
+#   BENCH_THREADS=2        generator threads
+#   BENCH_REDIS_POOL=4     ratekeeper's --redis-pool-size
+#   BENCH_MEMORY_KEYS=1000000   distinct keys for the resident-size check
+#   BENCH_SWEEP_SECONDS=60 BENCH_SWEEP_RATE=20000   the sweep check
+#   BENCH_PERF=auto        profile ratekeeper with perf (auto|0|1)
+#   BENCH_OUT=BENCHMARKS.md
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SECS=${BENCH_SECONDS:-5}
+WARMUP=${BENCH_WARMUP:-1}
+RUNS=${BENCH_RUNS:-3}
+CONC=${BENCH_CONCURRENCY:-256}
+CONNS=${BENCH_CONNECTIONS:-4}
+THREADS=${BENCH_THREADS:-2}
+POOL=${BENCH_REDIS_POOL:-4}
+MEMORY_KEYS=${BENCH_MEMORY_KEYS:-1000000}
+SWEEP_SECONDS=${BENCH_SWEEP_SECONDS:-60}
+SWEEP_RATE=${BENCH_SWEEP_RATE:-20000}
+PERF=${BENCH_PERF:-auto}
+OUT=${BENCH_OUT:-BENCHMARKS.md}
+LIMITS=$ROOT/bench/limits
+RK=$ROOT/target/release/ratekeeper
+GEN=$ROOT/target/release/ratekeeper-bench
+RESULTS_DIR=$ROOT/target/bench
+RESULTS=$RESULTS_DIR/results.jsonl
+LUA_FILES=(lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua lua/sliding_log.lua lua/gcra.lua lua/batch.lua)
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- processes: every one we start is stopped by PID on exit -------------
+PIDS=()
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ratekeeper-bench.XXXXXX")
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+forget() { # PID: a process of ours that has exited and been waited for
+    local pid keep=()
+    for pid in "${PIDS[@]}"; do
+        [ "$pid" = "$1" ] || keep+=("$pid")
+    done
+    PIDS=("${keep[@]}")
+}
+
+stop() { # PID: stops one process we started
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    forget "$1"
+}
+
+# --- tools ----------------------------------------------------------------
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+    log "installing redis-server and redis-tools"
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+command -v python3 >/dev/null || die "python3 is needed to write the report"
+
+# How busy the machine is with other work before we start (shared machine).
+cpu_busy_percent() {
+    local a b
+    a=$(head -n 1 /proc/stat)
+    sleep 2
+    b=$(head -n 1 /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN {
+        split(a, x); split(b, y); total = 0; idle = 0
+        for (i = 2; i <= 9; i++) total += y[i] - x[i]
+        idle = (y[5] - x[5]) + (y[6] - x[6])
+        busy = 0
+        if (total > 0) busy = 100 * (total - idle) / total
+        printf "%.0f", busy }'
+}
+BENCH_BACKGROUND_BUSY=$(cpu_busy_percent)
+export BENCH_BACKGROUND_BUSY
+log "machine busy with other work: ${BENCH_BACKGROUND_BUSY}% of $(nproc) cores"
+
+log "building release binaries"
+cargo build --release --quiet --bin ratekeeper --bin ratekeeper-bench
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+cpu_ticks() { # PID -> user + system clock ticks so far
+    awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+
+rss_kib() { # PID -> resident set size in KiB
+    awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"
+}
+
+# --- Redis -------------------------------------------------------------------
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --daemonize no --logfile "$WORK/redis.log" &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+for _ in $(seq 50); do
+    rcli PING >/dev/null 2>&1 && break
+    sleep 0.1
+done
+rcli PING >/dev/null || die "redis-server did not start (see its log)"
+SHA=$(cat "${LUA_FILES[@]}" | rcli -x SCRIPT LOAD)
+log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA"
+
+# --- ratekeeper --------------------------------------------------------------
+# start_ratekeeper NAME [flags...]: sets NAME_PID and NAME_ADDR.
+start_ratekeeper() {
+    local name=$1 addr="" pid
+    shift
+    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr off \
+        --log-level warn "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 100); do
+        addr=$(sed -n 's/^listening grpc=\([^ ]*\).*/\1/p' "$WORK/$name.out")
+        [ -n "$addr" ] && break
+        kill -0 "$pid" 2>/dev/null || { cat "$WORK/$name.err" >&2; die "ratekeeper ($name) exited"; }
+        sleep 0.1
+    done
+    [ -n "$addr" ] || die "ratekeeper ($name) did not print its address"
+    printf -v "${name}_PID" '%s' "$pid"
+    printf -v "${name}_ADDR" '%s' "$addr"
+    [ -n "${QUIET_START:-}" ] || log "ratekeeper ($name) pid $pid on $addr"
+}
+
+start_ratekeeper mem
+start_ratekeeper red --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+    --redis-pool-size "$POOL" --redis-timeout-ms 1000
+mkdir -p "$RESULTS_DIR"
+: >"$RESULTS"
+
+# fresh_store STORE(mem|red): every run starts from an empty store — Redis
+# is flushed, the in-memory ratekeeper restarted.
+fresh_store() {
+    if [ "$1" = red ]; then
+        rcli FLUSHALL >/dev/null
+    else
+        stop "$mem_PID"
+        QUIET_START=1 start_ratekeeper mem
+    fi
+}
+
+# run_scenario ROUND NAME STORE(mem|red) GENERATOR-FLAGS...: one run, one
+# JSON line in $RESULTS with the generator's line and the CPU the server
+# and Redis used during it.
+run_scenario() {
+    local round=$1 name=$2 store=$3
+    shift 3
+    fresh_store "$store"
+    local pid_var="${store}_PID" addr_var="${store}_ADDR"
+    local pid=${!pid_var} addr=${!addr_var}
+    local rk0 rd0 rk1 rd1 line
+    rk0=$(cpu_ticks "$pid")
+    rd0=$(cpu_ticks "$REDIS_PID")
+    line=$("$GEN" --addr "$addr" --duration "$SECS" --warmup "$WARMUP" \
+        --concurrency "$CONC" --connections "$CONNS" --threads "$THREADS" \
+        --label "$name" "$@" 2>>"$WORK/gen.err" | tail -n 1)
+    rk1=$(cpu_ticks "$pid")
+    rd1=$(cpu_ticks "$REDIS_PID")
+    case $line in
+        "{"*) ;;
+        *) tail -n 5 "$WORK/gen.err" >&2; die "generator failed in $name" ;;
+    esac
+    printf '{"kind":"scenario","round":%s,"name":"%s","store":"%s","server_cpu_ticks":%s,"redis_cpu_ticks":%s,"gen":%s}\n' \
+        "$round" "$name" "$store" "$((rk1 - rk0))" "$((rd1 - rd0))" "$line" >>"$RESULTS"
+    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("  %-16s %8.0f req/s  p50 %5d us  p99 %6d us  ok %d over %d err %d" % (sys.argv[2], d["rps"], d["p50_us"], d["p99_us"], d["ok"], d["over_limit"], d["errors"]))' "$line" "$name" >&2
+}
+
+# redis_ceiling ROUND PIPELINE REQUESTS: redis-benchmark, the limiter script
+# alone (fixed window, one key of 1M, as ratekeeper sends it).
+redis_ceiling() {
+    local round=$1 pipeline=$2 n=$3 rps
+    rcli FLUSHALL >/dev/null
+    rps=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 50 -n "$n" -r 1000000 \
+        -P "$pipeline" --csv EVALSHA "$SHA" 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' \
+        '' 1 fw 1000000000 3600000 0 1 1 | awk -F'"' 'NR == 2 { print $4 }')
+    [ -n "$rps" ] || die "redis-benchmark gave no result"
+    printf '{"kind":"redis-benchmark","round":%s,"pipeline":%s,"clients":50,"requests":%s,"rps":%s}\n' \
+        "$round" "$pipeline" "$n" "$rps" >>"$RESULTS"
+    log "  redis-benchmark EVALSHA -c 50 -P $pipeline: $rps req/s"
+}
+
+json_field() { # JSON FIELD
+    python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"
+}
+
+rps_of() { # ROUND NAME -> that run's req/s
+    python3 - "$RESULTS" "$1" "$2" <<'PY'
+import json, sys
+path, round_, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for line in open(path):
+    d = json.loads(line)
+    if d.get("kind") == "scenario" and d["round"] == round_ and d["name"] == name:
+        print(int(d["gen"]["rps"]))
+PY
+}
+
+# --- throughput rounds -------------------------------------------------------
+for round in $(seq "$RUNS"); do
+    log "round $round of $RUNS (${SECS}s + ${WARMUP}s warm-up per run)"
+    run_scenario "$round" memory mem --domain bench_fw --keys distinct
+    run_scenario "$round" memory_hot mem --domain bench_fw --keys hot
+    run_scenario "$round" memory_5desc mem --domain bench_fw --keys distinct --descriptors 5
+    run_scenario "$round" redis red --domain bench_fw --keys distinct
+    run_scenario "$round" redis_hot red --domain bench_fw --keys hot
+    run_scenario "$round" redis_5desc red --domain bench_fw --keys distinct --descriptors 5
+    for algorithm in sw sl tb lb; do
+        run_scenario "$round" "redis_$algorithm" red --domain "bench_$algorithm" --keys distinct
+    done
+    # Open loop at a quarter and half of this round's closed-loop peak.
+    peak=$(rps_of "$round" redis)
+    run_scenario "$round" redis_open_quarter red --domain bench_fw --keys distinct --rate $((peak / 4))
+    run_scenario "$round" redis_open_half red --domain bench_fw --keys distinct --rate $((peak / 2))
+    half=$(($(rps_of "$round" memory) / 2))
+    run_scenario "$round" memory_open_half mem --domain bench_fw --keys distinct --rate "$half"
+    redis_ceiling "$round" 1 $((SECS * 30000))
+    redis_ceiling "$round" 16 $((SECS * 100000))
+done
+
+# --- where the time goes -----------------------------------------------------
+if [ "$PERF" = auto ]; then
+    if command -v perf >/dev/null && perf record -q -o "$WORK/probe.data" -- true >/dev/null 2>&1; then
+        PERF=1
+    else
+        PERF=0
+        log "perf not available: no profile"
+    fi
+fi
+if [ "$PERF" = 1 ]; then
+    for store in mem red; do
+        fresh_store "$store"
+        pid_var="${store}_PID"
+        addr_var="${store}_ADDR"
+        "$GEN" --addr "${!addr_var}" --duration "$SECS" --warmup "$WARMUP" \
+            --concurrency "$CONC" --connections "$CONNS" --threads "$THREADS" \
+            --domain bench_fw --keys distinct >"$WORK/perf-gen.out" 2>&1 &
+        gen_pid=$!
+        PIDS+=("$gen_pid")
+        sleep "$WARMUP"
+        perf record -q -F 999 -g -p "${!pid_var}" -o "$WORK/perf-$store.data" \
+            -- sleep "$SECS" >/dev/null 2>&1 || log "perf record failed ($store)"
+        wait "$gen_pid" || true
+        forget "$gen_pid"
+        perf report -i "$WORK/perf-$store.data" --no-children --sort dso,symbol --stdio \
+            -g none 2>/dev/null | grep '%' | sed 's/ *$//' >"$RESULTS_DIR/perf-$store.txt" || true
+        log "profile of ratekeeper ($store): $RESULTS_DIR/perf-$store.txt"
+    done
+fi
+
+# --- resident size with MEMORY_KEYS live counters ----------------------------
+start_ratekeeper rss
+sleep 1
+before=$(rss_kib "$rss_PID")
+line=$("$GEN" --addr "$rss_ADDR" --requests "$MEMORY_KEYS" --duration 3600 --warmup 0 \
+    --concurrency "$CONC" --connections "$CONNS" --threads "$THREADS" \
+    --domain bench_mem --keys distinct --label memory_rss 2>>"$WORK/gen.err" | tail -n 1)
+sleep 1
+after=$(rss_kib "$rss_PID")
+printf '{"kind":"rss","keys":%s,"before_kib":%s,"after_kib":%s,"gen":%s}\n' \
+    "$MEMORY_KEYS" "$before" "$after" "$line" >>"$RESULTS"
+log "resident size: $before KiB idle, $after KiB after $MEMORY_KEYS distinct keys"
+stop "$rss_PID"
+
+# --- expired counters are swept: RSS under a stream of distinct keys ---------
+start_ratekeeper sweep
+sleep 1
+base=$(rss_kib "$sweep_PID")
+"$GEN" --addr "$sweep_ADDR" --rate "$SWEEP_RATE" --duration "$SWEEP_SECONDS" --warmup 0 \
+    --concurrency "$CONC" --connections "$CONNS" --threads "$THREADS" \
+    --domain bench_short --keys distinct --label sweep >"$WORK/sweep.out" 2>>"$WORK/gen.err" &
+gen_pid=$!
+PIDS+=("$gen_pid")
+samples=""
+for _ in $(seq "$SWEEP_SECONDS"); do
+    sleep 1
+    samples="$samples${samples:+,}$(rss_kib "$sweep_PID")"
+done
+wait "$gen_pid" || die "generator failed in the sweep check"
+forget "$gen_pid"
+line=$(tail -n 1 "$WORK/sweep.out")
+printf '{"kind":"sweep","rate":%s,"seconds":%s,"base_kib":%s,"samples_kib":[%s],"gen":%s}\n' \
+    "$SWEEP_RATE" "$SWEEP_SECONDS" "$base" "$samples" "$line" >>"$RESULTS"
+log "sweep: RSS KiB per second: $samples"
+stop "$sweep_PID"
+
+# --- the report ----------------------------------------------------------------
+export BENCH_SECONDS=$SECS BENCH_WARMUP=$WARMUP BENCH_RUNS=$RUNS BENCH_CONCURRENCY=$CONC \
+    BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS BENCH_REDIS_POOL=$POOL \
+    BENCH_MEMORY_KEYS=$MEMORY_KEYS BENCH_SWEEP_SECONDS=$SWEEP_SECONDS BENCH_SWEEP_RATE=$SWEEP_RATE
+export BENCH_REDIS_VERSION="$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
+export BENCH_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
+python3 bench/report.py "$RESULTS" "$RESULTS_DIR" >"$OUT"
+log "wrote $OUT (raw results: $RESULTS)"
