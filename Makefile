@@ -14,7 +14,7 @@ GRPC_ADDR ?= 0.0.0.0:8081
 METRICS_ADDR ?= 0.0.0.0:9090
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run build test test-rust test-python deps redis-server python-venv lint fmt clean
+.PHONY: run build test test-rust test-python deps redis-server python-venv lint fmt clean bench fuzz
 
 run:
 	$(CARGO) run --release --bin ratekeeper -- \
@@ -28,18 +28,21 @@ test: deps test-rust test-python
 test-rust:
 	$(CARGO) test --all-targets
 
-# The Python compatibility tests drive the debug binary (built as for the
-# Rust integration tests, so `make test` compiles it once).
+# The Python compatibility tests drive the debug binaries (built as for the
+# Rust integration tests, so `make test` compiles them once).
 test-python: python-venv
 	$(CARGO) test --quiet --no-run --test process
+	$(CARGO) build --quiet --example ws_gate
 	RATEKEEPER_BIN=$(CURDIR)/target/debug/ratekeeper $(VENV)/bin/python -m pytest tests/python -q
 
 deps: redis-server python-venv
 
+# redis-server (with redis-cli, for the cluster tests) and openssl (the TLS
+# test makes throwaway certificates).
 redis-server:
-	@command -v redis-server >/dev/null || { \
-		echo "installing redis-server"; \
-		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v openssl >/dev/null || { \
+		echo "installing redis-server redis-tools openssl"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server redis-tools openssl >/dev/null; }
 	@redis-server --version
 
 python-venv: $(VENV)/.installed
@@ -49,9 +52,25 @@ $(VENV)/.installed: tests/python/requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 	touch $@
 
+# Starts its own redis-server and ratekeeper processes on free loopback
+# ports; BENCH_SECONDS (default 5) and the other BENCH_* variables in
+# bench/run.sh tune it.
+bench:
+	bench/run.sh
+
+# The no-panic property tests (limits parser, request path, random bytes on
+# the gRPC port, key injectivity) with many more cases than `make test`.
+FUZZ_CASES ?= 100000
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --release --test robustness --test properties
+
+# Supply chain: licenses, banned crates and sources (deny.toml). cargo-deny
+# is built from crates.io the first time (a few minutes).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	@command -v cargo-deny >/dev/null || $(CARGO) install cargo-deny --locked
+	cargo deny --offline check licenses bans sources
 
 fmt:
 	$(CARGO) fmt --all
