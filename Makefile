@@ -70,7 +70,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	@command -v cargo-deny >/dev/null || $(CARGO) install cargo-deny --locked
-	cargo deny --offline check licenses bans sources
+	cargo deny check licenses bans sources
 
 fmt:
 	$(CARGO) fmt --all

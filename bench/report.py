@@ -30,6 +30,8 @@ SCENARIOS = [
     ("redis_5desc", "Redis store, 5 descriptors per request (one EVALSHA), distinct keys"),
     ("redis_open_quarter", "Redis, **open loop** at a quarter of the round's `redis` peak"),
     ("redis_open_half", "Redis, **open loop** at half of the round's `redis` peak"),
+    ("memory_open_1k", "in-memory, **open loop** at 1,000 req/s: the machine's latency floor"),
+    ("redis_open_1k", "Redis, **open loop** at 1,000 req/s: the machine's latency floor"),
 ]
 ALGORITHMS = [
     ("fixed_window", "redis"),
@@ -204,8 +206,8 @@ def categorize(pct_rows):
     for pct, dso, sym in pct_rows:
         if dso.startswith("[kernel") or dso == "[vdso]":
             g = "kernel (loopback TCP, epoll, scheduler, futex)"
-        elif dso.startswith("libc") and any(a in sym for a in ALLOCATOR):
-            g = "allocator (glibc malloc/free)"
+        elif (dso.startswith("libc") and any(a in sym for a in ALLOCATOR)) or re.match(r"_?mi_", sym):
+            g = "allocator (mimalloc; glibc malloc/free)"
         elif "memmove" in sym or "memcpy" in sym or "memset" in sym or "memcmp" in sym:
             g = "memcpy/memmove/memset"
         elif dso.startswith("libc") or dso.startswith("ld-"):
@@ -362,6 +364,10 @@ def main():
         met = "yes" if op["p99"] <= 1000 else "**no**"
         w(f"| p99 ≤ 1 ms at half of peak, open loop, Redis | p99 {op['p99']} µs at "
           f"{op['rate']:,.0f} req/s | {met} |")
+    floor = res.summary("redis_open_1k")
+    if op and floor:
+        w(f"| (for scale: p99 at 1,000 req/s, open loop, Redis — far below any peak) | "
+          f"p99 {floor['p99']} µs, p50 {floor['p50']} µs | – |")
     w("")
     w("Other ratios (median; each round):\n")
     for label, num, den in [
@@ -394,7 +400,8 @@ def main():
         w("")
         w("Per key this holds the counter key string (e.g. "
           "`rk:{bench_mem|user_id=18a9f3c2d4e5f6a7-123456}:fw.86400`, about 55 bytes, in its own "
-          "heap allocation), the hash-table entry (key `String` + counter state + expiry) in one "
+          "heap allocation), the hash-table entry (key `Box<str>` + counter state + expiry, 56 "
+          "bytes) in one "
           "of 64 shards — a table that doubles when full, so at a given count it may be only "
           "half occupied — and the allocator's overhead per allocation.\n")
     if res.sweep:
@@ -487,8 +494,8 @@ def main():
         w(f"- **Transport, not the limiter.** In the `memory` profile, {plumbing:.0f}% of "
           "ratekeeper's samples are loopback TCP, HTTP/2, Tokio, protobuf, copying and the "
           f"allocator, and {own:.0f}% are ratekeeper's own functions (plus inlined hashing and "
-          "maps). glibc malloc alone is "
-          f"{c.get('allocator (glibc malloc/free)', 0.0):.0f}%.")
+          "maps). The allocator alone is "
+          f"{c.get('allocator (mimalloc; glibc malloc/free)', 0.0):.0f}%.")
     if r and r["redis_cpu"]:
         busy = r["redis_cpu"] * max(r["rps_each"]) / 1e6
         w(f"- **Redis runs Lua single-threaded.** The script took {r['redis_cpu']:.1f} µs of "

@@ -244,6 +244,9 @@ for round in $(seq "$RUNS"); do
     run_scenario "$round" redis_open_half red --domain bench_fw --keys distinct --rate $((peak / 2))
     half=$(($(rps_of "$round" memory) / 2))
     run_scenario "$round" memory_open_half mem --domain bench_fw --keys distinct --rate "$half"
+    # A rate far below any peak: what is left is the machine's wake-up latency.
+    run_scenario "$round" memory_open_1k mem --domain bench_fw --keys distinct --rate 1000
+    run_scenario "$round" redis_open_1k red --domain bench_fw --keys distinct --rate 1000
     redis_ceiling "$round" 1 $((SECS * 30000))
     redis_ceiling "$round" 16 $((SECS * 100000))
 done

@@ -1,6 +1,6 @@
 -- fixed_window: one counter per window aligned to the Unix epoch.
 -- Twin of src/limiter/fixed_window.rs. Value: hash {w = window, c = count}.
-A.fw = {
+B.fw = function() return {
   load = function(key, c, now)
     local window = idiv(now, c.period)
     local h = redis.call('HMGET', key, 'w', 'c')
@@ -25,4 +25,4 @@ A.fw = {
     redis.call('HSET', key, 'w', int(s.window), 'c', int(s.count))
     redis.call('PEXPIRE', key, int(ttl))
   end,
-}
+} end

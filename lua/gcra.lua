@@ -6,7 +6,7 @@ local function gcra_emission(c)
   return ceil_div(c.period * 1000, math.max(c.limit, 1))
 end
 
-local gcra = {
+local function gcra() return {
   load = function(key, c, now)
     local tat = tonumber(redis.call('GET', key))
     if tat ~= nil and tat > now * 1000 then
@@ -52,6 +52,6 @@ local gcra = {
   save = function(key, s, c, now, ttl)
     redis.call('SET', key, int(s.tat), 'PX', int(ttl))
   end,
-}
-A.tb = gcra
-A.lb = gcra
+} end
+B.tb = gcra
+B.lb = gcra

@@ -1,8 +1,20 @@
 -- ratekeeper's limiter script, part 1 of 3: helpers. src/store/redis.rs joins
 -- prelude.lua, the algorithm files and batch.lua into one script.
 
--- Algorithms by their key tag; each algorithm file adds itself.
-local A = {}
+-- Algorithm builders by key tag; each algorithm file adds its own. A script
+-- runs from the top on every call, so building all five algorithms' closures
+-- each time would cost more than most requests use: `algorithm(tag)` builds
+-- the ones a request needs, once per call.
+local B, A = {}, {}
+
+local function algorithm(tag)
+  local a = A[tag]
+  if a == nil then
+    a = B[tag]()
+    A[tag] = a
+  end
+  return a
+end
 
 -- floor(a / b) for non-negative integers below 2^53, exactly: double division
 -- can round a quotient just below an integer up to it.
@@ -20,16 +32,11 @@ local function ceil_div(a, b)
   return idiv(a + b - 1, b)
 end
 
--- An integer as argument text: Lua's own conversion switches to exponent
--- notation (and drops digits) above 1e14.
+-- An integer as a command argument. Lua's own conversion (%.14g) is exact
+-- below 1e14 and switches to exponent notation (dropping digits) above.
 local function int(n)
-  return string.format('%.0f', n)
-end
-
-local function copy(t)
-  local c = {}
-  for k, v in pairs(t) do
-    c[k] = v
+  if n < 1e14 and n > -1e14 and n == math.floor(n) then
+    return n
   end
-  return c
+  return string.format('%.0f', n)
 end

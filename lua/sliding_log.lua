@@ -14,7 +14,7 @@ local function sl_stamp(s, k, now)
   return tonumber(r[2])
 end
 
-A.sl = {
+B.sl = function() return {
   load = function(key, c, now)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - c.period))
     return { key = key, n = redis.call('ZCARD', key), added = 0 }
@@ -61,4 +61,4 @@ A.sl = {
     end
     redis.call('PEXPIRE', key, int(ttl))
   end,
-}
+} end

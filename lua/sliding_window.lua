@@ -7,7 +7,7 @@ local function sw_estimate(s, c, now)
   return math.floor(s.previous * (c.period - elapsed) / c.period) + s.current
 end
 
-A.sw = {
+B.sw = function() return {
   load = function(key, c, now)
     local window = idiv(now, c.period)
     local h = redis.call('HMGET', key, 'w', 'c', 'p')
@@ -35,4 +35,4 @@ A.sw = {
     redis.call('HSET', key, 'w', int(s.window), 'c', int(s.current), 'p', int(s.previous))
     redis.call('PEXPIRE', key, int(ttl))
   end,
-}
+} end

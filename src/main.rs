@@ -20,6 +20,10 @@ use ratekeeper::tls::{ReloadingTls, TlsFiles};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
+// Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A distributed rate-limit decision service (Envoy rate limit API v3).
 #[derive(Debug, Parser)]
 #[command(version, about)]

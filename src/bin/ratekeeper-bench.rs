@@ -32,6 +32,11 @@ use hdrhistogram::Histogram;
 use tokio::sync::Semaphore;
 use tonic::transport::{Channel, Endpoint};
 
+// The generator shares the machine with the server it measures: the less CPU
+// it spends per call, the more the server gets.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Command-line options.
 #[derive(Debug, Clone, Parser)]
 #[command(

@@ -208,7 +208,9 @@ pub const MAX_HITS: u64 = 1 << 32;
 pub enum State {
     Window(fixed_window::Window),
     Sliding(sliding_window::Sliding),
-    Log(sliding_log::Log),
+    // Boxed: the log is the one large state, and the in-memory store keeps a
+    // `State` per key.
+    Log(Box<sliding_log::Log>),
     Gcra(gcra::Gcra),
 }
 

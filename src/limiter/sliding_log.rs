@@ -15,7 +15,7 @@ pub struct Log {
 impl Policy for Log {
     fn load(stored: Option<State>, check: &Check, now_ms: u64) -> Self {
         let mut log = match stored {
-            Some(State::Log(log)) => log,
+            Some(State::Log(log)) => *log,
             _ => Log::default(),
         };
         while log
@@ -61,6 +61,6 @@ impl Policy for Log {
     }
 
     fn into_state(self) -> State {
-        State::Log(self)
+        State::Log(Box::new(self))
     }
 }

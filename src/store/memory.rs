@@ -22,7 +22,12 @@ struct Slot {
     expires_at_ms: u64,
 }
 
-type Shard = HashMap<String, Slot>;
+// A million live keys is the sizing case (BENCHMARKS.md): every byte of a
+// slot counts once per key and again for the table's empty buckets.
+const _: () = assert!(std::mem::size_of::<Slot>() <= 40);
+
+/// Keys as `Box<str>`: a `String`'s capacity word, per key, buys nothing here.
+type Shard = HashMap<Box<str>, Slot>;
 
 /// Lease sets: set key -> lease member -> expiry (ms).
 type LeaseSets = HashMap<String, HashMap<String, u64>>;
@@ -227,7 +232,7 @@ impl batch::Table for LockedShards<'_> {
         match shard.get_mut(key) {
             Some(existing) => *existing = slot,
             None => {
-                shard.insert(key.to_owned(), slot);
+                shard.insert(key.into(), slot);
             }
         }
     }
