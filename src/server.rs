@@ -208,7 +208,14 @@ async fn probe_store(store: Store, reporter: HealthReporter, serves_without_stor
     let mut ever_up = false;
     let mut was_up = None;
     loop {
-        let up = match store.ping().await {
+        // Until the store has answered once, warm it up instead of pinging:
+        // readiness then means every connection is open and scripts loaded.
+        let probe = if ever_up {
+            store.ping().await
+        } else {
+            store.warm_up().await
+        };
+        let up = match probe {
             Ok(()) => true,
             Err(error) => {
                 tracing::warn!(%error, "store health probe failed");

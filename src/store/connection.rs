@@ -244,6 +244,14 @@ impl Connections {
             .ok_or_else(|| Error::Store("not connected to Redis yet".into()))
     }
 
+    /// Every connection in use now (none before the first connect).
+    pub fn all(&self) -> Vec<Conn> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn pick(&self) -> Option<Conn> {
         let current = self.current.read().unwrap_or_else(|p| p.into_inner());
         if current.is_empty() {

@@ -77,6 +77,14 @@ impl Store {
         }
     }
 
+    /// Readies the store for traffic (see [`RedisStore::warm_up`]).
+    pub async fn warm_up(&self) -> Result<()> {
+        match self {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(store) => store.warm_up().await,
+        }
+    }
+
     /// Whether the store answers.
     pub async fn ping(&self) -> Result<()> {
         match self {

@@ -335,6 +335,22 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Connects every pooled connection and loads both scripts, so that the
+    /// first requests neither connect nor meet `NOSCRIPT` inside their few
+    /// milliseconds of deadline. Run before the service reports SERVING.
+    pub async fn warm_up(&self) -> Result<()> {
+        self.ping().await?;
+        let limit = self.call_timeout.max(Duration::from_millis(500));
+        for mut conn in self.connections.all() {
+            for script in [&self.limiter, &self.leases] {
+                tokio::time::timeout(limit, script.load_async(&mut conn))
+                    .await
+                    .map_err(|_| Error::Store("SCRIPT LOAD timed out".into()))??;
+            }
+        }
+        Ok(())
+    }
+
     /// Round trip to Redis, for the health probe. It bypasses the breaker,
     /// and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
