@@ -19,7 +19,7 @@ if [ $# -eq 0 ]; then
     set -- "$WORK/joined.lua"
 fi
 KEY='rk:{bench_fw|user_id=key__rand_int__}:fw.3600'
-ARGS=('' 1 fw 1000000000 3600000 0 1 1)
+ARGS=('' 1 1 fw 1000000000 3600000 0 1 1)
 for script in "$@"; do
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.out" \

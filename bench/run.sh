@@ -165,15 +165,22 @@ mkdir -p "$RESULTS_DIR"
 fresh_store() {
     if [ "$1" = red ]; then
         rcli FLUSHALL >/dev/null
+        rcli CONFIG RESETSTAT >/dev/null
     else
         stop "$mem_PID"
         QUIET_START=1 start_ratekeeper mem
     fi
 }
 
+# evalsha_calls: EVALSHA commands Redis ran since its stats were reset.
+evalsha_calls() {
+    rcli INFO commandstats | tr -d '\r' |
+        sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p' | grep . || echo 0
+}
+
 # run_scenario ROUND NAME STORE(mem|red) GENERATOR-FLAGS...: one run, one
-# JSON line in $RESULTS with the generator's line and the CPU the server
-# and Redis used during it.
+# JSON line in $RESULTS with the generator's line, the CPU the server and
+# Redis used during it, and the script calls Redis ran.
 run_scenario() {
     local round=$1 name=$2 store=$3
     shift 3
@@ -188,12 +195,14 @@ run_scenario() {
         --label "$name" "$@" 2>>"$WORK/gen.err" | tail -n 1)
     rk1=$(cpu_ticks "$pid")
     rd1=$(cpu_ticks "$REDIS_PID")
+    local evalsha=0
+    [ "$store" = red ] && evalsha=$(evalsha_calls)
     case $line in
         "{"*) ;;
         *) tail -n 5 "$WORK/gen.err" >&2; die "generator failed in $name" ;;
     esac
-    printf '{"kind":"scenario","round":%s,"name":"%s","store":"%s","server_cpu_ticks":%s,"redis_cpu_ticks":%s,"gen":%s}\n' \
-        "$round" "$name" "$store" "$((rk1 - rk0))" "$((rd1 - rd0))" "$line" >>"$RESULTS"
+    printf '{"kind":"scenario","round":%s,"name":"%s","store":"%s","server_cpu_ticks":%s,"redis_cpu_ticks":%s,"evalsha_calls":%s,"gen":%s}\n' \
+        "$round" "$name" "$store" "$((rk1 - rk0))" "$((rd1 - rd0))" "$evalsha" "$line" >>"$RESULTS"
     python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("  %-16s %8.0f req/s  p50 %5d us  p99 %6d us  ok %d over %d err %d" % (sys.argv[2], d["rps"], d["p50_us"], d["p99_us"], d["ok"], d["over_limit"], d["errors"]))' "$line" "$name" >&2
 }
 
@@ -204,7 +213,7 @@ redis_ceiling() {
     rcli FLUSHALL >/dev/null
     rps=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 50 -n "$n" -r 1000000 \
         -P "$pipeline" --csv EVALSHA "$SHA" 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' \
-        '' 1 fw 1000000000 3600000 0 1 1 | awk -F'"' 'NR == 2 { print $4 }')
+        '' 1 1 fw 1000000000 3600000 0 1 1 | awk -F'"' 'NR == 2 { print $4 }')
     [ -n "$rps" ] || die "redis-benchmark gave no result"
     printf '{"kind":"redis-benchmark","round":%s,"pipeline":%s,"clients":50,"requests":%s,"rps":%s}\n' \
         "$round" "$pipeline" "$n" "$rps" >>"$RESULTS"

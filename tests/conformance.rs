@@ -481,6 +481,52 @@ async fn redis_counters_always_carry_a_ttl() {
 }
 
 #[tokio::test]
+async fn redis_joins_requests_in_flight_into_few_calls_each_all_or_nothing() {
+    let redis = common::RedisServer::start();
+    let store = redis.store(Some(Arc::new(ManualClock::new(1_800_000_000_000))));
+    let mut conn = redis.client().get_connection().unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    // 100 requests at once, each on a shared counter (30 fit) and its own.
+    let requests: Vec<Vec<Check>> = (0..100)
+        .map(|i| vec![c("shared", 30, 1), c(&format!("own{i}"), 5, 1)])
+        .collect();
+    let answers =
+        futures_util::future::join_all(requests.iter().map(|checks| store.apply(checks, true)))
+            .await;
+    let mut left_on_shared = Vec::new();
+    for answer in answers {
+        let outcome = answer.expect("store");
+        if !outcome[0].over {
+            assert_eq!(outcome[1], o(false, 4, 1000), "its own counter, once");
+            left_on_shared.push(outcome[0].remaining);
+        }
+    }
+    // Each request saw the ones before it, within a call and across calls.
+    left_on_shared.sort_unstable();
+    assert_eq!(left_on_shared, (0..30).collect::<Vec<u64>>());
+    // Refused requests wrote nothing, not even their own counters.
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*own*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 30, "{keys:?}");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    let calls: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .expect("EVALSHA calls in INFO");
+    assert!(
+        calls <= 20,
+        "100 requests in flight together took {calls} script calls"
+    );
+}
+
+#[tokio::test]
 async fn redis_script_is_reloaded_after_script_flush() {
     let redis = common::RedisServer::start();
     let store = redis.store(Some(Arc::new(ManualClock::new(1_800_000_000_000))));

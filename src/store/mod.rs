@@ -1,9 +1,12 @@
 //! Where counters live. The service talks to [`Store`] only; nothing outside
 //! this module knows Redis.
 
+pub mod batcher;
 pub mod breaker;
+pub mod caller;
 pub mod connection;
 pub mod lease;
+pub mod limiter_script;
 pub mod memory;
 pub mod redis;
 

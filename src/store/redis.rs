@@ -1,10 +1,11 @@
 //! The Redis store: a request's checks go to Redis as one `EVALSHA` of the
 //! limiter script (reloaded on `NOSCRIPT`), so the decision is atomic across
-//! replicas and timed by the Redis server's clock. On Redis Cluster the checks
-//! are grouped by hash slot: one script call per slot, the slots in parallel,
+//! replicas and timed by the Redis server's clock; requests in flight
+//! together share a call ([`Batcher`]). On Redis Cluster the checks are
+//! grouped by hash slot: one script call per slot, the slots in parallel,
 //! each slot all-or-nothing on its own.
 //!
-//! Every call has a deadline and goes through a circuit breaker.
+//! Every call has a deadline and goes through a circuit breaker ([`Caller`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,34 +13,25 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Script;
 
-use super::breaker::Breaker;
+use super::batcher::Batcher;
+use super::caller::Caller;
 use super::connection::{Connections, RedisSettings, Topology};
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
+use super::limiter_script;
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
-/// The one limiter script: helpers, every algorithm, then the batch driver
-/// (see `lua/README.md`).
-const LIMITER_SCRIPT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/batch.lua"),
-);
-
 /// Counters and leases kept in Redis.
 pub struct RedisStore {
-    connections: Arc<Connections>,
+    caller: Arc<Caller>,
     topology: Topology,
-    /// None on a cluster: one failing master must not stop the others' slots.
-    breaker: Option<Breaker>,
-    limiter: Script,
+    limiter: Arc<Script>,
     leases: Script,
-    call_timeout: Duration,
+    /// Joins concurrent requests into one call; None on a cluster, where
+    /// each call must stay within one hash slot.
+    batcher: Option<Arc<Batcher>>,
     /// Tests pin time here; production leaves it `None` and the scripts read
     /// the server's `TIME`.
     clock: Option<Arc<dyn Clock>>,
@@ -54,23 +46,32 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Consecutive failures that open the circuit, and how long it stays open.
-const BREAKER_THRESHOLD: u32 = 5;
-const BREAKER_COOLDOWN: Duration = Duration::from_millis(250);
-
 impl RedisStore {
     /// Creates the store without waiting for Redis: connections are made on
     /// first use and re-made after failures, so ratekeeper starts (and can
     /// fail open) while Redis is down.
     pub fn new(settings: &RedisSettings, clock: Option<Arc<dyn Clock>>) -> Result<Self> {
+        let clustered = settings.topology == Topology::Cluster;
+        let caller = Arc::new(Caller::new(
+            Connections::new(settings.clone())?,
+            !clustered,
+            settings.call_timeout,
+        ));
+        let limiter = Arc::new(Script::new(limiter_script::TEXT));
+        let batcher = (!clustered).then(|| {
+            Arc::new(Batcher::new(
+                Arc::clone(&caller),
+                Arc::clone(&limiter),
+                clock.clone(),
+                settings.connections,
+            ))
+        });
         Ok(RedisStore {
-            connections: Connections::new(settings.clone())?,
+            caller,
             topology: settings.topology,
-            breaker: (settings.topology != Topology::Cluster)
-                .then(|| Breaker::new(BREAKER_THRESHOLD, BREAKER_COOLDOWN)),
-            limiter: Script::new(LIMITER_SCRIPT),
+            limiter,
             leases: Script::new(include_str!("../../lua/leases.lua")),
-            call_timeout: settings.call_timeout,
+            batcher,
             clock,
         })
     }
@@ -90,47 +91,11 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    /// Runs one script call under the breaker and the deadline.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        let Some(breaker) = &self.breaker else {
-            return self.call(invocation).await;
-        };
-        if !breaker.allow() {
-            return Err(Error::Store("circuit open: Redis is failing".into()));
-        }
-        let result = self.call(invocation).await;
-        match &result {
-            Ok(_) => breaker.success(),
-            Err(_) => breaker.failure(),
-        }
-        result
-    }
-
-    async fn call<T: redis::FromRedisValue>(
-        &self,
-        invocation: redis::ScriptInvocation<'_>,
-    ) -> Result<T> {
-        let mut conn = self.connections.get(self.call_timeout).await?;
-        match tokio::time::timeout(self.call_timeout, invocation.invoke_async(&mut conn)).await {
-            Err(_) => {
-                self.connections.failed(None);
-                Err(Error::Store(format!(
-                    "no answer within {:?}",
-                    self.call_timeout
-                )))
-            }
-            Ok(Err(error)) => {
-                self.connections.failed(Some(&error));
-                Err(error.into())
-            }
-            Ok(Ok(value)) => {
-                self.connections.succeeded();
-                Ok(value)
-            }
-        }
+        self.caller.invoke(invocation).await
     }
 
     /// Splits item indices by Redis Cluster slot (one group unless clustered).
@@ -149,13 +114,17 @@ impl RedisStore {
         groups.into_iter().map(|(_, g)| g).collect()
     }
 
-    /// Applies one request's checks: one script call per slot.
+    /// Applies one request's checks: one script call (shared with other
+    /// requests in flight), or on a cluster one call per slot.
     pub async fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Result<Vec<Outcome>> {
+        if let Some(batcher) = &self.batcher {
+            return batcher.apply(checks, all_or_nothing).await;
+        }
         let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
         let answers = join_all(
             groups
                 .iter()
-                .map(|group| self.apply_group(checks, group, all_or_nothing)),
+                .map(|group| self.apply_slot(checks, group, all_or_nothing)),
         )
         .await;
         let mut outcomes = vec![None; checks.len()];
@@ -170,43 +139,20 @@ impl RedisStore {
             .collect()
     }
 
-    async fn apply_group(
+    async fn apply_slot(
         &self,
         checks: &[Check],
         group: &[usize],
         all_or_nothing: bool,
     ) -> Result<Vec<Outcome>> {
-        let mut invocation = self.limiter.prepare_invoke();
-        invocation
-            .arg(self.now_arg())
-            .arg(if all_or_nothing { "1" } else { "0" });
-        for &i in group {
-            let check = &checks[i];
-            invocation
-                .key(&check.key)
-                .arg(check.algorithm.key_tag())
-                .arg(check.limit)
-                .arg(check.period_ms)
-                .arg(check.burst)
-                .arg(check.hits)
-                .arg(if check.enforce { "1" } else { "0" });
-        }
-        let reply: Vec<i64> = self.invoke(invocation).await?;
-        if reply.len() != group.len() * 3 {
-            return Err(Error::Store(format!(
-                "script returned {} values for {} checks",
-                reply.len(),
-                group.len()
-            )));
-        }
-        Ok(reply
-            .chunks_exact(3)
-            .map(|v| Outcome {
-                over: v[0] != 0,
-                remaining: v[1].max(0) as u64,
-                reset_ms: v[2].max(0) as u64,
-            })
-            .collect())
+        let slot_checks: Vec<Check> = group.iter().map(|&i| checks[i].clone()).collect();
+        let cmd = limiter_script::command(
+            self.limiter.get_hash(),
+            &self.now_arg(),
+            std::iter::once((all_or_nothing, slot_checks.as_slice())),
+        );
+        let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;
+        limiter_script::outcomes(&reply, slot_checks.len())
     }
 
     /// Takes a lease in every slot, or in none. On a cluster the sets of
@@ -340,9 +286,9 @@ impl RedisStore {
     /// milliseconds of deadline. Run before the service reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
         self.ping().await?;
-        let limit = self.call_timeout.max(Duration::from_millis(500));
-        for mut conn in self.connections.all() {
-            for script in [&self.limiter, &self.leases] {
+        let limit = self.caller.call_timeout.max(Duration::from_millis(500));
+        for mut conn in self.caller.connections.all() {
+            for script in [&*self.limiter, &self.leases] {
                 tokio::time::timeout(limit, script.load_async(&mut conn))
                     .await
                     .map_err(|_| Error::Store("SCRIPT LOAD timed out".into()))??;
@@ -355,17 +301,21 @@ impl RedisStore {
     /// and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let result = async {
-            let mut conn = self.connections.get(self.call_timeout).await?;
+            let mut conn = self
+                .caller
+                .connections
+                .get(self.caller.call_timeout)
+                .await?;
             let cmd = redis::cmd("PING");
             match tokio::time::timeout(
-                self.call_timeout.max(Duration::from_millis(500)),
+                self.caller.call_timeout.max(Duration::from_millis(500)),
                 cmd.query_async::<String>(&mut conn),
             )
             .await
             {
                 Err(_) => Err(Error::Store("PING timed out".into())),
                 Ok(Err(error)) => {
-                    self.connections.failed(Some(&error));
+                    self.caller.connections.failed(Some(&error));
                     Err(error.into())
                 }
                 Ok(Ok(pong)) if pong == "PONG" => Ok(()),
@@ -373,8 +323,8 @@ impl RedisStore {
             }
         }
         .await;
-        if let (Ok(()), Some(breaker)) = (&result, &self.breaker) {
-            breaker.success();
+        if result.is_ok() {
+            self.caller.answered();
         }
         result
     }

@@ -1,0 +1,181 @@
+//! Joins the checks of concurrent requests into one limiter-script call
+//! (standalone and Sentinel Redis; a cluster call can only touch one slot).
+//!
+//! Every script call costs Redis a fixed price (command dispatch, running
+//! the script's top level, the reply) and costs ratekeeper a round trip
+//! through the connection's pipeline. Under load those fixed costs dominate
+//! a one-check request, so requests that arrive while earlier calls are in
+//! flight wait and then go together in the next call. Nothing waits for a
+//! batch to fill: with a call slot free, a request is sent at once (alone,
+//! at low load), so batching adds no latency, only takes away queueing.
+//!
+//! The script decides the requests of a call one after another, each
+//! all-or-nothing on its own, exactly as if they had come in separate calls
+//! in that order.
+
+use std::sync::{Arc, Mutex};
+
+use redis::Script;
+use tokio::sync::oneshot;
+
+use super::caller::Caller;
+use super::limiter_script;
+use crate::clock::Clock;
+use crate::limiter::{Check, Outcome};
+use crate::{Error, Result};
+
+/// Most checks in one script call: bounds how long one call holds Redis's
+/// single thread (a request larger than this still goes, alone).
+const MAX_CHECKS_PER_CALL: usize = 256;
+
+/// Sends requests' checks to Redis in as few script calls as keeps up.
+pub struct Batcher {
+    caller: Arc<Caller>,
+    limiter: Arc<Script>,
+    clock: Option<Arc<dyn Clock>>,
+    /// Calls in flight at most; requests beyond wait for the next call.
+    max_in_flight: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: Vec<Waiting>,
+    in_flight: usize,
+}
+
+/// A request waiting to be sent, and where its answer goes.
+struct Waiting {
+    checks: Vec<Check>,
+    all_or_nothing: bool,
+    answer: oneshot::Sender<Result<Vec<Outcome>>>,
+}
+
+impl Batcher {
+    pub fn new(
+        caller: Arc<Caller>,
+        limiter: Arc<Script>,
+        clock: Option<Arc<dyn Clock>>,
+        max_in_flight: usize,
+    ) -> Self {
+        Batcher {
+            caller,
+            limiter,
+            clock,
+            max_in_flight: max_in_flight.max(1),
+            state: Mutex::default(),
+        }
+    }
+
+    /// Decides one request's checks, as one atomic step in Redis; answers
+    /// within the call deadline (queueing included) or fails.
+    pub async fn apply(
+        self: &Arc<Self>,
+        checks: &[Check],
+        all_or_nothing: bool,
+    ) -> Result<Vec<Outcome>> {
+        if !self.caller.allow() {
+            return Err(Error::Store("circuit open: Redis is failing".into()));
+        }
+        let (answer, answered) = oneshot::channel();
+        let request = Waiting {
+            checks: checks.to_vec(),
+            all_or_nothing,
+            answer,
+        };
+        let start = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.waiting.push(request);
+            if state.in_flight < self.max_in_flight {
+                state.in_flight += 1;
+                Some(next_call(&mut state.waiting))
+            } else {
+                None
+            }
+        };
+        if let Some(call) = start {
+            // A task of its own, so that this caller going away (a client
+            // cancelling) can never strand the other requests of its call.
+            tokio::spawn(Arc::clone(self).send(call));
+        }
+        let deadline = self.caller.call_timeout;
+        match tokio::time::timeout(deadline, answered).await {
+            Ok(Ok(outcomes)) => outcomes,
+            Ok(Err(_)) => Err(Error::Store(
+                "the call carrying this request was lost".into(),
+            )),
+            Err(_) => Err(Error::Store(format!("no answer within {deadline:?}"))),
+        }
+    }
+
+    /// Sends `call`, then whatever queued meanwhile, until nothing waits.
+    async fn send(self: Arc<Self>, mut call: Vec<Waiting>) {
+        loop {
+            // A caller that stopped waiting (deadline passed, client gone)
+            // has had its answer: its hits must not be counted.
+            call.retain(|w| !w.answer.is_closed());
+            if !call.is_empty() {
+                let result = self.call(&call).await;
+                deliver(call, result);
+            }
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if state.waiting.is_empty() {
+                state.in_flight -= 1;
+                return;
+            }
+            call = next_call(&mut state.waiting);
+        }
+    }
+
+    async fn call(&self, call: &[Waiting]) -> Result<Vec<Outcome>> {
+        let now = self
+            .clock
+            .as_ref()
+            .map(|c| c.now_ms().to_string())
+            .unwrap_or_default();
+        let requests = call.iter().map(|w| (w.all_or_nothing, w.checks.as_slice()));
+        let cmd = limiter_script::command(self.limiter.get_hash(), &now, requests);
+        let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;
+        limiter_script::outcomes(&reply, call.iter().map(|w| w.checks.len()).sum())
+    }
+}
+
+/// Takes the requests for the next call off the front of the queue: at
+/// least one, and more while they fit in [`MAX_CHECKS_PER_CALL`].
+fn next_call(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
+    let mut checks = 0;
+    let mut take = 0;
+    for w in waiting.iter() {
+        if take > 0 && checks + w.checks.len() > MAX_CHECKS_PER_CALL {
+            break;
+        }
+        checks += w.checks.len();
+        take += 1;
+    }
+    if take == waiting.len() {
+        return std::mem::take(waiting);
+    }
+    waiting.drain(..take).collect()
+}
+
+/// Hands each request its part of the reply (or the call's error).
+fn deliver(call: Vec<Waiting>, result: Result<Vec<Outcome>>) {
+    match result {
+        Ok(outcomes) => {
+            let mut rest = outcomes.into_iter();
+            for w in call {
+                let mine: Vec<Outcome> = rest.by_ref().take(w.checks.len()).collect();
+                let _ = w.answer.send(Ok(mine));
+            }
+        }
+        Err(error) => {
+            let message = match error {
+                Error::Store(message) => message,
+                other => other.to_string(),
+            };
+            for w in call {
+                let _ = w.answer.send(Err(Error::Store(message.clone())));
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! One Redis call under the deadline and the circuit breaker: the only way
+//! the Redis store reaches Redis for decisions and leases.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+
+use super::breaker::Breaker;
+use super::connection::{Conn, Connections};
+use crate::{Error, Result};
+
+/// Consecutive failures that open the circuit, and how long it stays open.
+const BREAKER_THRESHOLD: u32 = 5;
+const BREAKER_COOLDOWN: Duration = Duration::from_millis(250);
+
+/// Makes calls on the pooled connections.
+pub struct Caller {
+    pub connections: Arc<Connections>,
+    /// None on a cluster: one failing master must not stop the others' slots.
+    breaker: Option<Breaker>,
+    pub call_timeout: Duration,
+}
+
+impl Caller {
+    pub fn new(connections: Arc<Connections>, with_breaker: bool, call_timeout: Duration) -> Self {
+        Caller {
+            connections,
+            breaker: with_breaker.then(|| Breaker::new(BREAKER_THRESHOLD, BREAKER_COOLDOWN)),
+            call_timeout,
+        }
+    }
+
+    /// Whether a call may be tried now (false while the circuit is open).
+    pub fn allow(&self) -> bool {
+        self.breaker.as_ref().map_or(true, Breaker::allow)
+    }
+
+    /// Runs a prepared script invocation.
+    pub async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T> {
+        self.guarded(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await
+    }
+
+    /// Runs `cmd`, an `EVALSHA` of `script`, loading the script once on
+    /// `NOSCRIPT` (after a Redis restart or failover) and trying again.
+    pub async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
+        self.guarded(|mut conn| async move {
+            match cmd.query_async(&mut conn).await {
+                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                result => result,
+            }
+        })
+        .await
+    }
+
+    /// Tells the breaker that Redis answered (the health probe's ping).
+    pub fn answered(&self) {
+        if let Some(breaker) = &self.breaker {
+            breaker.success();
+        }
+    }
+
+    async fn guarded<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        if !self.allow() {
+            return Err(Error::Store("circuit open: Redis is failing".into()));
+        }
+        let result = self.deadline(call).await;
+        if let Some(breaker) = &self.breaker {
+            match &result {
+                Ok(_) => breaker.success(),
+                Err(_) => breaker.failure(),
+            }
+        }
+        result
+    }
+
+    async fn deadline<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let conn = self.connections.get(self.call_timeout).await?;
+        match tokio::time::timeout(self.call_timeout, call(conn)).await {
+            Err(_) => {
+                self.connections.failed(None);
+                Err(Error::Store(format!(
+                    "no answer within {:?}",
+                    self.call_timeout
+                )))
+            }
+            Ok(Err(error)) => {
+                self.connections.failed(Some(&error));
+                Err(error.into())
+            }
+            Ok(Ok(value)) => {
+                self.connections.succeeded();
+                Ok(value)
+            }
+        }
+    }
+}
