@@ -33,7 +33,7 @@ for script in "$@"; do
     callgrind_control -i off "$pid" >/dev/null
     redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
     wait "$pid" || true
-    total=$(callgrind_annotate "$WORK/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+    total=$(callgrind_annotate "$WORK/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
     echo "$(basename "$script"): $((total / N)) instructions per call (redis-server, incl. networking)"
     rm -f "$WORK/cg.out"
 done

@@ -83,8 +83,8 @@ local function request(k0, a0, n, all_or_nothing)
 end
 
 -- Each request: all-or-nothing flag, number of checks, then its checks.
-local k, a = 0, 2
-while a <= #ARGV do
+local k, a, argc = 0, 2, #ARGV
+while a <= argc do
   local n = tonumber(ARGV[a + 1])
   if n == nil or k + n > #KEYS then
     return redis.error_reply('malformed limiter arguments')
