@@ -91,13 +91,6 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        invocation: redis::ScriptInvocation<'_>,
-    ) -> Result<T> {
-        self.caller.invoke(invocation).await
-    }
-
     /// Splits item indices by Redis Cluster slot (one group unless clustered).
     fn groups<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
         if self.topology != Topology::Cluster {
@@ -181,7 +174,7 @@ impl RedisStore {
             for &i in &group {
                 invocation.key(&slots[i].key).arg(slots[i].limit);
             }
-            let reply: Vec<i64> = match self.invoke(invocation).await {
+            let reply: Vec<i64> = match self.caller.invoke(invocation).await {
                 Ok(reply) => reply,
                 Err(error) => {
                     self.give_back(member, &taken).await;
@@ -243,7 +236,7 @@ impl RedisStore {
                     .arg(1)
                     .key(key);
             }
-            let reply: Vec<i64> = self.invoke(invocation).await?;
+            let reply: Vec<i64> = self.caller.invoke(invocation).await?;
             if reply.len() != group.len() {
                 return Err(Error::Store(format!("lease script returned {reply:?}")));
             }
@@ -276,7 +269,7 @@ impl RedisStore {
             for &p in &group {
                 invocation.arg(pairs[p].0).arg(1).key(pairs[p].1);
             }
-            let _: Vec<i64> = self.invoke(invocation).await?;
+            let _: Vec<i64> = self.caller.invoke(invocation).await?;
         }
         Ok(())
     }
