@@ -714,3 +714,38 @@ async fn failure_modes_per_domain_and_health() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The store alone (no server, so no background health probe): once the
+/// circuit is open, a request after the cool-down must itself probe Redis
+/// and close it.
+#[tokio::test]
+async fn after_the_cooldown_a_request_probes_redis_and_closes_the_circuit() {
+    use ratekeeper::limiter::{Algorithm, Check};
+    let mut redis = RedisServer::start();
+    let store = redis.store(None);
+    let check = [Check {
+        key: "rk:{probe|k=v}:fw.1000".into(),
+        algorithm: Algorithm::FixedWindow,
+        limit: 1_000,
+        period_ms: 1_000,
+        burst: 0,
+        hits: 1,
+        enforce: true,
+    }];
+    store.apply(&check, true).await.expect("Redis up");
+    redis.kill();
+    for _ in 0..10 {
+        assert!(store.apply(&check, true).await.is_err(), "Redis is down");
+    }
+    let refused = store.apply(&check, true).await.expect_err("circuit open");
+    assert!(refused.to_string().contains("circuit open"), "{refused}");
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.apply(&check, true).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "no request got through within 5 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

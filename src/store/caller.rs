@@ -32,11 +32,6 @@ impl Caller {
         }
     }
 
-    /// Whether a call may be tried now (false while the circuit is open).
-    pub fn allow(&self) -> bool {
-        self.breaker.as_ref().map_or(true, Breaker::allow)
-    }
-
     /// Runs a prepared script invocation.
     pub async fn invoke<T: FromRedisValue>(
         &self,
@@ -73,7 +68,7 @@ impl Caller {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        if !self.allow() {
+        if !self.breaker.as_ref().map_or(true, Breaker::allow) {
             return Err(Error::Store("circuit open: Redis is failing".into()));
         }
         let result = self.deadline(call).await;
