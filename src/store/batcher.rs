@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use super::caller::Caller;
 use super::limiter_script;
+use super::redis::script_now;
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
@@ -128,11 +129,7 @@ impl Batcher {
     }
 
     async fn call(&self, call: &[Waiting]) -> Result<Vec<Outcome>> {
-        let now = self
-            .clock
-            .as_ref()
-            .map(|c| c.now_ms().to_string())
-            .unwrap_or_default();
+        let now = script_now(self.clock.as_ref());
         let requests = call.iter().map(|w| (w.all_or_nothing, w.checks.as_slice()));
         let cmd = limiter_script::command(self.limiter.get_hash(), &now, requests);
         let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;

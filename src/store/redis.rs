@@ -23,6 +23,12 @@ use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
+/// The time argument both scripts take: the pinned clock's ms, or `""` for
+/// the Redis server's `TIME`.
+pub(super) fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
+    clock.map(|c| c.now_ms().to_string()).unwrap_or_default()
+}
+
 /// Counters and leases kept in Redis.
 pub struct RedisStore {
     caller: Arc<Caller>,
@@ -85,10 +91,7 @@ impl RedisStore {
     }
 
     fn now_arg(&self) -> String {
-        self.clock
-            .as_ref()
-            .map(|c| c.now_ms().to_string())
-            .unwrap_or_default()
+        script_now(self.clock.as_ref())
     }
 
     /// Splits item indices by Redis Cluster slot (one group unless clustered).
