@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import queue
 import re
@@ -112,17 +113,11 @@ def stop(process: subprocess.Popen) -> int:
 
 
 @contextlib.contextmanager
-def run_server(config_dir: Path, log_path: Path, *extra_args: str):
-    """Runs ratekeeper on config_dir until the block ends; yields a Server."""
-    args = [
-        str(ratekeeper_bin()),
-        "--config-dir", str(config_dir),
-        "--grpc-addr", "127.0.0.1:0",
-        "--metrics-addr", "127.0.0.1:0",
-        *extra_args,
-    ]
-    env = {**os.environ, "LOG_FORMAT": "text", "NO_COLOR": "1"}
-    env.pop("REDIS_URL", None)  # the in-memory store: no Redis needed
+def run_announcing(args: list, log_path: Path, pattern: re.Pattern, what: str, env: dict | None = None):
+    """Runs args (stderr to log_path) until the block ends, stopped by PID.
+    Waits for the first stdout line, which must match pattern (a server
+    announcing its address), and keeps stdout drained after it; yields
+    (match, process). Fails the test with the log if it does not start."""
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
@@ -141,13 +136,29 @@ def run_server(config_dir: Path, log_path: Path, *extra_args: str):
             first = lines.get(timeout=STARTUP_TIMEOUT_S)
         except queue.Empty:
             first = f"<nothing within {STARTUP_TIMEOUT_S} s>"
-        match = LISTENING.match(first or "")
+        match = pattern.match(first or "")
         if not match:
             log_text = log_path.read_text(errors="replace")
-            pytest.fail(f"ratekeeper did not start (stdout: {first!r}, exit: {process.poll()}):\n{log_text}")
-        yield Server(match[1], match[2], process.pid, process, log_path)
+            pytest.fail(f"{what} did not start (stdout: {first!r}, exit: {process.poll()}):\n{log_text}")
+        yield match, process
     finally:
         stop(process)
+
+
+@contextlib.contextmanager
+def run_server(config_dir: Path, log_path: Path, *extra_args: str):
+    """Runs ratekeeper on config_dir until the block ends; yields a Server."""
+    args = [
+        str(ratekeeper_bin()),
+        "--config-dir", str(config_dir),
+        "--grpc-addr", "127.0.0.1:0",
+        "--metrics-addr", "127.0.0.1:0",
+        *extra_args,
+    ]
+    env = {**os.environ, "LOG_FORMAT": "text", "NO_COLOR": "1"}
+    env.pop("REDIS_URL", None)  # the in-memory store: no Redis needed
+    with run_announcing(args, log_path, LISTENING, "ratekeeper", env) as (match, process):
+        yield Server(match[1], match[2], process.pid, process, log_path)
 
 
 @pytest.fixture(scope="session")
@@ -202,3 +213,22 @@ def concurrency_server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("concurrency-server") / "ratekeeper.log"
     with run_server(limits, log_path) as server:
         yield server
+
+
+CLIENT_DIR = REPO / "examples" / "clients" / "python"
+
+
+@pytest.fixture(scope="session")
+def rk(tmp_path_factory):
+    """The example client module (examples/clients/python), with stubs freshly
+    generated from proto/ importable; `rk.test_stubs_dir` is where they are."""
+    sys.path.insert(0, str(CLIENT_DIR))
+    try:
+        module = importlib.import_module("ratekeeper_client")
+        out = module.generate_stubs(tmp_path_factory.mktemp("stubs"), REPO / "proto")
+        assert (out / "envoy" / "service" / "ratelimit" / "v3" / "rls_pb2_grpc.py").is_file()
+        assert (out / "ratekeeper" / "v1" / "concurrency_pb2_grpc.py").is_file()
+        module.test_stubs_dir = out
+        yield module
+    finally:
+        sys.path.remove(str(CLIENT_DIR))

@@ -16,11 +16,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import queue
 import re
 import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import grpc
@@ -30,7 +28,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import LISTENING, REPO, STARTUP_TIMEOUT_S, _die_with_parent, ratekeeper_bin, run_server, stop
+from conftest import LISTENING, REPO, ratekeeper_bin, run_announcing, run_server
 from rls_client import RlsClient
 
 CHART = REPO / "helm" / "ratekeeper"
@@ -618,25 +616,10 @@ def pod_environment(objects, root: Path, certs) -> dict[str, str]:
 @contextlib.contextmanager
 def run_with_env(env: dict[str, str], log_path: Path):
     """ratekeeper with exactly this environment; yields (grpc address, log reader)."""
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(ratekeeper_bin())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=log, env={"PATH": os.environ.get("PATH", ""), **env},
-                                   preexec_fn=_die_with_parent)
-    try:
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(raw.decode(errors="replace").strip())
-                                         for raw in process.stdout], daemon=True).start()
-        try:
-            first = lines.get(timeout=STARTUP_TIMEOUT_S)
-        except queue.Empty:
-            first = ""
-        match = LISTENING.match(first)
-        if not match:
-            pytest.fail(f"ratekeeper refused the rendered environment (exit {process.poll()}):\n"
-                        f"{log_path.read_text(errors='replace')}")
+    full_env = {"PATH": os.environ.get("PATH", ""), **env}
+    with run_announcing([str(ratekeeper_bin())], log_path, LISTENING,
+                        "ratekeeper with the rendered environment", full_env) as (match, _):
         yield match[1]
-    finally:
-        stop(process)
 
 
 def health(channel, service: str) -> str:

@@ -6,7 +6,6 @@ also checks that our trimmed protos interoperate with the server.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import subprocess
@@ -17,25 +16,10 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from conftest import DOMAIN, REPO
+from conftest import CLIENT_DIR, DOMAIN
 from rls_client import CHANNEL_OPTIONS, wait_for_fresh_window
 
-CLIENT_DIR = REPO / "examples" / "clients" / "python"
 FREE_PER_MINUTE = 3  # conftest's LIMITS_YAML: plan=free, user_id -> 3/minute, named "free"
-
-
-@pytest.fixture(scope="module")
-def rk(tmp_path_factory):
-    """The example module, with freshly generated stubs importable."""
-    sys.path.insert(0, str(CLIENT_DIR))
-    try:
-        module = importlib.import_module("ratekeeper_client")
-        out = module.generate_stubs(tmp_path_factory.mktemp("stubs"), REPO / "proto")
-        assert (out / "envoy" / "service" / "ratelimit" / "v3" / "rls_pb2_grpc.py").is_file()
-        module.test_stubs_dir = out
-        yield module
-    finally:
-        sys.path.remove(str(CLIENT_DIR))
 
 
 @pytest.fixture(scope="module")

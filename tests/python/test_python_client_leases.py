@@ -6,8 +6,6 @@ Every test uses user ids of its own, so they share one server.
 """
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
 import time
 import uuid
@@ -16,24 +14,10 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from conftest import CONCURRENCY_DOMAIN, LEASE_TTL_S, MAX_CONNECTIONS, REPO
+from conftest import CONCURRENCY_DOMAIN, LEASE_TTL_S, MAX_CONNECTIONS
 from rls_client import CHANNEL_OPTIONS
 
-CLIENT_DIR = REPO / "examples" / "clients" / "python"
 TTL = timedelta(seconds=LEASE_TTL_S)
-
-
-@pytest.fixture(scope="module")
-def rk(tmp_path_factory):
-    """The example module, with freshly generated stubs importable."""
-    sys.path.insert(0, str(CLIENT_DIR))
-    try:
-        module = importlib.import_module("ratekeeper_client")
-        out = module.generate_stubs(tmp_path_factory.mktemp("stubs"), REPO / "proto")
-        assert (out / "ratekeeper" / "v1" / "concurrency_pb2_grpc.py").is_file()
-        yield module
-    finally:
-        sys.path.remove(str(CLIENT_DIR))
 
 
 @pytest.fixture(scope="module")

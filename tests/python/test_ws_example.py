@@ -12,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import re
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,10 +27,8 @@ from conftest import (
     CONCURRENCY_YAML,
     MAX_CONNECTIONS,
     REPO,
-    STARTUP_TIMEOUT_S,
-    _die_with_parent,
+    run_announcing,
     run_server,
-    stop,
 )
 from test_grpcurl import find_grpcurl
 
@@ -53,30 +49,8 @@ def run_ws_gate(grpc_addr: str, log_path: Path):
         "--ratekeeper", f"http://{grpc_addr}",
         "--domain", CONCURRENCY_DOMAIN,
     ]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-            preexec_fn=_die_with_parent,
-        )
-    try:
-        lines: queue.Queue = queue.Queue()
-
-        def pump():
-            for raw in process.stdout:
-                lines.put(raw.decode(errors="replace").strip())
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        try:
-            first = lines.get(timeout=STARTUP_TIMEOUT_S)
-        except queue.Empty:
-            first = None
-        match = LISTENING.match(first or "")
-        if not match:
-            pytest.fail(f"ws_gate did not start (stdout: {first!r}):\n{log_path.read_text(errors='replace')}")
+    with run_announcing(args, log_path, LISTENING, "ws_gate") as (match, _):
         yield f"ws://{match[1]}"
-    finally:
-        stop(process)
 
 
 @pytest.fixture(scope="module")
