@@ -60,6 +60,15 @@ def fmt_ratio(v):
     return "–" if v is None else f"{v:.2f}"
 
 
+def measured_cells(s, errors, with_redis):
+    """A scenario's req/s, each round, p50, p99, p99.9, errors and CPU cells."""
+    cpu = " / ".join("–" if v is None else f"{v:.1f}"
+                     for v in (s["server_cpu"], s["redis_cpu"] if with_redis else None, s["gen_cpu"]))
+    each = ", ".join(f"{v:,.0f}" for v in s["rps_each"])
+    return (f"{fmt_int(s['rps'])} | {each} | {fmt_int(s['p50'])} | {fmt_int(s['p99'])} | "
+            f"{fmt_int(s['p999'])} | {errors} | {cpu}")
+
+
 def per_call_us(ticks, calls):
     if not calls:
         return None
@@ -303,13 +312,7 @@ def main():
                      f"from the actual send: p50 {fmt_int(s['sent_p50'])}, p99 {fmt_int(s['sent_p99'])} µs)")
         if s["over"]:
             what += f"; {s['over']:,} OVER_LIMIT answers"
-        cpu = " / ".join(
-            "–" if v is None else f"{v:.1f}"
-            for v in (s["server_cpu"], s["redis_cpu"] if name.startswith("redis") else None, s["gen_cpu"])
-        )
-        each = ", ".join(f"{v:,.0f}" for v in s["rps_each"])
-        w(f"| `{name}` | {what} | {fmt_int(s['rps'])} | {each} | {fmt_int(s['p50'])} | "
-          f"{fmt_int(s['p99'])} | {fmt_int(s['p999'])} | {errors} | {cpu} |")
+        w(f"| `{name}` | {what} | {measured_cells(s, errors, name.startswith('redis'))} |")
     w("")
 
     w("### Each algorithm on Redis (distinct keys, 1 descriptor)\n")
@@ -320,11 +323,7 @@ def main():
         s = res.summary(name)
         if s is None:
             continue
-        cpu = " / ".join("–" if v is None else f"{v:.1f}"
-                         for v in (s["server_cpu"], s["redis_cpu"], s["gen_cpu"]))
-        each = ", ".join(f"{v:,.0f}" for v in s["rps_each"])
-        w(f"| `{algorithm}` | {fmt_int(s['rps'])} | {each} | {fmt_int(s['p50'])} | "
-          f"{fmt_int(s['p99'])} | {fmt_int(s['p999'])} | {s['errors']} | {cpu} |")
+        w(f"| `{algorithm}` | {measured_cells(s, s['errors'], True)} |")
     w("")
 
     # --- the Redis ceiling -----------------------------------------------------------
