@@ -2,9 +2,13 @@
 -- one step. Twin of src/limiter/batch.rs; arguments in lua/README.md.
 -- One call may carry several requests (joined by src/store/batcher.rs):
 -- they are decided one after another, each all-or-nothing on its own, and
--- each sees what the ones before it wrote.
+-- each sees what the ones before it decided.
+-- A key's state is read from Redis once per call and written back once, at
+-- the end: requests of one call that share a key (one user's bursts, a
+-- shared tier counter) cost Redis no more commands than one request.
 -- Every call pays for what it allocates here, so per check there is one
--- table (its arguments) and answers go straight into the reply.
+-- table (its arguments), the per-request tables are shared by all requests
+-- of the call (cleared after each), and answers go straight into the reply.
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -14,32 +18,47 @@ else
 end
 local FIELDS = 6
 local out = {}
+-- For the whole call, per key: its state as the requests decided so far
+-- left it, and the check to save it with once a request consumed from it.
+local state, save_with = {}, {}
+-- For the request being decided, per key: the last check that consumed
+-- from it, and (all-or-nothing requests of several checks) its state before
+-- the request's first hit on it, restored if the request is refused; per
+-- check, its arguments.
+local consumed_by, before, checks = {}, {}, {}
+
+local function copy(s)
+  local t = {}
+  for field, value in pairs(s) do
+    t[field] = value
+  end
+  return t
+end
 
 -- Decides the checks KEYS[k0 + 1 .. k0 + n], whose fields start at ARGV[a0].
 local function request(k0, a0, n, all_or_nothing)
-  -- Per key: the live state (after this request's hits so far) and the
-  -- last check that consumed from it.
-  local live, consumed_by = {}, {}
-  local checks = {}
   local blocked = false
+  -- A lone check that is over consumes nothing, so only a request of
+  -- several checks can have hits to undo.
+  local undoable = all_or_nothing and n > 1
   for i = 1, n do
     local a = a0 + (i - 1) * FIELDS
-    local hits = tonumber(ARGV[a + 4])
+    local hits = num(ARGV[a + 4])
     local c = {
       tag = ARGV[a],
-      limit = tonumber(ARGV[a + 1]),
-      period = tonumber(ARGV[a + 2]),
-      burst = tonumber(ARGV[a + 3]),
+      limit = num(ARGV[a + 1]),
+      period = num(ARGV[a + 2]),
+      burst = num(ARGV[a + 3]),
       hits = hits,
       need = math.max(hits, 1),
     }
     checks[i] = c
     local algo = algorithm(c.tag)
     local key = KEYS[k0 + i]
-    local s = live[key]
+    local s = state[key]
     if s == nil then
       s = algo.load(key, c, now)
-      live[key] = s
+      state[key] = s
     end
     local over = algo.is_over(s, c, now)
     if over and ARGV[a + 5] == '1' then
@@ -47,6 +66,9 @@ local function request(k0, a0, n, all_or_nothing)
     end
     local applied = (not over) and hits > 0
     if applied then
+      if undoable and before[key] == nil then
+        before[key] = copy(s)
+      end
       algo.apply(s, c, now)
       consumed_by[key] = i
     end
@@ -58,39 +80,47 @@ local function request(k0, a0, n, all_or_nothing)
   end
 
   if blocked and all_or_nothing then
-    -- A refused request consumes nothing: report the stored states, loaded
-    -- again (nothing was written; refusals are the rarer case, so this
-    -- beats copying every state up front).
-    local stored = {}
+    -- A refused request consumes nothing: put back what it took and report
+    -- every check against the states as they were before it.
     for i = 1, n do
-      local c, key = checks[i], KEYS[k0 + i]
-      local algo = algorithm(c.tag)
-      local s = stored[key]
-      if s == nil then
-        s = algo.load(key, c, now)
-        stored[key] = s
+      local key = KEYS[k0 + i]
+      if before[key] ~= nil then
+        state[key] = before[key]
       end
-      local o = 3 * (k0 + i)
-      out[o - 1], out[o] = algo.report(s, c, out[o - 2] == 1, false, now)
+    end
+    for i = 1, n do
+      local c, o = checks[i], 3 * (k0 + i)
+      out[o - 1], out[o] = algorithm(c.tag).report(state[KEYS[k0 + i]], c, out[o - 2] == 1, false, now)
     end
   else
-    for key, i in pairs(consumed_by) do
-      local c = checks[i]
-      local algo = algorithm(c.tag)
-      algo.save(key, live[key], c, now, math.max(algo.ttl(live[key], c, now), 1))
+    for i = 1, n do
+      local key = KEYS[k0 + i]
+      if consumed_by[key] == i then
+        save_with[key] = checks[i]
+      end
     end
+  end
+  for i = 1, n do
+    local key = KEYS[k0 + i]
+    consumed_by[key], before[key] = nil, nil
   end
 end
 
 -- Each request: all-or-nothing flag, number of checks, then its checks.
 local k, a, argc = 0, 2, #ARGV
 while a <= argc do
-  local n = tonumber(ARGV[a + 1])
+  local n = num(ARGV[a + 1])
   if n == nil or k + n > #KEYS then
     return redis.error_reply('malformed limiter arguments')
   end
   request(k, a + 2, n, ARGV[a] == '1')
   k = k + n
   a = a + 2 + n * FIELDS
+end
+
+-- Each consumed key once, with the last check that consumed from it.
+for key, c in pairs(save_with) do
+  local s, algo = state[key], algorithm(c.tag)
+  algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
 end
 return out

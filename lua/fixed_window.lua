@@ -5,7 +5,7 @@ B.fw = function() return {
     local window = idiv(now, c.period)
     local h = redis.call('HMGET', key, 'w', 'c')
     if tonumber(h[1]) == window then
-      return { window = window, count = tonumber(h[2]) }
+      return { window = window, count = tonumber(h[2]), same_window = true }
     end
     return { window = window, count = 0 }
   end,
@@ -22,7 +22,12 @@ B.fw = function() return {
     return (s.window + 1) * c.period - now
   end,
   save = function(key, s, c, now, ttl)
-    redis.call('HSET', key, 'w', int(s.window), 'c', int(s.count))
-    redis.call('PEXPIRE', key, int(ttl))
+    if s.same_window then
+      -- The save that began this window set the key to expire at its end.
+      redis.call('HSET', key, 'c', int(s.count))
+    else
+      redis.call('HSET', key, 'w', int(s.window), 'c', int(s.count))
+      redis.call('PEXPIRE', key, int(ttl))
+    end
   end,
 } end

@@ -16,6 +16,19 @@ local function algorithm(tag)
   return a
 end
 
+-- tonumber for call arguments, memoized: the checks of a call mostly repeat
+-- the same limit, period, burst and hits, and Lua's tonumber parses a string
+-- twice (lua_isnumber, then lua_tonumber), each time with strtod.
+local parsed = {}
+local function num(s)
+  local v = parsed[s]
+  if v == nil then
+    v = tonumber(s)
+    parsed[s] = v
+  end
+  return v
+end
+
 -- floor(a / b) for non-negative integers below 2^53, exactly: double division
 -- can round a quotient just below an integer up to it.
 local function idiv(a, b)
@@ -32,11 +45,9 @@ local function ceil_div(a, b)
   return idiv(a + b - 1, b)
 end
 
--- An integer as a command argument. Lua's own conversion (%.14g) is exact
--- below 1e14 and switches to exponent notation (dropping digits) above.
+-- An integer as a command argument, formatted here: Redis would format a Lua
+-- number with snprintf("%.17g"), which costs several times more than
+-- string.format's integer path (exact below 2^63; ours stay below 2^53).
 local function int(n)
-  if n < 1e14 and n > -1e14 and n == math.floor(n) then
-    return n
-  end
-  return string.format('%.0f', n)
+  return string.format('%d', n)
 end

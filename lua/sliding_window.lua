@@ -13,7 +13,9 @@ B.sw = function() return {
     local h = redis.call('HMGET', key, 'w', 'c', 'p')
     local w = tonumber(h[1])
     if w == window then
-      return { window = window, current = tonumber(h[2]), previous = tonumber(h[3]) }
+      return {
+        window = window, current = tonumber(h[2]), previous = tonumber(h[3]), same_window = true,
+      }
     elseif w == window - 1 then
       return { window = window, current = 0, previous = tonumber(h[2]) }
     end
@@ -32,7 +34,12 @@ B.sw = function() return {
     return (s.window + 2) * c.period - now
   end,
   save = function(key, s, c, now, ttl)
-    redis.call('HSET', key, 'w', int(s.window), 'c', int(s.current), 'p', int(s.previous))
-    redis.call('PEXPIRE', key, int(ttl))
+    if s.same_window then
+      -- The save that began this window set the key's expiry; p is as saved.
+      redis.call('HSET', key, 'c', int(s.current))
+    else
+      redis.call('HSET', key, 'w', int(s.window), 'c', int(s.current), 'p', int(s.previous))
+      redis.call('PEXPIRE', key, int(ttl))
+    end
   end,
 } end

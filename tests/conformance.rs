@@ -8,6 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::Backend;
+use proptest::prelude::*;
 use ratekeeper::clock::ManualClock;
 use ratekeeper::limiter::{Algorithm, Check, Outcome, MAX_HITS};
 
@@ -480,6 +481,59 @@ async fn redis_counters_always_carry_a_ttl() {
     }
 }
 
+/// How many times Redis ran `command` (lower case) since its stats were reset,
+/// scripts' own calls included.
+fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn redis_window_counters_get_their_expiry_once_per_window() {
+    // The save that begins a window sets the key to expire at the window's
+    // end (sliding: one window later); later hits in that window leave the
+    // expiry alone, and the next window sets it again.
+    let redis = common::RedisServer::start();
+    let start = 1_800_000_000_250;
+    let clock = Arc::new(ManualClock::new(start));
+    let store = redis.store(Some(clock.clone()));
+    let checks = [
+        c("fw", 10, 1),
+        ck(Algorithm::SlidingWindow, "sw", 10, 1_000, 0, 1),
+    ];
+    let mut conn = redis.client().get_connection().unwrap();
+    let pttl = |conn: &mut redis::Connection, check: &Check| -> i64 {
+        redis::cmd("PTTL").arg(&check.key).query(conn).unwrap()
+    };
+    // (ms after start, fixed-window remaining, PEXPIREs so far, PTTLs)
+    for (at, remaining, pexpires, fw_ttl, sw_ttl) in [
+        (0, 9, 2, 750, 1_750),
+        (500, 8, 2, 750, 1_750),
+        (1_100, 9, 4, 650, 1_650),
+    ] {
+        clock.set(start + at);
+        let got = store.apply(&checks, true).await.unwrap();
+        assert_eq!(got[0].remaining, remaining, "at +{at} ms");
+        assert_eq!(command_calls(&mut conn, "pexpire"), pexpires, "at +{at} ms");
+        // Redis's own clock moved by a few ms meanwhile, not by `at`.
+        let (fw, sw) = (pttl(&mut conn, &checks[0]), pttl(&mut conn, &checks[1]));
+        assert!(
+            fw <= fw_ttl && fw > fw_ttl - 100,
+            "at +{at} ms: fw PTTL {fw}"
+        );
+        assert!(
+            sw <= sw_ttl && sw > sw_ttl - 100,
+            "at +{at} ms: sw PTTL {sw}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn redis_joins_requests_in_flight_into_few_calls_each_all_or_nothing() {
     let redis = common::RedisServer::start();
@@ -510,16 +564,7 @@ async fn redis_joins_requests_in_flight_into_few_calls_each_all_or_nothing() {
     // Refused requests wrote nothing, not even their own counters.
     let keys: Vec<String> = redis::cmd("KEYS").arg("*own*").query(&mut conn).unwrap();
     assert_eq!(keys.len(), 30, "{keys:?}");
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    let calls: u64 = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .expect("EVALSHA calls in INFO");
+    let calls = command_calls(&mut conn, "evalsha");
     assert!(
         calls <= 20,
         "100 requests in flight together took {calls} script calls"
@@ -664,4 +709,104 @@ async fn cluster_requests_across_slots_are_atomic_per_slot() {
     // Both fit: both answered from their own slot.
     let out = store.apply(&[a, c("slot-b", 1, 1)], true).await.unwrap();
     assert_eq!(out, vec![o(false, 3, 1000), o(false, 0, 1000)]);
+}
+
+/// A key of the random runs below: its algorithm, limit, period and burst.
+type KeySpec = (Algorithm, u64, u64, u64);
+/// A request: all-or-nothing, and its checks as (key index, hits, enforce).
+type Request = (bool, Vec<(usize, u64, bool)>);
+
+fn key_specs() -> impl Strategy<Value = Vec<KeySpec>> {
+    let algorithm = prop::sample::select(vec![
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ]);
+    // Limits dividing the periods into multiples of 250 ms, and times on
+    // that grid: every TTL Redis is given is then at least 250 ms of real
+    // time, far more than a run takes, so Redis never expires a key that
+    // the pinned clock still counts.
+    let limit = prop::sample::select(vec![1u64, 2, 4]);
+    let period = prop::sample::select(vec![1_000u64, 60_000]);
+    prop::collection::vec((algorithm, limit, period, 0u64..4), 4)
+}
+
+fn calls() -> impl Strategy<Value = Vec<(u64, Vec<Request>)>> {
+    let check = (0usize..4, 0u64..4, prop::bool::weighted(0.8));
+    let request = (prop::bool::ANY, prop::collection::vec(check, 1..4));
+    prop::collection::vec((0u64..6, prop::collection::vec(request, 1..12)), 1..5)
+}
+
+/// Requests joined into one script call (as the batcher joins requests in
+/// flight) get the answers they would get one by one: random requests over
+/// four keys of random algorithms, several calls in a row, each call's
+/// answers compared with the in-memory store deciding the same requests in
+/// the same order, one at a time.
+#[test]
+fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
+    use proptest::test_runner::{Config, TestRunner};
+    use ratekeeper::store::{limiter_script, MemoryStore};
+
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let hash: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(limiter_script::TEXT)
+        .query(&mut conn)
+        .unwrap();
+    // The runner takes a `Fn`: the connection is borrowed per case.
+    let conn = std::cell::RefCell::new(conn);
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&(key_specs(), calls()), |(specs, calls)| {
+        let mut conn = conn.borrow_mut();
+        let _: () = redis::cmd("FLUSHDB").query(&mut *conn).unwrap();
+        let start = 1_800_000_000_000;
+        let clock = Arc::new(ManualClock::new(start));
+        let memory = MemoryStore::new(clock.clone());
+        let mut now = start;
+        for (call, (steps, requests)) in calls.iter().enumerate() {
+            now += steps * 250;
+            clock.set(now);
+            let requests: Vec<(bool, Vec<Check>)> = requests
+                .iter()
+                .map(|(all_or_nothing, checks)| {
+                    let checks = checks
+                        .iter()
+                        .map(|&(k, hits, enforce)| {
+                            let (algorithm, limit, period_ms, burst) = specs[k];
+                            Check {
+                                enforce,
+                                ..ck(algorithm, &format!("k{k}"), limit, period_ms, burst, hits)
+                            }
+                        })
+                        .collect();
+                    (*all_or_nothing, checks)
+                })
+                .collect();
+            let one_by_one: Vec<Outcome> = requests
+                .iter()
+                .flat_map(|(all_or_nothing, checks)| memory.apply(checks, *all_or_nothing))
+                .collect();
+            let joined = requests.iter().map(|(a, checks)| (*a, checks.as_slice()));
+            let reply: Vec<i64> = limiter_script::command(&hash, &now.to_string(), joined)
+                .query(&mut *conn)
+                .unwrap();
+            let in_one_call = limiter_script::outcomes(&reply, one_by_one.len()).unwrap();
+            prop_assert_eq!(in_one_call, one_by_one, "call {}", call);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }

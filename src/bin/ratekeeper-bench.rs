@@ -15,6 +15,10 @@
 //! one request and rewrites only its descriptor values, so the generator does
 //! little work per call besides gRPC itself. It prints a human summary and,
 //! as the last line, one JSON object for scripts (`bench/run.sh`).
+//!
+//! `--write-request FILE` writes the first request it would send, framed as
+//! a gRPC message, and exits: the body for another HTTP/2 load tool (`make
+//! bench` gives it to `h2load -d`).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -92,6 +96,9 @@ struct Args {
     /// Free text copied into the JSON line.
     #[arg(long, default_value = "")]
     label: String,
+    /// Write the first request, gRPC-framed, to this file and exit.
+    #[arg(long)]
+    write_request: Option<std::path::PathBuf>,
 }
 
 /// How descriptor values are chosen.
@@ -742,6 +749,18 @@ fn report(args: &Args, summary: &Summary) {
     );
 }
 
+/// A gRPC message as it travels in an HTTP/2 body: an uncompressed flag,
+/// the length (big-endian u32), then the protobuf bytes.
+fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
+    let body = prost::Message::encode_to_vec(request);
+    let mut frame = Vec::with_capacity(5 + body.len());
+    frame.push(0);
+    // A request of a few descriptors is far below 4 GiB.
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let dist = match KeyDist::parse(&args.keys) {
@@ -757,6 +776,17 @@ fn main() -> ExitCode {
     {
         eprintln!("ratekeeper-bench: --rate and --duration must be > 0, --warmup >= 0");
         return ExitCode::from(2);
+    }
+    if let Some(path) = &args.write_request {
+        let keys = Arc::new(KeySpace::new(dist));
+        let request = RequestTemplate::new(&args, keys, 1).next();
+        return match std::fs::write(path, grpc_frame(&request)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ratekeeper-bench: cannot write {}: {e}", path.display());
+                ExitCode::FAILURE
+            }
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
@@ -835,5 +865,19 @@ mod tests {
     #[test]
     fn json_strings_are_escaped() {
         assert_eq!(json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+
+    #[test]
+    fn written_requests_are_one_grpc_message() {
+        let args = Args::parse_from(["bench", "--domain", "d", "--keys", "hot"]);
+        let keys = Arc::new(KeySpace::new(KeyDist::Hot));
+        let request = RequestTemplate::new(&args, keys, 1).next();
+        let frame = grpc_frame(&request);
+        assert_eq!(frame[0], 0, "not compressed");
+        let length = u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]) as usize;
+        assert_eq!(length, frame.len() - 5);
+        let decoded: RateLimitRequest = prost::Message::decode(&frame[5..]).unwrap();
+        assert_eq!(decoded.domain, "d");
+        assert_eq!(decoded.descriptors[0].entries[0].value, "hot");
     }
 }
