@@ -33,6 +33,18 @@ SCENARIOS = [
     ("memory_open_1k", "in-memory, **open loop** at 1,000 req/s: the machine's latency floor"),
     ("redis_open_1k", "Redis, **open loop** at 1,000 req/s: the machine's latency floor"),
 ]
+# h2load runs with the issue's reference settings: name -> (what, store,
+# limitador-server's figure for the same case on an idle machine of this
+# class, from the issue).
+H2LOAD = [
+    ("h2load_memory", "in-memory store, one fixed request (one counter, under its limit)",
+     "memory storage: ~61,000"),
+    ("h2load_memory_over", "in-memory store, one fixed request over its limit", "–"),
+    ("h2load_redis", "Redis store, one fixed request (one counter, under its limit)",
+     "exact Redis storage: ~15,000; approximate batched: ~24,000"),
+    ("h2load_redis_over", "Redis store, one fixed request over its limit",
+     "over its limit, no local cache: ~17,000"),
+]
 ALGORITHMS = [
     ("fixed_window", "redis"),
     ("sliding_window", "redis_sw"),
@@ -79,12 +91,15 @@ class Results:
     def __init__(self, rows):
         self.scenarios = {}
         self.ceiling = {}
+        self.h2load = {}
         self.rss = None
         self.sweep = None
         for r in rows:
             kind = r["kind"]
             if kind == "scenario":
                 self.scenarios.setdefault(r["name"], []).append(r)
+            elif kind == "h2load":
+                self.h2load.setdefault(r["name"], []).append(r)
             elif kind == "redis-benchmark":
                 self.ceiling.setdefault(r["pipeline"], []).append(r)
             elif kind == "rss":
@@ -121,13 +136,33 @@ class Results:
             "evalsha_per_req": median([r.get("evalsha_calls", 0) / max(1, r["gen"]["calls"]) for r in runs]),
         }
 
+    def h2load_summary(self, name):
+        runs = sorted(self.h2load.get(name, []), key=lambda r: r["round"])
+        if not runs:
+            return None
+        return {
+            "rps": median([r["rps"] for r in runs]),
+            "rps_each": [r["rps"] for r in runs],
+            "mean": median([r["mean_us"] for r in runs]),
+            "done": sum(r["done"] for r in runs),
+            "failed": sum(r["failed"] + r["errored"] + r["timeout"] for r in runs),
+            "ok": sum(r["decided_ok"] for r in runs),
+            "over": sum(r["decided_over"] for r in runs),
+            "server_cpu": median([per_call_us(r["server_cpu_ticks"], r["done"]) for r in runs]),
+            "redis_cpu": median([per_call_us(r["redis_cpu_ticks"], r["done"]) for r in runs]),
+            "evalsha_per_req": median([r["evalsha_calls"] / max(1, r["done"]) for r in runs]),
+        }
+
+    def rps_by_round(self, name):
+        if isinstance(name, int):
+            return {r["round"]: float(r["rps"]) for r in self.ceiling.get(name, [])}
+        if name in self.h2load:
+            return {r["round"]: r["rps"] for r in self.h2load[name]}
+        return {r["round"]: r["gen"]["rps"] for r in self.runs(name)}
+
     def ratio(self, num, den):
         """Median over rounds of num/den, and the per-round values."""
-        a = {r["round"]: r["gen"]["rps"] for r in self.runs(num)}
-        if isinstance(den, int):
-            b = {r["round"]: float(r["rps"]) for r in self.ceiling.get(den, [])}
-        else:
-            b = {r["round"]: r["gen"]["rps"] for r in self.runs(den)}
+        a, b = self.rps_by_round(num), self.rps_by_round(den)
         each = [a[k] / b[k] for k in sorted(a) if k in b and b[k] > 0]
         return (median(each), each)
 
@@ -286,7 +321,8 @@ def main():
     if busy:
         w(f"| other load | {busy}% of the machine's CPU was busy with other work in the 2 s before the run |")
     w(f"| Redis | redis-server {env('BENCH_REDIS_VERSION', '?')}, own process on a free loopback port, no persistence |")
-    w("| generator | `ratekeeper-bench` (tonic client of Envoy RLS v3), same machine |")
+    w("| generators | `ratekeeper-bench` (tonic client of Envoy RLS v3) and, for the issue's "
+      f"reference settings, h2load {env('BENCH_H2LOAD_VERSION', '?')}; both on the same machine |")
     w("")
     w("Everything — generator, ratekeeper and redis-server — runs on the same "
       f"{os.cpu_count()} cores, all traffic on 127.0.0.1. Each run: {env('BENCH_WARMUP')} s "
@@ -341,6 +377,40 @@ def main():
         w(f"| `-c 50 -P {p}` | {fmt_int(res.ceiling_rps(p))} | {each} |")
     w("")
 
+    # --- h2load: the issue's reference settings ----------------------------------------
+    if res.h2load:
+        w("### The issue's reference settings: h2load, one fixed request\n")
+        w(f"`h2load -t1 -c16 -m32 -D{secs} -d <request> -H 'content-type: application/grpc' "
+          "-H 'te: trailers' http://<ratekeeper>/envoy.service.ratelimit.v3.RateLimitService/"
+          "ShouldRateLimit` — the generator settings the issue's limitador-server figures were "
+          "measured with (on an idle machine of this class; ours share the machine with other "
+          "tenants). `<request>` is one `ShouldRateLimit` request, gRPC-framed, written by "
+          "`ratekeeper-bench --write-request` (domain `bench_fw`, `user_id` `k0`, or `hot` for "
+          "the over-limit runs). h2load sees every gRPC answer as HTTP 200, so the answers "
+          "ratekeeper counted in its own metrics (`ratekeeper_rate_limit_total_hits` less "
+          "`_over_limit`, and `_over_limit`) are shown beside h2load's count: they match up to the requests still "
+          "in flight when h2load stopped. No warm-up; the in-memory store is restarted and "
+          "Redis flushed before each run.\n")
+        w("| scenario | what | req/s (median) | req/s each round | mean latency µs | "
+          "h2load: done / failed | ratekeeper answered: OK / over limit | "
+          "CPU µs/req: ratekeeper / Redis | limitador-server (issue, req/s) |")
+        w("|---|---|---:|---|---:|---|---|---|---|")
+        for name, what, reference in H2LOAD:
+            h = res.h2load_summary(name)
+            if h is None:
+                continue
+            each = ", ".join(f"{v:,.0f}" for v in h["rps_each"])
+            redis_cpu = f"{h['redis_cpu']:.1f}" if name.startswith("h2load_redis") else "–"
+            w(f"| `{name}` | {what} | {fmt_int(h['rps'])} | {each} | {fmt_int(h['mean'])} | "
+              f"{h['done']:,} / {h['failed']:,} | {h['ok']:,} / {h['over']:,} | "
+              f"{h['server_cpu']:.1f} / {redis_cpu} | {reference} |")
+        w("")
+        hr = res.h2load_summary("h2load_redis")
+        if hr:
+            w(f"In `h2load_redis` every request of a call is on the same counter, which the "
+              f"limiter script reads and writes once per call: {hr['evalsha_per_req']:.3f} "
+              "script calls per request.\n")
+
     # --- ratios and targets -----------------------------------------------------------
     w("## Ratios and targets (issue #6)\n")
     w("Ratios are per round (same minute, same machine state), median over the rounds.\n")
@@ -352,15 +422,34 @@ def main():
         met = "–" if med is None else ("yes" if med >= goal else "**no**")
         w(f"| {label} ≥ {goal} | {fmt_ratio(med)}; {', '.join(f'{v:.2f}' for v in each)} | {met} |")
 
-    ratio_row("Redis (`redis`) / in-memory (`memory`) throughput", "redis", "memory", 0.6)
+    ratio_row("Redis (`redis`) / in-memory (`memory`) throughput, this generator, distinct keys",
+              "redis", "memory", 0.6)
+    if res.h2load:
+        ratio_row("Redis (`h2load_redis`) / in-memory (`h2load_memory`) throughput, h2load, "
+                  "one fixed request", "h2load_redis", "h2load_memory", 0.6)
     ratio_row("Redis (`redis`) / `redis-benchmark -c 50 -P 1` EVALSHA", "redis", 1, 0.4)
     ratio_row("hot key over limit on Redis (`redis_hot`) / in-memory (`memory`)", "redis_hot", "memory", 0.9)
     ratio_row("hot key over limit in memory (`memory_hot`) / `memory`", "memory_hot", "memory", 0.9)
+    hm = res.h2load_summary("h2load_memory")
+    if hm:
+        met = "yes" if hm["rps"] > 61000 else "**no**"
+        each = ", ".join(f"{v:,.0f}" for v in hm["rps_each"])
+        w(f"| in-memory req/s > limitador's 61k, same h2load settings (`h2load_memory`; "
+          f"theirs on an idle machine) | {fmt_int(hm['rps'])}; {each} | {met} |")
     mem = res.summary("memory")
     if mem:
-        met = "yes" if mem["rps"] > 61000 else "**no**"
-        w(f"| in-memory req/s > limitador's 61k (its figure: h2load, idle machine; "
-          f"ours: this generator, shared machine) | {fmt_int(mem['rps'])} | {met} |")
+        w(f"| (for scale: in-memory req/s with this generator, distinct keys; the generator "
+          f"takes about half the CPU) | {fmt_int(mem['rps'])} | – |")
+    hr = res.h2load_summary("h2load_redis")
+    if hr:
+        met = "yes" if hr["rps"] > 24000 else "**no**"
+        w(f"| Redis req/s (`h2load_redis`, exact) > limitador's exact 15k and batched 24k | "
+          f"{fmt_int(hr['rps'])} | {met} |")
+    ho = res.h2load_summary("h2load_redis_over")
+    if ho:
+        met = "yes" if ho["rps"] > 17000 else "**no**"
+        w(f"| over-limit key on Redis (`h2load_redis_over`) > limitador's 17k | "
+          f"{fmt_int(ho['rps'])} | {met} |")
     op = res.summary("redis_open_half")
     if op:
         met = "yes" if op["p99"] <= 1000 else "**no**"
@@ -462,6 +551,14 @@ def main():
             total = sum(p for p in parts if p is not None)
             calls = f"{s['evalsha_per_req']:.3f}" if name.startswith("redis") else "–"
             w(f"| `{name}` | {s['server_cpu']:.1f} | {rd:.1f} | {s['gen_cpu']:.1f} | {total:.1f} | {calls} |")
+        for name in ["h2load_memory", "h2load_redis"]:
+            h = res.h2load_summary(name)
+            if not h:
+                continue
+            rd = h["redis_cpu"] if name == "h2load_redis" else 0.0
+            calls = f"{h['evalsha_per_req']:.3f}" if name == "h2load_redis" else "–"
+            w(f"| `{name}` (one counter) | {h['server_cpu']:.1f} | {rd:.1f} | – (h2load) | "
+              f"{h['server_cpu'] + rd:.1f} + h2load | {calls} |")
         w("")
         w("Script calls per request: `EVALSHA` commands Redis ran (`INFO commandstats`) over "
           "the requests the generator made, warm-up included. Below 1, ratekeeper joined "

@@ -83,6 +83,11 @@ if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/nu
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
+if ! command -v h2load >/dev/null; then
+    log "installing h2load (nghttp2-client)"
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nghttp2-client >/dev/null
+fi
 command -v python3 >/dev/null || die "python3 is needed to write the report"
 
 # How busy the machine is with other work before we start (shared machine).
@@ -134,11 +139,12 @@ SHA=$(cat "${LUA_FILES[@]}" | rcli -x SCRIPT LOAD)
 log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA"
 
 # --- ratekeeper --------------------------------------------------------------
-# start_ratekeeper NAME [flags...]: sets NAME_PID and NAME_ADDR.
+# start_ratekeeper NAME [flags...]: sets NAME_PID, NAME_ADDR and NAME_METRICS
+# (metrics on, as in production; h2load runs read its decision counters).
 start_ratekeeper() {
     local name=$1 addr="" pid
     shift
-    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr off \
+    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
         --log-level warn "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     pid=$!
     PIDS+=("$pid")
@@ -151,6 +157,7 @@ start_ratekeeper() {
     [ -n "$addr" ] || die "ratekeeper ($name) did not print its address"
     printf -v "${name}_PID" '%s' "$pid"
     printf -v "${name}_ADDR" '%s' "$addr"
+    printf -v "${name}_METRICS" '%s' "$(sed -n 's/^listening .* metrics=\([^ ]*\).*/\1/p' "$WORK/$name.out")"
     [ -n "${QUIET_START:-}" ] || log "ratekeeper ($name) pid $pid on $addr"
 }
 
@@ -220,6 +227,73 @@ redis_ceiling() {
     log "  redis-benchmark EVALSHA -c 50 -P $pipeline: $rps req/s"
 }
 
+# The request h2load sends: one fixed request, gRPC-framed, as in the issue's
+# reference measurements (`user_id` k0 has the high limit; `hot` is over).
+"$GEN" --write-request "$WORK/fixed.bin" --domain bench_fw --keys uniform:1
+"$GEN" --write-request "$WORK/hot.bin" --domain bench_fw --keys hot
+
+# decisions STORE(mem|red): "OK OVER" answers ratekeeper has counted for
+# bench_fw so far (its Prometheus hit counters; one hit per request here).
+decisions() {
+    local metrics_var="${1}_METRICS"
+    python3 - "http://${!metrics_var}/metrics" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+def total(name):
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith(name + "{") and 'domain="bench_fw"' in line)
+over = total("ratekeeper_rate_limit_over_limit")
+print(total("ratekeeper_rate_limit_total_hits") - over, over)
+PY
+}
+
+# run_h2load ROUND NAME STORE(mem|red) BODY: h2load with the issue's settings
+# (`-t1 -c16 -m32 -D<seconds>`) sending BODY; one JSON line in $RESULTS with
+# h2load's counts, the answers ratekeeper counted meanwhile and the CPU used.
+run_h2load() {
+    local round=$1 name=$2 store=$3 body=$4
+    fresh_store "$store"
+    local pid_var="${store}_PID" addr_var="${store}_ADDR"
+    local pid=${!pid_var} addr=${!addr_var}
+    local before after rk0 rd0 rk1 rd1 out
+    before=$(decisions "$store")
+    rk0=$(cpu_ticks "$pid")
+    rd0=$(cpu_ticks "$REDIS_PID")
+    out=$(h2load -t1 -c16 -m32 -D"$SECS" -d "$body" -H 'content-type: application/grpc' \
+        -H 'te: trailers' "http://$addr/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" 2>&1) ||
+        { echo "$out" | tail -n 5 >&2; die "h2load failed in $name"; }
+    rk1=$(cpu_ticks "$pid")
+    rd1=$(cpu_ticks "$REDIS_PID")
+    after=$(decisions "$store")
+    local evalsha=0
+    [ "$store" = red ] && evalsha=$(evalsha_calls)
+    python3 - "$out" "$round" "$name" "$store" "$before" "$after" "$((rk1 - rk0))" "$((rd1 - rd0))" \
+        "$evalsha" >>"$RESULTS" <<'PY'
+import json, re, sys
+out, round_, name, store, before, after, rk, rd, evalsha = sys.argv[1:]
+finished = re.search(r"^finished in ([\d.]+)s, ([\d.]+) req/s", out, re.M)
+counts = re.search(r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                   r"(\d+) failed, (\d+) errored, (\d+) timeout", out, re.M)
+mean = re.search(r"^time for request:\s+\S+\s+\S+\s+(\S+)", out, re.M)
+if not finished or not counts:
+    sys.exit("h2load printed no summary:\n" + out)
+def us(text):
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(value) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+(ok0, over0), (ok1, over1) = (map(int, before.split())), (map(int, after.split()))
+print(json.dumps({
+    "kind": "h2load", "round": int(round_), "name": name, "store": store,
+    "seconds": float(finished.group(1)), "rps": float(finished.group(2)),
+    "done": int(counts.group(3)), "succeeded": int(counts.group(4)),
+    "failed": int(counts.group(5)), "errored": int(counts.group(6)),
+    "timeout": int(counts.group(7)), "mean_us": us(mean.group(1)) if mean else None,
+    "decided_ok": ok1 - ok0, "decided_over": over1 - over0,
+    "server_cpu_ticks": int(rk), "redis_cpu_ticks": int(rd), "evalsha_calls": int(evalsha),
+}))
+PY
+    log "  $(tail -n 1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%-18s %8.0f req/s  h2load done %d (failed %d)  ratekeeper answered OK %d, over %d" % (d["name"], d["rps"], d["done"], d["failed"] + d["errored"], d["decided_ok"], d["decided_over"]))')"
+}
+
 json_field() { # JSON FIELD
     python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"
 }
@@ -256,6 +330,11 @@ for round in $(seq "$RUNS"); do
     # A rate far below any peak: what is left is the machine's wake-up latency.
     run_scenario "$round" memory_open_1k mem --domain bench_fw --keys distinct --rate 1000
     run_scenario "$round" redis_open_1k red --domain bench_fw --keys distinct --rate 1000
+    # The issue's reference settings: h2load, one fixed request.
+    run_h2load "$round" h2load_memory mem "$WORK/fixed.bin"
+    run_h2load "$round" h2load_memory_over mem "$WORK/hot.bin"
+    run_h2load "$round" h2load_redis red "$WORK/fixed.bin"
+    run_h2load "$round" h2load_redis_over red "$WORK/hot.bin"
     redis_ceiling "$round" 1 $((SECS * 30000))
     redis_ceiling "$round" 16 $((SECS * 100000))
 done
@@ -330,6 +409,7 @@ stop "$sweep_PID"
 export BENCH_SECONDS=$SECS BENCH_WARMUP=$WARMUP BENCH_RUNS=$RUNS BENCH_CONCURRENCY=$CONC \
     BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS BENCH_REDIS_POOL=$POOL \
     BENCH_MEMORY_KEYS=$MEMORY_KEYS BENCH_SWEEP_SECONDS=$SWEEP_SECONDS BENCH_SWEEP_RATE=$SWEEP_RATE
+export BENCH_H2LOAD_VERSION="$(h2load --version | sed -n 's/.*nghttp2\/\([^ ]*\).*/\1/p')"
 export BENCH_REDIS_VERSION="$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
 export BENCH_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
 python3 bench/report.py "$RESULTS" "$RESULTS_DIR" >"$OUT"

@@ -62,6 +62,9 @@ pub struct RateLimiter {
     detailed: Arc<DetailedSeries>,
     /// Keys known to be full until their window ends (no store call).
     over: Arc<OverCache>,
+    /// Registered once: looking a metric up by name costs a registry
+    /// lookup on every request.
+    duration: metrics::Histogram,
 }
 
 /// The limits that apply to one descriptor of a request.
@@ -87,6 +90,7 @@ impl RateLimiter {
             local: MemoryStore::new(Arc::new(SystemClock)),
             detailed: Arc::new(DetailedSeries::new(settings.max_detailed_series)),
             over: Arc::new(OverCache::default()),
+            duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
             settings,
         }
     }
@@ -305,8 +309,7 @@ impl RateLimitService for RateLimiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let result = self.decide(request.get_ref()).await;
-        metrics::histogram!("ratekeeper_request_duration_seconds")
-            .record(started.elapsed().as_secs_f64());
+        self.duration.record(started.elapsed().as_secs_f64());
         if let Err(status) = &result {
             tracing::debug!(code = ?status.code(), message = status.message(), "request refused");
         }
