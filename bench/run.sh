@@ -140,11 +140,12 @@ log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA"
 
 # --- ratekeeper --------------------------------------------------------------
 # start_ratekeeper NAME [flags...]: sets NAME_PID, NAME_ADDR and NAME_METRICS
-# (metrics on, as in production; h2load runs read its decision counters).
+# (metrics on, as in production; h2load runs read its decision counters;
+# RK_METRICS=off turns them off).
 start_ratekeeper() {
     local name=$1 addr="" pid
     shift
-    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr "${RK_METRICS:-127.0.0.1:0}" \
         --log-level warn "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     pid=$!
     PIDS+=("$pid")
@@ -370,7 +371,9 @@ if [ "$PERF" = 1 ]; then
 fi
 
 # --- resident size with MEMORY_KEYS live counters ----------------------------
-start_ratekeeper rss
+# Metrics off: the latency histogram holds up to 5 s of samples between
+# upkeeps, which would be counted against the keys.
+RK_METRICS=off start_ratekeeper rss
 sleep 1
 before=$(rss_kib "$rss_PID")
 line=$("$GEN" --addr "$rss_ADDR" --requests "$MEMORY_KEYS" --duration 3600 --warmup 0 \
@@ -384,7 +387,7 @@ log "resident size: $before KiB idle, $after KiB after $MEMORY_KEYS distinct key
 stop "$rss_PID"
 
 # --- expired counters are swept: RSS under a stream of distinct keys ---------
-start_ratekeeper sweep
+RK_METRICS=off start_ratekeeper sweep
 sleep 1
 base=$(rss_kib "$sweep_PID")
 "$GEN" --addr "$sweep_ADDR" --rate "$SWEEP_RATE" --duration "$SWEEP_SECONDS" --warmup 0 \

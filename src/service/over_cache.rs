@@ -8,7 +8,8 @@
 //! a reload that changes the limit stops the entry from matching.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
 
 use crate::limiter::{Algorithm, Check, Outcome};
 
@@ -16,10 +17,24 @@ use crate::limiter::{Algorithm, Check, Outcome};
 /// ones not added until there is room.
 const CAPACITY: usize = 100_000;
 
+/// Every request asks the cache, so asking takes no exclusive lock: readers
+/// share a read lock, and while nothing is remembered (a service whose
+/// callers all stay under their limits) no lock at all.
 #[derive(Debug, Default)]
 pub struct OverCache {
     /// Key -> (until, in the store's clock's milliseconds; the limit).
-    entries: Mutex<HashMap<String, (u64, u64)>>,
+    entries: RwLock<HashMap<String, (u64, u64)>>,
+    /// Whether `entries` may hold anything (set before the first insert).
+    any: AtomicBool,
+}
+
+/// Whether `outcome` shows `check`'s counter full: at its limit, refusing
+/// even one more hit, enforced, and a fixed window.
+fn full(check: &Check, outcome: &Outcome) -> bool {
+    check.algorithm == Algorithm::FixedWindow
+        && check.enforce
+        && outcome.over
+        && outcome.remaining == 0
 }
 
 impl OverCache {
@@ -27,14 +42,14 @@ impl OverCache {
     /// even one more hit, and enforced).
     /// `now_ms` is the store's clock (tests pin it).
     pub fn learn(&self, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
+        if !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
+            return;
+        }
         let now = now_ms;
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        self.any.store(true, Ordering::Release);
         for (check, outcome) in checks.iter().zip(outcomes) {
-            if check.algorithm != Algorithm::FixedWindow
-                || !check.enforce
-                || !outcome.over
-                || outcome.remaining > 0
-            {
+            if !full(check, outcome) {
                 continue;
             }
             if entries.len() >= CAPACITY {
@@ -51,11 +66,11 @@ impl OverCache {
     /// If every check is a remembered full counter, the outcomes the store
     /// would give (over, nothing remaining, the time left); else `None`.
     pub fn answer(&self, checks: &[Check], now_ms: u64) -> Option<Vec<Outcome>> {
-        if checks.is_empty() {
+        if checks.is_empty() || !self.any.load(Ordering::Acquire) {
             return None;
         }
         let now = now_ms;
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
         checks
             .iter()
             .map(|check| {
