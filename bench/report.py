@@ -314,7 +314,9 @@ def main():
       f"BENCH_RUNS={env('BENCH_RUNS')} BENCH_CONCURRENCY={env('BENCH_CONCURRENCY')} "
       f"BENCH_CONNECTIONS={env('BENCH_CONNECTIONS')} BENCH_THREADS={env('BENCH_THREADS')} "
       f"BENCH_REDIS_POOL={env('BENCH_REDIS_POOL')}) |")
-    w(f"| date | {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC |")
+    # BENCH_DATE: when the report is rewritten from earlier results.
+    date = env("BENCH_DATE") or f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+    w(f"| date | {date} UTC |")
     w(f"| commit | {env('BENCH_COMMIT', 'unknown')} |")
     w(f"| machine | `nproc` = {os.cpu_count()}, {model}, {mem} RAM, Linux {platform.release()} |")
     busy = env("BENCH_BACKGROUND_BUSY")
@@ -608,6 +610,21 @@ def main():
           f"Redis CPU per one-descriptor request, so Redis used about {busy:.0%} of a core at "
           f"the best `redis` round: it is not yet the bottleneck here; the CPU left for "
           "ratekeeper and the generator is.")
+    hm, hr = res.h2load_summary("h2load_memory"), res.h2load_summary("h2load_redis")
+    if hm and hr and cats["red"]:
+        alloc = "allocator (mimalloc; glibc malloc/free)"
+        w(f"- **Next: ratekeeper's own Redis path.** With h2load on one counter, Redis spent "
+          f"{hr['redis_cpu']:.1f} µs per request (its key read and written once per call) while "
+          f"ratekeeper spent {hr['server_cpu']:.1f} µs, against {hm['server_cpu']:.1f} µs with "
+          "the in-memory store. The difference is not the Redis client "
+          f"({cats['red'].get('Redis client (redis-rs, combine)', 0.0):.1f}% of the `redis` "
+          "profile) but what a suspended request costs: the allocator takes "
+          f"{cats['red'].get(alloc, 0.0):.0f}% of the samples (in-memory: "
+          f"{cats['mem'].get(alloc, 0.0):.0f}%), with `_mi_page_free_collect` (freeing memory "
+          "another thread allocated) near the top. That points at requests resumed away from "
+          "their memory: a request waiting for its script call is woken by the task that read "
+          "the reply, often on the other thread, with its state gone cold. Keeping a request on "
+          "its connection's thread and allocating less per request is the next step.")
     q = res.summary("redis_open_quarter")
     if q and r:
         w(f"- **Open loop on a VM.** At a quarter of the peak, ratekeeper spent "
