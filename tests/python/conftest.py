@@ -10,11 +10,11 @@ teardown, and on Linux also dies with the test process.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,15 +87,15 @@ def ratekeeper_bin() -> Path:
     return path
 
 
-# Linux: the server gets SIGTERM if the test process dies without a teardown.
-# prctl is looked up here, so the child only makes the call between fork and exec.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-PR_SET_PDEATHSIG = 1
+# Linux: a server gets SIGTERM if the test process dies without a teardown.
+# setpriv (util-linux) sets that and execs the server; not a preexec_fn, which
+# forks a process whose other threads (grpcio's pollers) are gone, and grpcio's
+# fork handlers have aborted such a child before its exec.
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 
-def _die_with_parent():
-    if _prctl is not None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def _dying_with_parent(args: list) -> list:
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *args] if _SETPRIV else list(args)
 
 
 def stop(process: subprocess.Popen) -> int:
@@ -120,8 +120,8 @@ def run_announcing(args: list, log_path: Path, pattern: re.Pattern, what: str, e
     (match, process). Fails the test with the log if it does not start."""
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-            env=env, preexec_fn=_die_with_parent,
+            _dying_with_parent(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=log, env=env,
         )
     try:
         lines: queue.Queue = queue.Queue()
