@@ -89,8 +89,8 @@ local function request(k0, a0, n, all_or_nothing)
       end
     end
     for i = 1, n do
-      local c, o = checks[i], 3 * (k0 + i)
-      out[o - 1], out[o] = algorithm(c.tag).report(state[KEYS[k0 + i]], c, out[o - 2] == 1, false, now)
+      local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
+      out[o - 1], out[o] = algorithm(c.tag).report(s, c, out[o - 2] == 1, false, now)
     end
   else
     for i = 1, n do
