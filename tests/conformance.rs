@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::Backend;
+use common::{command_calls, Backend};
 use proptest::prelude::*;
 use ratekeeper::clock::ManualClock;
 use ratekeeper::limiter::{Algorithm, Check, Outcome, MAX_HITS};
@@ -481,19 +481,6 @@ async fn redis_counters_always_carry_a_ttl() {
     }
 }
 
-/// How many times Redis ran `command` (lower case) since its stats were reset,
-/// scripts' own calls included.
-fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn redis_window_counters_get_their_expiry_once_per_window() {
     // The save that begins a window sets the key to expire at the window's
@@ -758,12 +745,8 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
         .unwrap();
     // The runner takes a `Fn`: the connection is borrowed per case.
     let conn = std::cell::RefCell::new(conn);
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200);
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: common::proptest_cases(200),
         failure_persistence: None,
         ..Config::default()
     });

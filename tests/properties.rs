@@ -3,6 +3,8 @@
 //! shows Redis agrees with it step for step). Plus a measurement of the
 //! sliding-window counter's error against the exact sliding log.
 
+mod common;
+
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -193,7 +195,7 @@ fn sliding_window_error_vs_exact_log() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { failure_persistence: None, cases: cases(2_000), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { failure_persistence: None, cases: common::proptest_cases(2_000), ..ProptestConfig::default() })]
 
     /// Distinct (domain, entries) never share a counter key, whatever the
     /// values hold: separators, braces, percent signs, unicode, empties.
@@ -232,12 +234,4 @@ fn descriptor_strategy() -> impl Strategy<Value = (String, Vec<(String, String)>
         part.clone(),
         prop::collection::vec((part.clone(), part), 0..3),
     )
-}
-
-/// `PROPTEST_CASES` (as `make fuzz` sets it), else `default`.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
 }

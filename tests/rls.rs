@@ -731,16 +731,7 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
         client.should_rate_limit(req.clone()).await.unwrap();
     }
     let mut conn = redis.client().get_connection().unwrap();
-    let script_calls = |conn: &mut redis::Connection| -> u64 {
-        let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-        info.lines()
-            .find(|l| l.starts_with("cmdstat_evalsha:"))
-            .and_then(|l| l.split("calls=").nth(1))
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let before = script_calls(&mut conn);
+    let before = common::command_calls(&mut conn, "evalsha");
     clock.advance(10_000);
     for _ in 0..10 {
         let r = client
@@ -756,7 +747,7 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
         );
     }
     assert_eq!(
-        script_calls(&mut conn),
+        common::command_calls(&mut conn, "evalsha"),
         before,
         "the hot key cost Redis nothing"
     );
@@ -764,6 +755,6 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
     clock.set(START_MS + 60_000);
     let r = client.should_rate_limit(req).await.unwrap().into_inner();
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
-    assert_eq!(script_calls(&mut conn), before + 1);
+    assert_eq!(common::command_calls(&mut conn, "evalsha"), before + 1);
     server.stop().await;
 }

@@ -130,7 +130,7 @@ fn rl_request() -> impl Strategy<Value = RateLimitRequest> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { failure_persistence: None, cases: cases(1_000), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { failure_persistence: None, cases: common::proptest_cases(1_000), ..ProptestConfig::default() })]
 
     #[test]
     fn the_limits_parser_never_panics(text in yaml_fragments()) {
@@ -174,7 +174,7 @@ async fn random_bytes_on_the_grpc_port_leave_the_server_serving() {
         state ^= state << 17;
         state
     };
-    let cases = u64::from(cases(200));
+    let cases = u64::from(common::proptest_cases(200));
     tokio::task::spawn_blocking(move || {
         for i in 0..cases {
             let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
@@ -277,12 +277,4 @@ async fn slowloris_connections_are_cut_and_others_served() {
         .into_inner();
     assert_eq!(r.statuses[0].limit_remaining, 3);
     server.stop().await;
-}
-
-/// `PROPTEST_CASES` (as `make fuzz` sets it), else `default`.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
 }

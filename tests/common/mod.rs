@@ -143,6 +143,30 @@ impl Drop for RedisServer {
     }
 }
 
+/// How many times Redis ran `command` (lower case) since its stats were
+/// reset, scripts' own calls included (`INFO commandstats`).
+pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `PROPTEST_CASES` (as `make fuzz` sets it), else `default`.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The stores under test, for tables run against each.
 pub enum Backend {
     Memory,
