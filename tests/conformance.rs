@@ -780,7 +780,7 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
                 .iter()
                 .flat_map(|(all_or_nothing, checks)| memory.apply(checks, *all_or_nothing))
                 .collect();
-            let joined = requests.iter().map(|(a, checks)| (*a, checks.as_slice()));
+            let joined = requests.iter().map(|(a, checks)| (*a, checks.iter()));
             let reply: Vec<i64> = limiter_script::command(&hash, &now.to_string(), joined)
                 .query(&mut *conn)
                 .unwrap();

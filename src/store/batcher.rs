@@ -130,7 +130,7 @@ impl Batcher {
 
     async fn call(&self, call: &[Waiting]) -> Result<Vec<Outcome>> {
         let now = script_now(self.clock.as_ref());
-        let requests = call.iter().map(|w| (w.all_or_nothing, w.checks.as_slice()));
+        let requests = call.iter().map(|w| (w.all_or_nothing, w.checks.iter()));
         let cmd = limiter_script::command(self.limiter.get_hash(), &now, requests);
         let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;
         limiter_script::outcomes(&reply, call.iter().map(|w| w.checks.len()).sum())

@@ -23,11 +23,13 @@ const REPLY_FIELDS: usize = 3;
 
 /// `EVALSHA` of the script (by `hash`) deciding `requests` one after another,
 /// each `(all_or_nothing, checks)`; `now` is the pinned time in ms or `""`
-/// for the server's clock. Integers are written straight into the command's
-/// one buffer: no allocation per argument.
-pub fn command<'c, R>(hash: &str, now: &str, requests: R) -> Cmd
+/// for the server's clock. Checks are borrowed where they are (a cluster
+/// slot's are picked out of its request), and integers are written straight
+/// into the command's one buffer: no allocation per argument.
+pub fn command<'c, R, C>(hash: &str, now: &str, requests: R) -> Cmd
 where
-    R: Iterator<Item = (bool, &'c [Check])> + Clone,
+    R: Iterator<Item = (bool, C)> + Clone,
+    C: ExactSizeIterator<Item = &'c Check>,
 {
     let keys: usize = requests.clone().map(|(_, checks)| checks.len()).sum();
     let mut cmd = redis::cmd("EVALSHA");

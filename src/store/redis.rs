@@ -141,14 +141,14 @@ impl RedisStore {
         group: &[usize],
         all_or_nothing: bool,
     ) -> Result<Vec<Outcome>> {
-        let slot_checks: Vec<Check> = group.iter().map(|&i| checks[i].clone()).collect();
+        let slot_checks = group.iter().map(|&i| &checks[i]);
         let cmd = limiter_script::command(
             self.limiter.get_hash(),
             &self.now_arg(),
-            std::iter::once((all_or_nothing, slot_checks.as_slice())),
+            std::iter::once((all_or_nothing, slot_checks)),
         );
         let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;
-        limiter_script::outcomes(&reply, slot_checks.len())
+        limiter_script::outcomes(&reply, group.len())
     }
 
     /// Takes a lease in every slot, or in none. On a cluster the sets of
