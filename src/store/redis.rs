@@ -90,6 +90,12 @@ impl RedisStore {
             .map_or_else(|| SystemClock.now_ms(), |c| c.now_ms())
     }
 
+    /// Time allowed for a `PING` or `SCRIPT LOAD`: not on a request's path,
+    /// so the call deadline but at least 500 ms.
+    fn probe_timeout(&self) -> Duration {
+        self.caller.call_timeout.max(Duration::from_millis(500))
+    }
+
     fn now_arg(&self) -> String {
         script_now(self.clock.as_ref())
     }
@@ -282,10 +288,9 @@ impl RedisStore {
     /// milliseconds of deadline. Run before the service reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
         self.ping().await?;
-        let limit = self.caller.call_timeout.max(Duration::from_millis(500));
         for mut conn in self.caller.connections.all() {
             for script in [&*self.limiter, &self.leases] {
-                tokio::time::timeout(limit, script.load_async(&mut conn))
+                tokio::time::timeout(self.probe_timeout(), script.load_async(&mut conn))
                     .await
                     .map_err(|_| Error::Store("SCRIPT LOAD timed out".into()))??;
             }
@@ -303,11 +308,8 @@ impl RedisStore {
                 .get(self.caller.call_timeout)
                 .await?;
             let cmd = redis::cmd("PING");
-            match tokio::time::timeout(
-                self.caller.call_timeout.max(Duration::from_millis(500)),
-                cmd.query_async::<String>(&mut conn),
-            )
-            .await
+            match tokio::time::timeout(self.probe_timeout(), cmd.query_async::<String>(&mut conn))
+                .await
             {
                 Err(_) => Err(Error::Store("PING timed out".into())),
                 Ok(Err(error)) => {
