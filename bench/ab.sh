@@ -27,8 +27,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/ratekeeper-ab.XXXXXX")
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+. bench/lib.sh # free_port, cpu_ticks, h2load_rls
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
     --logfile "$WORK/redis.log" &
@@ -56,23 +55,21 @@ run() { # A|B generator-flags...
     local v=$1 rk0 rd0 rk1 rd1 out
     shift
     redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
-    rk0=$(ticks "${PID[$v]}") rd0=$(ticks "$REDIS_PID")
+    rk0=$(cpu_ticks "${PID[$v]}") rd0=$(cpu_ticks "$REDIS_PID")
     if [ "$TOOL" = h2load ]; then
-        out=$(h2load -t1 -c16 -m32 -D"$SECS" -d "$WORK/fixed.bin" -H 'content-type: application/grpc' \
-            -H 'te: trailers' "http://${ADDR[$v]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        out=$(h2load_rls "${ADDR[$v]}" "$WORK/fixed.bin" "$SECS")
     else
         out=$("$GEN" --addr "${ADDR[$v]}" --duration "$SECS" --warmup 1 "$@" 2>/dev/null | tail -n 1)
     fi
-    rk1=$(ticks "${PID[$v]}") rd1=$(ticks "$REDIS_PID")
+    rk1=$(cpu_ticks "${PID[$v]}") rd1=$(cpu_ticks "$REDIS_PID")
     python3 - "$v" "$TOOL" "$out" $((rk1 - rk0)) $((rd1 - rd0)) "$(getconf CLK_TCK)" <<'PY'
-import json, re, sys
+import json, sys
 v, tool, out, rk, rd, hz = sys.argv[1:]
+d = json.loads(out)
 if tool == "h2load":
-    rps = float(re.search(r"^finished in [\d.]+s, ([\d.]+) req/s", out, re.M).group(1))
-    n = int(re.search(r" (\d+) succeeded", out).group(1))
-    latency, gen = "mean " + re.search(r"^time for request:\s+\S+\s+\S+\s+(\S+)", out, re.M).group(1), "–"
+    rps, n = d["rps"], d["succeeded"]
+    latency, gen = f"mean {d['mean_us']:,.0f} µs", "–"
 else:
-    d = json.loads(out)
     rps, n = d["rps"], d["calls"]
     latency = f"p50 {d['p50_us']} µs p99 {d['p99_us']} µs"
     gen = f"{d['client_cpu_us_per_req']:.1f}" if d.get("client_cpu_us_per_req") else "–"

@@ -16,6 +16,7 @@
 # 500 uncounted warm-up calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh # free_port
 N=${N:-2000}
 BATCH=23
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lua-instructions.XXXXXX")
@@ -48,7 +49,7 @@ for script in "$@"; do
             distinct) call_args $BATCH 0; requests=$BATCH; label="$BATCH requests, distinct keys" ;;
             same) call_args $BATCH 1; requests=$BATCH; label="$BATCH requests, one key" ;;
         esac
-        port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        port=$(free_port)
         valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.out" \
             redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
         pid=$!

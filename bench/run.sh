@@ -44,6 +44,8 @@ RESULTS_DIR=$ROOT/target/bench
 RESULTS=$RESULTS_DIR/results.jsonl
 LUA_FILES=(lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua lua/sliding_log.lua lua/gcra.lua lua/batch.lua)
 
+. bench/lib.sh # free_port, cpu_ticks, h2load_rls
+
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -110,14 +112,6 @@ log "machine busy with other work: ${BENCH_BACKGROUND_BUSY}% of $(nproc) cores"
 
 log "building release binaries"
 cargo build --release --quiet --bin ratekeeper --bin ratekeeper-bench
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-cpu_ticks() { # PID -> user + system clock ticks so far
-    awk '{ print $14 + $15 }' "/proc/$1/stat"
-}
 
 rss_kib() { # PID -> resident set size in KiB
     awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"
@@ -260,9 +254,7 @@ run_h2load() {
     before=$(decisions "$store")
     rk0=$(cpu_ticks "$pid")
     rd0=$(cpu_ticks "$REDIS_PID")
-    out=$(h2load -t1 -c16 -m32 -D"$SECS" -d "$body" -H 'content-type: application/grpc' \
-        -H 'te: trailers' "http://$addr/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" 2>&1) ||
-        { echo "$out" | tail -n 5 >&2; die "h2load failed in $name"; }
+    out=$(h2load_rls "$addr" "$body" "$SECS") || die "h2load failed in $name"
     rk1=$(cpu_ticks "$pid")
     rd1=$(cpu_ticks "$REDIS_PID")
     after=$(decisions "$store")
@@ -270,24 +262,11 @@ run_h2load() {
     [ "$store" = red ] && evalsha=$(evalsha_calls)
     python3 - "$out" "$round" "$name" "$store" "$before" "$after" "$((rk1 - rk0))" "$((rd1 - rd0))" \
         "$evalsha" >>"$RESULTS" <<'PY'
-import json, re, sys
+import json, sys
 out, round_, name, store, before, after, rk, rd, evalsha = sys.argv[1:]
-finished = re.search(r"^finished in ([\d.]+)s, ([\d.]+) req/s", out, re.M)
-counts = re.search(r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
-                   r"(\d+) failed, (\d+) errored, (\d+) timeout", out, re.M)
-mean = re.search(r"^time for request:\s+\S+\s+\S+\s+(\S+)", out, re.M)
-if not finished or not counts:
-    sys.exit("h2load printed no summary:\n" + out)
-def us(text):
-    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
-    return float(value) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
 (ok0, over0), (ok1, over1) = (map(int, before.split())), (map(int, after.split()))
 print(json.dumps({
-    "kind": "h2load", "round": int(round_), "name": name, "store": store,
-    "seconds": float(finished.group(1)), "rps": float(finished.group(2)),
-    "done": int(counts.group(3)), "succeeded": int(counts.group(4)),
-    "failed": int(counts.group(5)), "errored": int(counts.group(6)),
-    "timeout": int(counts.group(7)), "mean_us": us(mean.group(1)) if mean else None,
+    "kind": "h2load", "round": int(round_), "name": name, "store": store, **json.loads(out),
     "decided_ok": ok1 - ok0, "decided_over": over1 - over0,
     "server_cpu_ticks": int(rk), "redis_cpu_ticks": int(rd), "evalsha_calls": int(evalsha),
 }))
