@@ -9,8 +9,12 @@
 #   same key   23 requests per call on one key (batched, one hot counter)
 # Prints one line per script and shape.
 #
-#   bench/lua_instructions.sh                 the joined script ratekeeper loads
-#   bench/lua_instructions.sh FILE.lua ...    other scripts, same arguments
+#   bench/lua_instructions.sh                 the limiter as ratekeeper loads it:
+#                                             the joined script (EVALSHA) and the
+#                                             function library (FCALL)
+#   bench/lua_instructions.sh FILE.lua ...    other scripts, same arguments (a
+#                                             file starting `#!lua name=N` is a
+#                                             library called by FCALL N)
 #
 # Needs valgrind and redis-server; N (default 2000) calls are counted after
 # 500 uncounted warm-up calls.
@@ -24,7 +28,9 @@ trap 'rm -rf "$WORK"' EXIT
 if [ $# -eq 0 ]; then
     cat lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua lua/sliding_log.lua \
         lua/gcra.lua lua/batch.lua >"$WORK/joined.lua"
-    set -- "$WORK/joined.lua"
+    cargo build --release --quiet --bin ratekeeper-bench
+    target/release/ratekeeper-bench --write-limiter-library "$WORK/library.lua"
+    set -- "$WORK/joined.lua" "$WORK/library.lua"
 fi
 
 # call_args REQUESTS SAME_KEY: numkeys, keys and arguments of one EVALSHA
@@ -54,16 +60,20 @@ for script in "$@"; do
             redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
         pid=$!
         for _ in $(seq 150); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
-        sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$script")
-        redis-benchmark -p "$port" -c 10 -n 500 -r 100000000 -q EVALSHA "$sha" "${CALL[@]}" >/dev/null
+        if head -n 1 "$script" | grep -q '^#!lua name='; then
+            invoke=(FCALL "$(redis-cli -p "$port" -x FUNCTION LOAD <"$script")")
+        else
+            invoke=(EVALSHA "$(redis-cli -p "$port" -x SCRIPT LOAD <"$script")")
+        fi
+        redis-benchmark -p "$port" -c 10 -n 500 -r 100000000 -q "${invoke[@]}" "${CALL[@]}" >/dev/null
         callgrind_control -i on "$pid" >/dev/null
-        redis-benchmark -p "$port" -c 10 -n "$N" -r 100000000 -q EVALSHA "$sha" "${CALL[@]}" >/dev/null
+        redis-benchmark -p "$port" -c 10 -n "$N" -r 100000000 -q "${invoke[@]}" "${CALL[@]}" >/dev/null
         callgrind_control -i off "$pid" >/dev/null
         redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
         wait "$pid" || true
         total=$(callgrind_annotate "$WORK/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
-        printf '%s, %s: %d instructions per request (%d per call; redis-server, incl. networking)\n' \
-            "$(basename "$script")" "$label" $((total / N / requests)) $((total / N))
+        printf '%s (%s), %s: %d instructions per request (%d per call; redis-server, incl. networking)\n' \
+            "$(basename "$script")" "${invoke[0]}" "$label" $((total / N / requests)) $((total / N))
         rm -f "$WORK/cg.out"
     done
 done

@@ -27,7 +27,7 @@ SCENARIOS = [
     ("memory_open_half", "in-memory, **open loop** at half of the round's `memory` peak"),
     ("redis", "Redis store, distinct keys, 1 descriptor (fixed_window)"),
     ("redis_hot", "Redis store, one hot key already over its limit"),
-    ("redis_5desc", "Redis store, 5 descriptors per request (one EVALSHA), distinct keys"),
+    ("redis_5desc", "Redis store, 5 descriptors per request (one limiter call), distinct keys"),
     ("redis_open_quarter", "Redis, **open loop** at a quarter of the round's `redis` peak"),
     ("redis_open_half", "Redis, **open loop** at half of the round's `redis` peak"),
     ("memory_open_1k", "in-memory, **open loop** at 1,000 req/s: the machine's latency floor"),
@@ -94,6 +94,11 @@ def per_call_us(ticks, calls):
     return ticks / CLK_TCK * 1e6 / calls
 
 
+def script_calls(run):
+    """Limiter calls Redis ran during a run (older results: EVALSHA only)."""
+    return run.get("script_calls", run.get("evalsha_calls", 0))
+
+
 class Results:
     def __init__(self, rows):
         self.scenarios = {}
@@ -108,7 +113,7 @@ class Results:
             elif kind == "h2load":
                 self.h2load.setdefault(r["name"], []).append(r)
             elif kind == "redis-benchmark":
-                self.ceiling.setdefault(r["pipeline"], []).append(r)
+                self.ceiling.setdefault((r.get("command", "EVALSHA"), r["pipeline"]), []).append(r)
             elif kind == "rss":
                 self.rss = r
             elif kind == "sweep":
@@ -140,7 +145,7 @@ class Results:
             "server_cpu": median([per_call_us(r["server_cpu_ticks"], r["gen"]["calls"]) for r in runs]),
             "redis_cpu": median([per_call_us(r["redis_cpu_ticks"], r["gen"]["calls"]) for r in runs]),
             "gen_cpu": median([x.get("client_cpu_us_per_req") for x in g]),
-            "evalsha_per_req": median([r.get("evalsha_calls", 0) / max(1, r["gen"]["calls"]) for r in runs]),
+            "calls_per_req": median([script_calls(r) / max(1, r["gen"]["calls"]) for r in runs]),
         }
 
     def h2load_summary(self, name):
@@ -157,11 +162,11 @@ class Results:
             "over": sum(r["decided_over"] for r in runs),
             "server_cpu": median([per_call_us(r["server_cpu_ticks"], r["done"]) for r in runs]),
             "redis_cpu": median([per_call_us(r["redis_cpu_ticks"], r["done"]) for r in runs]),
-            "evalsha_per_req": median([r["evalsha_calls"] / max(1, r["done"]) for r in runs]),
+            "calls_per_req": median([script_calls(r) / max(1, r["done"]) for r in runs]),
         }
 
     def rps_by_round(self, name):
-        if isinstance(name, int):
+        if isinstance(name, tuple):  # a redis-benchmark run: (command, pipeline)
             return {r["round"]: float(r["rps"]) for r in self.ceiling.get(name, [])}
         if name in self.h2load:
             return {r["round"]: r["rps"] for r in self.h2load[name]}
@@ -173,8 +178,8 @@ class Results:
         each = [a[k] / b[k] for k in sorted(a) if k in b and b[k] > 0]
         return (median(each), each)
 
-    def ceiling_rps(self, pipeline):
-        return median([float(r["rps"]) for r in self.ceiling.get(pipeline, [])])
+    def ceiling_rps(self, key):
+        return median([float(r["rps"]) for r in self.ceiling.get(key, [])])
 
 
 def machine():
@@ -372,18 +377,26 @@ def main():
     w("")
 
     # --- the Redis ceiling -----------------------------------------------------------
-    w("### Redis ceiling: the limiter script alone\n")
+    w("### Redis ceiling: the limiter alone\n")
     w("`redis-benchmark -c 50 -r 1000000 [-P 16] EVALSHA <sha> 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' "
-      "\"\" 1 1 fw 1000000000 3600000 0 1 1` — the same joined script ratekeeper loads "
-      "(`lua/prelude.lua` … `lua/batch.lua`), one fixed-window check per call, as ratekeeper "
-      "sends a one-descriptor request when it is the only one waiting (under load ratekeeper "
-      "joins the requests in flight into fewer, larger calls; see the calls per request "
-      "below).\n")
+      "\"\" 1 1 fw 1000000000 3600000 0 1 1`, and the same with `FCALL <function>` — the limiter "
+      "ratekeeper loads (`lua/prelude.lua` … `lua/batch.lua`) as a script, and as the function "
+      "library ratekeeper calls on Redis 7 (`ratekeeper-bench --write-limiter-library`), one "
+      "fixed-window check per call, as ratekeeper sends a one-descriptor request when it is the "
+      "only one waiting (under load ratekeeper joins the requests in flight into fewer, larger "
+      "calls; see the calls per request below).\n")
     w("| redis-benchmark | req/s (median) | req/s each round |")
     w("|---|---:|---|")
-    for p in sorted(res.ceiling):
-        each = ", ".join(f"{float(r['rps']):,.0f}" for r in sorted(res.ceiling[p], key=lambda r: r["round"]))
-        w(f"| `-c 50 -P {p}` | {fmt_int(res.ceiling_rps(p))} | {each} |")
+    for command, p in sorted(res.ceiling):
+        runs = sorted(res.ceiling[(command, p)], key=lambda r: r["round"])
+        each = ", ".join(f"{float(r['rps']):,.0f}" for r in runs)
+        w(f"| `{command} -c 50 -P {p}` | {fmt_int(res.ceiling_rps((command, p)))} | {each} |")
+    single, piped = res.ratio(("FCALL", 1), ("EVALSHA", 1)), res.ratio(("FCALL", 16), ("EVALSHA", 16))
+    if single[0] is not None:
+        w("")
+        w(f"FCALL / EVALSHA, same round: {fmt_ratio(single[0])} unpipelined "
+          f"({', '.join(f'{v:.2f}' for v in single[1])}), {fmt_ratio(piped[0])} with `-P 16` "
+          f"({', '.join(f'{v:.2f}' for v in piped[1])}).")
     w("")
 
     # --- h2load: the issue's reference settings ----------------------------------------
@@ -416,7 +429,7 @@ def main():
         hr = res.h2load_summary("h2load_redis")
         if hr:
             w(f"In `h2load_redis` every request of a call is on the same counter, which the "
-              f"limiter script reads and writes once per call: {hr['evalsha_per_req']:.3f} "
+              f"limiter script reads and writes once per call: {hr['calls_per_req']:.3f} "
               "script calls per request.\n")
 
     # --- ratios and targets -----------------------------------------------------------
@@ -435,7 +448,7 @@ def main():
     if res.h2load:
         ratio_row("Redis (`h2load_redis`) / in-memory (`h2load_memory`) throughput, h2load, "
                   "one fixed request", "h2load_redis", "h2load_memory", 0.6)
-    ratio_row("Redis (`redis`) / `redis-benchmark -c 50 -P 1` EVALSHA", "redis", 1, 0.4)
+    ratio_row("Redis (`redis`) / `redis-benchmark -c 50 -P 1` EVALSHA", "redis", ("EVALSHA", 1), 0.4)
     ratio_row("hot key over limit on Redis (`redis_hot`) / in-memory (`memory`)", "redis_hot", "memory", 0.9)
     ratio_row("hot key over limit in memory (`memory_hot`) / `memory`", "memory_hot", "memory", 0.9)
     hm = res.h2load_summary("h2load_memory")
@@ -471,7 +484,9 @@ def main():
     w("")
     w("Other ratios (median; each round):\n")
     for label, num, den in [
-        ("`redis` / `redis-benchmark -P 16`", "redis", 16),
+        ("`redis` / `redis-benchmark EVALSHA -P 16`", "redis", ("EVALSHA", 16)),
+        ("`redis` / `redis-benchmark FCALL -P 1` (the call ratekeeper makes)", "redis", ("FCALL", 1)),
+        ("`redis` / `redis-benchmark FCALL -P 16`", "redis", ("FCALL", 16)),
         ("`redis_5desc` / `memory_5desc`", "redis_5desc", "memory_5desc"),
         ("`redis_5desc` / `redis` (requests; each carries 5 checks)", "redis_5desc", "redis"),
         ("`memory_5desc` / `memory`", "memory_5desc", "memory"),
@@ -560,18 +575,18 @@ def main():
             rd = s["redis_cpu"] if name.startswith("redis") else 0.0
             parts = [s["server_cpu"], rd, s["gen_cpu"]]
             total = sum(p for p in parts if p is not None)
-            calls = f"{s['evalsha_per_req']:.3f}" if name.startswith("redis") else "–"
+            calls = f"{s['calls_per_req']:.3f}" if name.startswith("redis") else "–"
             w(f"| `{name}` | {s['server_cpu']:.1f} | {rd:.1f} | {s['gen_cpu']:.1f} | {total:.1f} | {calls} |")
         for name in ["h2load_memory", "h2load_redis"]:
             h = res.h2load_summary(name)
             if not h:
                 continue
             rd = h["redis_cpu"] if name == "h2load_redis" else 0.0
-            calls = f"{h['evalsha_per_req']:.3f}" if name == "h2load_redis" else "–"
+            calls = f"{h['calls_per_req']:.3f}" if name == "h2load_redis" else "–"
             w(f"| `{name}` (one counter) | {h['server_cpu']:.1f} | {rd:.1f} | – (h2load) | "
               f"{h['server_cpu'] + rd:.1f} + h2load | {calls} |")
         w("")
-        w("Script calls per request: `EVALSHA` commands Redis ran (`INFO commandstats`) over "
+        w("Script calls per request: limiter calls (`FCALL`, or `EVALSHA` where Redis has no functions) Redis ran (`INFO commandstats`) over "
           "the requests the generator made, warm-up included. Below 1, ratekeeper joined "
           "requests that were in flight together into one call (`src/store/batcher.rs`); "
           "`redis_hot` makes almost none, its answers come from the over-limit cache.\n")

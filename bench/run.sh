@@ -5,7 +5,8 @@
 # processes (in-memory and Redis stores) on free loopback ports with the
 # limits in bench/limits/, and runs every scenario BENCH_RUNS times, in
 # rounds (each round runs every scenario once, so ratios are taken within a
-# round), plus redis-benchmark running the limiter script alone by EVALSHA as
+# round), plus redis-benchmark running the limiter alone, as a script by
+# EVALSHA and as a function by FCALL (as ratekeeper calls it on Redis 7), as
 # the Redis ceiling, a resident-memory measurement and a sweep check.
 # Results (one JSON object per run) go to target/bench/results.jsonl; the
 # report is made from them by bench/report.py.
@@ -130,7 +131,10 @@ for _ in $(seq 50); do
 done
 rcli PING >/dev/null || die "redis-server did not start (see its log)"
 SHA=$(cat "${LUA_FILES[@]}" | rcli -x SCRIPT LOAD)
-log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA"
+"$GEN" --write-limiter-library "$WORK/limiter.lib"
+FUNCTION=$(head -n 1 "$WORK/limiter.lib" | sed 's/^#!lua name=//')
+[ "$(rcli -x FUNCTION LOAD <"$WORK/limiter.lib")" = "$FUNCTION" ] || die "FUNCTION LOAD failed"
+log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA, function $FUNCTION"
 
 # --- ratekeeper --------------------------------------------------------------
 # start_ratekeeper NAME [flags...]: sets NAME_PID, NAME_ADDR and NAME_METRICS
@@ -174,10 +178,12 @@ fresh_store() {
     fi
 }
 
-# evalsha_calls: EVALSHA commands Redis ran since its stats were reset.
-evalsha_calls() {
+# script_calls: limiter calls (FCALL and EVALSHA) Redis ran since its stats
+# were reset.
+script_calls() {
     rcli INFO commandstats | tr -d '\r' |
-        sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p' | grep . || echo 0
+        sed -n 's/^cmdstat_\(fcall\|evalsha\):calls=\([0-9]*\),.*/\2/p' |
+        awk '{ n += $1 } END { print n + 0 }'
 }
 
 # run_scenario ROUND NAME STORE(mem|red) GENERATOR-FLAGS...: one run, one
@@ -197,29 +203,31 @@ run_scenario() {
         --label "$name" "$@" 2>>"$WORK/gen.err" | tail -n 1)
     rk1=$(cpu_ticks "$pid")
     rd1=$(cpu_ticks "$REDIS_PID")
-    local evalsha=0
-    [ "$store" = red ] && evalsha=$(evalsha_calls)
+    local calls=0
+    [ "$store" = red ] && calls=$(script_calls)
     case $line in
         "{"*) ;;
         *) tail -n 5 "$WORK/gen.err" >&2; die "generator failed in $name" ;;
     esac
-    printf '{"kind":"scenario","round":%s,"name":"%s","store":"%s","server_cpu_ticks":%s,"redis_cpu_ticks":%s,"evalsha_calls":%s,"gen":%s}\n' \
-        "$round" "$name" "$store" "$((rk1 - rk0))" "$((rd1 - rd0))" "$evalsha" "$line" >>"$RESULTS"
+    printf '{"kind":"scenario","round":%s,"name":"%s","store":"%s","server_cpu_ticks":%s,"redis_cpu_ticks":%s,"script_calls":%s,"gen":%s}\n' \
+        "$round" "$name" "$store" "$((rk1 - rk0))" "$((rd1 - rd0))" "$calls" "$line" >>"$RESULTS"
     python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("  %-16s %8.0f req/s  p50 %5d us  p99 %6d us  ok %d over %d err %d" % (sys.argv[2], d["rps"], d["p50_us"], d["p99_us"], d["ok"], d["over_limit"], d["errors"]))' "$line" "$name" >&2
 }
 
-# redis_ceiling ROUND PIPELINE REQUESTS: redis-benchmark, the limiter script
-# alone (fixed window, one key of 1M, as ratekeeper sends it).
+# redis_ceiling ROUND COMMAND(EVALSHA|FCALL) PIPELINE REQUESTS: redis-benchmark,
+# the limiter alone (fixed window, one key of 1M, as ratekeeper sends it).
 redis_ceiling() {
-    local round=$1 pipeline=$2 n=$3 rps
+    local round=$1 command=$2 pipeline=$3 n=$4 rps name
+    name=$SHA
+    [ "$command" = FCALL ] && name=$FUNCTION
     rcli FLUSHALL >/dev/null
     rps=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 50 -n "$n" -r 1000000 \
-        -P "$pipeline" --csv EVALSHA "$SHA" 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' \
+        -P "$pipeline" --csv "$command" "$name" 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' \
         '' 1 1 fw 1000000000 3600000 0 1 1 | awk -F'"' 'NR == 2 { print $4 }')
     [ -n "$rps" ] || die "redis-benchmark gave no result"
-    printf '{"kind":"redis-benchmark","round":%s,"pipeline":%s,"clients":50,"requests":%s,"rps":%s}\n' \
-        "$round" "$pipeline" "$n" "$rps" >>"$RESULTS"
-    log "  redis-benchmark EVALSHA -c 50 -P $pipeline: $rps req/s"
+    printf '{"kind":"redis-benchmark","round":%s,"command":"%s","pipeline":%s,"clients":50,"requests":%s,"rps":%s}\n' \
+        "$round" "$command" "$pipeline" "$n" "$rps" >>"$RESULTS"
+    log "  redis-benchmark $command -c 50 -P $pipeline: $rps req/s"
 }
 
 # The request h2load sends: one fixed request, gRPC-framed, as in the issue's
@@ -258,17 +266,17 @@ run_h2load() {
     rk1=$(cpu_ticks "$pid")
     rd1=$(cpu_ticks "$REDIS_PID")
     after=$(decisions "$store")
-    local evalsha=0
-    [ "$store" = red ] && evalsha=$(evalsha_calls)
+    local calls=0
+    [ "$store" = red ] && calls=$(script_calls)
     python3 - "$out" "$round" "$name" "$store" "$before" "$after" "$((rk1 - rk0))" "$((rd1 - rd0))" \
-        "$evalsha" >>"$RESULTS" <<'PY'
+        "$calls" >>"$RESULTS" <<'PY'
 import json, sys
-out, round_, name, store, before, after, rk, rd, evalsha = sys.argv[1:]
+out, round_, name, store, before, after, rk, rd, calls = sys.argv[1:]
 (ok0, over0), (ok1, over1) = (map(int, before.split())), (map(int, after.split()))
 print(json.dumps({
     "kind": "h2load", "round": int(round_), "name": name, "store": store, **json.loads(out),
     "decided_ok": ok1 - ok0, "decided_over": over1 - over0,
-    "server_cpu_ticks": int(rk), "redis_cpu_ticks": int(rd), "evalsha_calls": int(evalsha),
+    "server_cpu_ticks": int(rk), "redis_cpu_ticks": int(rd), "script_calls": int(calls),
 }))
 PY
     log "  $(tail -n 1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%-18s %8.0f req/s  h2load done %d (failed %d)  ratekeeper answered OK %d, over %d" % (d["name"], d["rps"], d["done"], d["failed"] + d["errored"], d["decided_ok"], d["decided_over"]))')"
@@ -315,8 +323,10 @@ for round in $(seq "$RUNS"); do
     run_h2load "$round" h2load_memory_over mem "$WORK/hot.bin"
     run_h2load "$round" h2load_redis red "$WORK/fixed.bin"
     run_h2load "$round" h2load_redis_over red "$WORK/hot.bin"
-    redis_ceiling "$round" 1 $((SECS * 30000))
-    redis_ceiling "$round" 16 $((SECS * 100000))
+    for command in EVALSHA FCALL; do
+        redis_ceiling "$round" "$command" 1 $((SECS * 30000))
+        redis_ceiling "$round" "$command" 16 $((SECS * 100000))
+    done
 done
 
 # --- where the time goes -----------------------------------------------------

@@ -9,6 +9,9 @@
 -- Every call pays for what it allocates here, so per check there is one
 -- table (its arguments), the per-request tables are shared by all requests
 -- of the call (cleared after each), and answers go straight into the reply.
+-- In the function library this file is the body of the one function, whose
+-- parameters are KEYS and ARGV.
+parsed = {}
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')

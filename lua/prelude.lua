@@ -1,10 +1,12 @@
--- ratekeeper's limiter script, part 1 of 3: helpers. src/store/redis.rs joins
--- prelude.lua, the algorithm files and batch.lua into one script.
+-- ratekeeper's limiter script, part 1 of 3: helpers. src/store/limiter_script.rs
+-- joins prelude.lua, the algorithm files and batch.lua into one script, or
+-- into a function library whose one function is batch.lua.
 
 -- Algorithm builders by key tag; each algorithm file adds its own. A script
 -- runs from the top on every call, so building all five algorithms' closures
 -- each time would cost more than most requests use: `algorithm(tag)` builds
--- the ones a request needs, once per call.
+-- the ones a request needs, once per call. (In the library the top runs once,
+-- at FUNCTION LOAD, and an algorithm once built stays built.)
 local B, A = {}, {}
 
 local function algorithm(tag)
@@ -18,8 +20,10 @@ end
 
 -- tonumber for call arguments, memoized: the checks of a call mostly repeat
 -- the same limit, period, burst and hits, and Lua's tonumber parses a string
--- twice (lua_isnumber, then lua_tonumber), each time with strtod.
-local parsed = {}
+-- twice (lua_isnumber, then lua_tonumber), each time with strtod. Emptied by
+-- batch.lua at the start of every call: in the library this table outlives
+-- calls, and it must not grow with every distinct argument ever sent.
+local parsed
 local function num(s)
   local v = parsed[s]
   if v == nil then

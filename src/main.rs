@@ -89,6 +89,11 @@ struct Cli {
     /// Deadline of one Redis call, in milliseconds.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 20)]
     redis_timeout_ms: u64,
+    /// Call the limiter by `EVALSHA` only, never as a Redis function
+    /// (`FCALL`): for proxies or managed Redis that pass scripts but not
+    /// functions. (Without it, Redis before 7.0 is detected and gets scripts.)
+    #[arg(long, env = "REDIS_SCRIPTS_ONLY")]
+    redis_scripts_only: bool,
     /// Deadline for connecting to Redis, in milliseconds.
     #[arg(long, env = "REDIS_CONNECT_TIMEOUT_MS", default_value_t = 1_000)]
     redis_connect_timeout_ms: u64,
@@ -218,6 +223,7 @@ async fn run(cli: Cli) -> Result<()> {
                 connections: cli.redis_pool_size,
                 connect_timeout: Duration::from_millis(cli.redis_connect_timeout_ms),
                 call_timeout: Duration::from_millis(cli.redis_timeout_ms),
+                functions: !cli.redis_scripts_only,
             };
             Store::Redis(Arc::new(RedisStore::new(&settings, None)?))
         }

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{command_calls, Backend};
+use common::{command_calls, limiter_calls, Backend};
 use proptest::prelude::*;
 use ratekeeper::clock::ManualClock;
 use ratekeeper::limiter::{Algorithm, Check, Outcome, MAX_HITS};
@@ -551,7 +551,7 @@ async fn redis_joins_requests_in_flight_into_few_calls_each_all_or_nothing() {
     // Refused requests wrote nothing, not even their own counters.
     let keys: Vec<String> = redis::cmd("KEYS").arg("*own*").query(&mut conn).unwrap();
     assert_eq!(keys.len(), 30, "{keys:?}");
-    let calls = command_calls(&mut conn, "evalsha");
+    let calls = limiter_calls(&mut conn);
     assert!(
         calls <= 20,
         "100 requests in flight together took {calls} script calls"
@@ -559,17 +559,125 @@ async fn redis_joins_requests_in_flight_into_few_calls_each_all_or_nothing() {
 }
 
 #[tokio::test]
-async fn redis_script_is_reloaded_after_script_flush() {
+async fn redis_limiter_is_reloaded_after_function_flush_and_script_flush() {
     let redis = common::RedisServer::start();
-    let store = redis.store(Some(Arc::new(ManualClock::new(1_800_000_000_000))));
-    assert!(!store.apply(&[c("x", 5, 1)], true).await.unwrap()[0].over);
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
     let mut conn = redis.client().get_connection().unwrap();
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-    let after = store.apply(&[c("x", 5, 1)], true).await.unwrap();
-    assert_eq!(
-        after[0].remaining, 3,
-        "the counter survived, the script was reloaded"
+    for (functions, flush) in [(true, "FUNCTION"), (false, "SCRIPT")] {
+        let store = redis.store_with(Some(clock.clone()), functions);
+        let key = format!("after-{flush}-flush");
+        assert!(!store.apply(&[c(&key, 5, 1)], true).await.unwrap()[0].over);
+        let _: () = redis::cmd(flush).arg("FLUSH").query(&mut conn).unwrap();
+        let after = store.apply(&[c(&key, 5, 1)], true).await.unwrap();
+        assert_eq!(
+            after[0].remaining, 3,
+            "{flush} FLUSH: the counter survived, the limiter was reloaded"
+        );
+    }
+    assert!(command_calls(&mut conn, "fcall") >= 2);
+    assert!(command_calls(&mut conn, "evalsha") >= 2);
+}
+
+/// Redis before 7.0 has no functions; neither has one whose FUNCTION and
+/// FCALL commands are renamed away (as here) or denied by ACL. The limiter
+/// then runs as a script, with the same answers.
+#[tokio::test]
+async fn redis_without_functions_runs_the_limiter_as_a_script() {
+    let redis = common::RedisServer::spawn(
+        common::free_port(),
+        &[
+            "--rename-command",
+            "FCALL",
+            "",
+            "--rename-command",
+            "FUNCTION",
+            "",
+        ],
     );
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let store = redis.store(Some(clock));
+    store.warm_up().await.unwrap();
+    for left in (0..5).rev() {
+        let out = store.apply(&[c("no-functions", 5, 1)], true).await.unwrap();
+        assert_eq!((out[0].over, out[0].remaining), (false, left));
+    }
+    assert!(store.apply(&[c("no-functions", 5, 1)], true).await.unwrap()[0].over);
+    let mut conn = redis.client().get_connection().unwrap();
+    assert_eq!(command_calls(&mut conn, "evalsha"), 6);
+}
+
+/// A user whom ACL denies `FCALL` and `FUNCTION` gets the limiter as a
+/// script. A user denied a key is refused for that key, and keeps calling
+/// the limiter as a function (the refusal is not taken for a lack of
+/// functions).
+#[tokio::test]
+async fn acl_users_without_functions_get_a_script_and_without_a_key_a_refusal() {
+    use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
+
+    let redis = common::RedisServer::start();
+    let mut admin = redis.client().get_connection().unwrap();
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let mut store_of = |user: &str, rules: &[&str]| {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", user, "on", ">pw", "+@all"])
+            .arg(rules)
+            .query(&mut admin)
+            .unwrap();
+        let settings = RedisSettings {
+            topology: Topology::Single,
+            url: format!("redis://{user}:pw@127.0.0.1:{}", redis.port),
+            auth: None,
+            tls: None,
+            connections: 1,
+            connect_timeout: std::time::Duration::from_secs(2),
+            call_timeout: std::time::Duration::from_secs(2),
+            functions: true,
+        };
+        let store = RedisStore::new(&settings, Some(clock.clone())).unwrap();
+        Store::Redis(Arc::new(store))
+    };
+    let no_functions = store_of("nofn", &["~*", "-fcall", "-function"]);
+    let one_key = store_of("onekey", &["~rk:{t|mine}*"]);
+    no_functions.warm_up().await.unwrap();
+    one_key.warm_up().await.unwrap();
+
+    let out = no_functions.apply(&[c("a", 5, 2)], true).await.unwrap();
+    assert_eq!((out[0].over, out[0].remaining), (false, 3));
+    let refused = one_key.apply(&[c("theirs", 5, 1)], true).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("no permissions to access one of the keys"),
+        "{refused}"
+    );
+    let (fcalls, evalshas) = (
+        command_calls(&mut admin, "fcall"),
+        command_calls(&mut admin, "evalsha"),
+    );
+    let out = one_key.apply(&[c("mine", 5, 1)], true).await.unwrap();
+    assert_eq!((out[0].over, out[0].remaining), (false, 4));
+    assert_eq!(command_calls(&mut admin, "fcall"), fcalls + 1);
+    assert_eq!(command_calls(&mut admin, "evalsha"), evalshas);
+}
+
+/// Without warm-up (Redis was down when ratekeeper started), the first call
+/// finds out that Redis has no functions and is made again as a script.
+#[tokio::test]
+async fn without_warm_up_the_first_call_falls_back_to_a_script() {
+    let redis = common::RedisServer::spawn(
+        common::free_port(),
+        &[
+            "--rename-command",
+            "FCALL",
+            "",
+            "--rename-command",
+            "FUNCTION",
+            "",
+        ],
+    );
+    let store = redis.store(Some(Arc::new(ManualClock::new(1_800_000_000_000))));
+    let out = store.apply(&[c("cold", 5, 2)], true).await.unwrap();
+    assert_eq!((out[0].over, out[0].remaining), (false, 3));
 }
 
 #[tokio::test]
@@ -730,17 +838,24 @@ fn calls() -> impl Strategy<Value = Vec<(u64, Vec<Request>)>> {
 /// flight) get the answers they would get one by one: random requests over
 /// four keys of random algorithms, several calls in a row, each call's
 /// answers compared with the in-memory store deciding the same requests in
-/// the same order, one at a time.
+/// the same order, one at a time. Both forms of the limiter, the function
+/// (`FCALL`) and the script (`EVALSHA`), run every case.
 #[test]
 fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
     use proptest::test_runner::{Config, TestRunner};
-    use ratekeeper::store::{limiter_script, MemoryStore};
+    use ratekeeper::store::{limiter_script::LimiterScript, MemoryStore};
 
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
-    let hash: String = redis::cmd("SCRIPT")
+    let forms = [LimiterScript::new(true), LimiterScript::new(false)];
+    let _: String = redis::cmd("FUNCTION")
         .arg("LOAD")
-        .arg(limiter_script::TEXT)
+        .arg(forms[0].library())
+        .query(&mut conn)
+        .unwrap();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(ratekeeper::store::limiter_script::TEXT)
         .query(&mut conn)
         .unwrap();
     // The runner takes a `Fn`: the connection is borrowed per case.
@@ -752,40 +867,49 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
     });
     let result = runner.run(&(key_specs(), calls()), |(specs, calls)| {
         let mut conn = conn.borrow_mut();
-        let _: () = redis::cmd("FLUSHDB").query(&mut *conn).unwrap();
-        let start = 1_800_000_000_000;
-        let clock = Arc::new(ManualClock::new(start));
-        let memory = MemoryStore::new(clock.clone());
-        let mut now = start;
-        for (call, (steps, requests)) in calls.iter().enumerate() {
-            now += steps * 250;
-            clock.set(now);
-            let requests: Vec<(bool, Vec<Check>)> = requests
-                .iter()
-                .map(|(all_or_nothing, checks)| {
-                    let checks = checks
-                        .iter()
-                        .map(|&(k, hits, enforce)| {
-                            let (algorithm, limit, period_ms, burst) = specs[k];
-                            Check {
-                                enforce,
-                                ..ck(algorithm, &format!("k{k}"), limit, period_ms, burst, hits)
-                            }
-                        })
-                        .collect();
-                    (*all_or_nothing, checks)
-                })
-                .collect();
-            let one_by_one: Vec<Outcome> = requests
-                .iter()
-                .flat_map(|(all_or_nothing, checks)| memory.apply(checks, *all_or_nothing))
-                .collect();
-            let joined = requests.iter().map(|(a, checks)| (*a, checks.iter()));
-            let reply: Vec<i64> = limiter_script::command(&hash, &now.to_string(), joined)
-                .query(&mut *conn)
-                .unwrap();
-            let in_one_call = limiter_script::outcomes(&reply, one_by_one.len()).unwrap();
-            prop_assert_eq!(in_one_call, one_by_one, "call {}", call);
+        for limiter in &forms {
+            let form = if limiter.uses_functions() {
+                "FCALL"
+            } else {
+                "EVALSHA"
+            };
+            let _: () = redis::cmd("FLUSHDB").query(&mut *conn).unwrap();
+            let start = 1_800_000_000_000;
+            let clock = Arc::new(ManualClock::new(start));
+            let memory = MemoryStore::new(clock.clone());
+            let mut now = start;
+            for (call, (steps, requests)) in calls.iter().enumerate() {
+                now += steps * 250;
+                clock.set(now);
+                let requests: Vec<(bool, Vec<Check>)> = requests
+                    .iter()
+                    .map(|(all_or_nothing, checks)| {
+                        let checks = checks
+                            .iter()
+                            .map(|&(k, hits, enforce)| {
+                                let (algorithm, limit, period_ms, burst) = specs[k];
+                                Check {
+                                    enforce,
+                                    ..ck(algorithm, &format!("k{k}"), limit, period_ms, burst, hits)
+                                }
+                            })
+                            .collect();
+                        (*all_or_nothing, checks)
+                    })
+                    .collect();
+                let one_by_one: Vec<Outcome> = requests
+                    .iter()
+                    .flat_map(|(all_or_nothing, checks)| memory.apply(checks, *all_or_nothing))
+                    .collect();
+                let joined = requests.iter().map(|(a, checks)| (*a, checks.iter()));
+                let reply: Vec<i64> = limiter
+                    .command(&now.to_string(), joined)
+                    .query(&mut *conn)
+                    .unwrap();
+                let in_one_call =
+                    ratekeeper::store::limiter_script::outcomes(&reply, one_by_one.len()).unwrap();
+                prop_assert_eq!(in_one_call, one_by_one, "call {} by {}", call, form);
+            }
         }
         Ok(())
     });

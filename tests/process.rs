@@ -200,8 +200,9 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
         assert!(Instant::now() < deadline, "never SERVING with Redis up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Ready means warmed up: all 4 pooled connections open and both scripts
-    // loaded, before any request has been sent.
+    // Ready means warmed up: all 4 pooled connections open, the limiter
+    // loaded as a function and the lease script as a script, before any
+    // request has been sent.
     let mut admin = redis
         .client()
         .get_multiplexed_async_connection()
@@ -218,11 +219,8 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in INFO"))
     };
-    assert_eq!(
-        field("number_of_cached_scripts"),
-        2,
-        "limiter and lease scripts"
-    );
+    assert_eq!(field("number_of_functions"), 1, "the limiter");
+    assert_eq!(field("number_of_cached_scripts"), 1, "the lease script");
     assert_eq!(field("connected_clients"), 4 + 1, "the pool and this test");
     drop(redis);
     tokio::time::sleep(Duration::from_millis(600)).await;

@@ -18,7 +18,9 @@
 //!
 //! `--write-request FILE` writes the first request it would send, framed as
 //! a gRPC message, and exits: the body for another HTTP/2 load tool (`make
-//! bench` gives it to `h2load -d`).
+//! bench` gives it to `h2load -d`). `--write-limiter-library FILE` writes
+//! the limiter's Redis function library as ratekeeper loads it (for
+//! `redis-benchmark` and callgrind runs of `FCALL`) and exits.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -99,6 +101,10 @@ struct Args {
     /// Write the first request, gRPC-framed, to this file and exit.
     #[arg(long)]
     write_request: Option<std::path::PathBuf>,
+    /// Write the limiter's Redis function library (`FUNCTION LOAD` text;
+    /// its function has the library's name, on the first line) and exit.
+    #[arg(long)]
+    write_limiter_library: Option<std::path::PathBuf>,
 }
 
 /// How descriptor values are chosen.
@@ -776,6 +782,16 @@ fn main() -> ExitCode {
     {
         eprintln!("ratekeeper-bench: --rate and --duration must be > 0, --warmup >= 0");
         return ExitCode::from(2);
+    }
+    if let Some(path) = &args.write_limiter_library {
+        let limiter = ratekeeper::store::limiter_script::LimiterScript::new(true);
+        return match std::fs::write(path, limiter.library()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ratekeeper-bench: cannot write {}: {e}", path.display());
+                ExitCode::FAILURE
+            }
+        };
     }
     if let Some(path) = &args.write_request {
         let keys = Arc::new(KeySpace::new(dist));

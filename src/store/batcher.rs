@@ -15,11 +15,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use redis::Script;
 use tokio::sync::oneshot;
 
 use super::caller::Caller;
-use super::limiter_script;
+use super::limiter_script::{self, LimiterScript};
 use super::redis::script_now;
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
@@ -32,7 +31,7 @@ const MAX_CHECKS_PER_CALL: usize = 256;
 /// Sends requests' checks to Redis in as few script calls as keeps up.
 pub struct Batcher {
     caller: Arc<Caller>,
-    limiter: Arc<Script>,
+    limiter: Arc<LimiterScript>,
     clock: Option<Arc<dyn Clock>>,
     /// Calls in flight at most; requests beyond wait for the next call.
     max_in_flight: usize,
@@ -55,7 +54,7 @@ struct Waiting {
 impl Batcher {
     pub fn new(
         caller: Arc<Caller>,
-        limiter: Arc<Script>,
+        limiter: Arc<LimiterScript>,
         clock: Option<Arc<dyn Clock>>,
         max_in_flight: usize,
     ) -> Self {
@@ -131,7 +130,7 @@ impl Batcher {
     async fn call(&self, call: &[Waiting]) -> Result<Vec<Outcome>> {
         let now = script_now(self.clock.as_ref());
         let requests = call.iter().map(|w| (w.all_or_nothing, w.checks.iter()));
-        let cmd = limiter_script::command(self.limiter.get_hash(), &now, requests);
+        let cmd = self.limiter.command(&now, requests);
         let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;
         limiter_script::outcomes(&reply, call.iter().map(|w| w.checks.len()).sum())
     }

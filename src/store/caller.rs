@@ -5,10 +5,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+use redis::{Cmd, FromRedisValue, RedisResult};
 
 use super::breaker::Breaker;
 use super::connection::{Conn, Connections};
+use super::limiter_script::LimiterScript;
 use crate::{Error, Result};
 
 /// Consecutive failures that open the circuit, and how long it stays open.
@@ -41,19 +42,11 @@ impl Caller {
             .await
     }
 
-    /// Runs `cmd`, an `EVALSHA` of `script`, loading the script once on
-    /// `NOSCRIPT` (after a Redis restart or failover) and trying again.
-    pub async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
-        self.guarded(|mut conn| async move {
-            match cmd.query_async(&mut conn).await {
-                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await?;
-                    cmd.query_async(&mut conn).await
-                }
-                result => result,
-            }
-        })
-        .await
+    /// Runs `cmd`, a call of the limiter (which reloads itself when Redis
+    /// lost it).
+    pub async fn eval<T: FromRedisValue>(&self, limiter: &LimiterScript, cmd: &Cmd) -> Result<T> {
+        self.guarded(|mut conn| async move { limiter.call(&mut conn, cmd).await })
+            .await
     }
 
     /// Tells the breaker that Redis answered (the health probe's ping).

@@ -54,6 +54,9 @@ pub struct RedisSettings {
     pub call_timeout: Duration,
     /// TLS to every node (`rediss://` in a single URL turns it on too).
     pub tls: Option<RedisTls>,
+    /// Call the limiter as a Redis function (`FCALL`) where Redis has
+    /// functions; `false`: always as a script (`EVALSHA`).
+    pub functions: bool,
 }
 
 /// TLS settings: PEM bytes, read from files at start-up.
@@ -450,6 +453,7 @@ mod tests {
             connections: 1,
             connect_timeout: Duration::from_secs(1),
             call_timeout: Duration::from_secs(1),
+            functions: true,
             tls: Some(RedisTls {
                 ca: None,
                 client: Some((b"cert".to_vec(), b"key-secret".to_vec())),

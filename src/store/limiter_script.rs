@@ -1,58 +1,227 @@
 //! The limiter script as Redis sees it: its text (the files of `lua/`
-//! joined), the `EVALSHA` command carrying one or more requests' checks, and
-//! the reply read back as [`Outcome`]s. Arguments are described in
-//! `lua/README.md`.
+//! joined), loaded as a function library where Redis has functions (7.0+)
+//! and as a plain script otherwise; the call carrying one or more requests'
+//! checks (`FCALL`, or `EVALSHA`); and the reply read back as [`Outcome`]s.
+//! Arguments are described in `lua/README.md`.
+//!
+//! Why a function where Redis has them: a script runs its whole text on
+//! every call, and the limiter's helpers and algorithm closures cost more
+//! than a lone one-check request's own work. A library runs that text once,
+//! at `FUNCTION LOAD`; each call runs only the function (`lua/README.md` has
+//! the instruction counts). The library is named after the script's SHA-1,
+//! so replicas of different versions each load, and call, their own.
 
-use redis::Cmd;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::aio::ConnectionLike;
+use redis::{
+    Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind,
+};
 
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
+/// The limiter's Lua files, by part, in the order they are joined.
+macro_rules! lua {
+    (prelude) => {
+        include_str!("../../lua/prelude.lua")
+    };
+    (algorithms) => {
+        concat!(
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_window.lua"),
+            include_str!("../../lua/sliding_log.lua"),
+            include_str!("../../lua/gcra.lua"),
+        )
+    };
+    (batch) => {
+        include_str!("../../lua/batch.lua")
+    };
+}
+
 /// The one limiter script: helpers, every algorithm, then the batch driver.
-pub const TEXT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/batch.lua"),
-);
+pub const TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(batch));
+
+/// The limiter in both forms, and which one this Redis runs.
+#[derive(Debug)]
+pub struct LimiterScript {
+    script: Script,
+    /// `FUNCTION LOAD` text: the same files, batch.lua as the function.
+    library: String,
+    /// The library's name, also its one function's.
+    function: String,
+    /// Calls go by `FCALL` until Redis shows it has no functions (before
+    /// 7.0, or the commands renamed away or denied by ACL); then by
+    /// `EVALSHA` for good.
+    functions: AtomicBool,
+}
+
+impl LimiterScript {
+    /// The limiter, called as a function (`functions`) until Redis shows it
+    /// has none, or as a script only.
+    pub fn new(functions: bool) -> Self {
+        let script = Script::new(TEXT);
+        let function = format!("ratekeeper_{}", script.get_hash());
+        let library = format!(
+            "#!lua name={function}\n{}{}redis.register_function('{function}', \
+             function(KEYS, ARGV)\n{}end)\n",
+            lua!(prelude),
+            lua!(algorithms),
+            lua!(batch),
+        );
+        LimiterScript {
+            script,
+            library,
+            function,
+            functions: AtomicBool::new(functions),
+        }
+    }
+
+    /// Whether calls go by `FCALL`.
+    pub fn uses_functions(&self) -> bool {
+        self.functions.load(Ordering::Relaxed)
+    }
+
+    /// The `FUNCTION LOAD` text.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// Makes the limiter callable on the server behind `conn` (on a cluster,
+    /// every master): loads the library, or the script where Redis has no
+    /// functions.
+    pub async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
+        if self.uses_functions() {
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg(&self.library);
+            match load.query_async::<redis::Value>(conn).await {
+                Ok(_) => return Ok(()),
+                // The name is the code's hash: a library of that name is this one.
+                Err(error) if detail_has(&error, "already exists") => return Ok(()),
+                Err(error) if no_functions(&error) => self.fall_back(&error),
+                Err(error) => return Err(error),
+            }
+        }
+        self.script.load_async(conn).await.map(drop)
+    }
+
+    /// Runs `cmd` (made by [`Self::command`]). When Redis has lost the
+    /// limiter (a restart, a failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) it
+    /// is loaded again and the call made once more; when Redis turns out to
+    /// have no functions, the call is made as a script.
+    pub async fn call<T: FromRedisValue, C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        if cmd.args_iter().next() != Some(Arg::Simple(b"FCALL".as_slice())) {
+            return self.call_script(conn, cmd).await;
+        }
+        match cmd.query_async(conn).await {
+            Err(error) if detail_has(&error, "Function not found") => self.load(conn).await?,
+            Err(error) if no_functions(&error) => self.fall_back(&error),
+            result => return result,
+        }
+        if self.uses_functions() {
+            cmd.query_async(conn).await
+        } else {
+            self.call_script(conn, &self.as_script_call(cmd)).await
+        }
+    }
+
+    /// Runs an `EVALSHA` of the script, loading it on `NOSCRIPT` and trying
+    /// once more.
+    async fn call_script<T: FromRedisValue, C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        match cmd.query_async(conn).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                cmd.query_async(conn).await
+            }
+            result => result,
+        }
+    }
+
+    fn fall_back(&self, error: &RedisError) {
+        if self.functions.swap(false, Ordering::Relaxed) {
+            tracing::warn!(%error, "Redis has no functions: the limiter runs as a script (EVALSHA)");
+        }
+    }
+
+    /// The `EVALSHA` twin of an `FCALL`: the same arguments after the name.
+    fn as_script_call(&self, cmd: &Cmd) -> Cmd {
+        let mut script_call = redis::cmd("EVALSHA");
+        script_call.arg(self.script.get_hash());
+        for arg in cmd.args_iter().skip(2) {
+            if let Arg::Simple(bytes) = arg {
+                script_call.arg(bytes);
+            }
+        }
+        script_call
+    }
+
+    /// The call deciding `requests` one after another, each
+    /// `(all_or_nothing, checks)`; `now` is the pinned time in ms or `""`
+    /// for the server's clock. Checks are borrowed where they are (a cluster
+    /// slot's are picked out of its request), and integers are written
+    /// straight into the command's one buffer: no allocation per argument.
+    pub fn command<'c, R, C>(&self, now: &str, requests: R) -> Cmd
+    where
+        R: Iterator<Item = (bool, C)> + Clone,
+        C: ExactSizeIterator<Item = &'c Check>,
+    {
+        let mut cmd = if self.uses_functions() {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(&self.function);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.script.get_hash());
+            cmd
+        };
+        let keys: usize = requests.clone().map(|(_, checks)| checks.len()).sum();
+        cmd.arg(keys);
+        for (_, checks) in requests.clone() {
+            for check in checks {
+                cmd.arg(check.key.as_str());
+            }
+        }
+        cmd.arg(now);
+        for (all_or_nothing, checks) in requests {
+            cmd.arg(flag(all_or_nothing)).arg(checks.len());
+            for check in checks {
+                cmd.arg(check.algorithm.key_tag())
+                    .arg(check.limit)
+                    .arg(check.period_ms)
+                    .arg(check.burst)
+                    .arg(check.hits)
+                    .arg(flag(check.enforce));
+            }
+        }
+        cmd
+    }
+}
+
+/// Redis answered with an error whose text contains `text`.
+fn detail_has(error: &RedisError, text: &str) -> bool {
+    error.detail().is_some_and(|d| d.contains(text))
+}
+
+/// Redis refused a function command as unknown (before 7.0, or renamed
+/// away) or not permitted (ACL: "no permissions to run the 'fcall'
+/// command", not a key's permission, which scripts would meet as well).
+fn no_functions(error: &RedisError) -> bool {
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::NoPerm) => detail_has(error, "command"),
+        _ => error.code() == Some("ERR") && detail_has(error, "unknown command"),
+    }
+}
 
 /// Values the script returns per check.
 const REPLY_FIELDS: usize = 3;
-
-/// `EVALSHA` of the script (by `hash`) deciding `requests` one after another,
-/// each `(all_or_nothing, checks)`; `now` is the pinned time in ms or `""`
-/// for the server's clock. Checks are borrowed where they are (a cluster
-/// slot's are picked out of its request), and integers are written straight
-/// into the command's one buffer: no allocation per argument.
-pub fn command<'c, R, C>(hash: &str, now: &str, requests: R) -> Cmd
-where
-    R: Iterator<Item = (bool, C)> + Clone,
-    C: ExactSizeIterator<Item = &'c Check>,
-{
-    let keys: usize = requests.clone().map(|(_, checks)| checks.len()).sum();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(hash).arg(keys);
-    for (_, checks) in requests.clone() {
-        for check in checks {
-            cmd.arg(check.key.as_str());
-        }
-    }
-    cmd.arg(now);
-    for (all_or_nothing, checks) in requests {
-        cmd.arg(flag(all_or_nothing)).arg(checks.len());
-        for check in checks {
-            cmd.arg(check.algorithm.key_tag())
-                .arg(check.limit)
-                .arg(check.period_ms)
-                .arg(check.burst)
-                .arg(check.hits)
-                .arg(flag(check.enforce));
-        }
-    }
-    cmd
-}
 
 fn flag(on: bool) -> &'static str {
     if on {

@@ -17,7 +17,7 @@ use super::batcher::Batcher;
 use super::caller::Caller;
 use super::connection::{Connections, RedisSettings, Topology};
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
-use super::limiter_script;
+use super::limiter_script::{self, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
@@ -33,7 +33,7 @@ pub(super) fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
 pub struct RedisStore {
     caller: Arc<Caller>,
     topology: Topology,
-    limiter: Arc<Script>,
+    limiter: Arc<LimiterScript>,
     leases: Script,
     /// Joins concurrent requests into one call; None on a cluster, where
     /// each call must stay within one hash slot.
@@ -63,7 +63,7 @@ impl RedisStore {
             !clustered,
             settings.call_timeout,
         ));
-        let limiter = Arc::new(Script::new(limiter_script::TEXT));
+        let limiter = Arc::new(LimiterScript::new(settings.functions));
         let batcher = (!clustered).then(|| {
             Arc::new(Batcher::new(
                 Arc::clone(&caller),
@@ -148,8 +148,7 @@ impl RedisStore {
         all_or_nothing: bool,
     ) -> Result<Vec<Outcome>> {
         let slot_checks = group.iter().map(|&i| &checks[i]);
-        let cmd = limiter_script::command(
-            self.limiter.get_hash(),
+        let cmd = self.limiter.command(
             &self.now_arg(),
             std::iter::once((all_or_nothing, slot_checks)),
         );
@@ -283,17 +282,20 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Connects every pooled connection and loads both scripts, so that the
-    /// first requests neither connect nor meet `NOSCRIPT` inside their few
-    /// milliseconds of deadline. Run before the service reports SERVING.
+    /// Connects every pooled connection and loads the limiter and the lease
+    /// script, so that the first requests neither connect nor meet a
+    /// missing script inside their few milliseconds of deadline. Run before
+    /// the service reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
         self.ping().await?;
+        let loading = |what: &'static str| move |_| Error::Store(format!("{what} timed out"));
         for mut conn in self.caller.connections.all() {
-            for script in [&*self.limiter, &self.leases] {
-                tokio::time::timeout(self.probe_timeout(), script.load_async(&mut conn))
-                    .await
-                    .map_err(|_| Error::Store("SCRIPT LOAD timed out".into()))??;
-            }
+            tokio::time::timeout(self.probe_timeout(), self.limiter.load(&mut conn))
+                .await
+                .map_err(loading("loading the limiter"))??;
+            tokio::time::timeout(self.probe_timeout(), self.leases.load_async(&mut conn))
+                .await
+                .map_err(loading("SCRIPT LOAD"))??;
         }
         Ok(())
     }

@@ -121,6 +121,12 @@ impl RedisServer {
 
     /// A Redis store on this server; `clock` pins the scripts' time.
     pub fn store(&self, clock: Option<Arc<dyn Clock>>) -> Store {
+        self.store_with(clock, true)
+    }
+
+    /// A Redis store on this server, calling the limiter as a function
+    /// where Redis has them (`functions`) or always as a script.
+    pub fn store_with(&self, clock: Option<Arc<dyn Clock>>, functions: bool) -> Store {
         let settings = RedisSettings {
             topology: Topology::Single,
             url: self.url(),
@@ -129,6 +135,7 @@ impl RedisServer {
             connections: 2,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
+            functions,
         };
         Store::Redis(Arc::new(
             RedisStore::new(&settings, clock).expect("redis store"),
@@ -157,6 +164,12 @@ pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Limiter calls Redis ran: `FCALL`s, plus `EVALSHA`s where it runs the
+/// limiter as a script.
+pub fn limiter_calls(conn: &mut redis::Connection) -> u64 {
+    command_calls(conn, "fcall") + command_calls(conn, "evalsha")
 }
 
 /// `PROPTEST_CASES` (as `make fuzz` sets it), else `default`.
@@ -421,6 +434,7 @@ impl RedisCluster {
             connections: 1,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
+            functions: true,
         };
         Store::Redis(Arc::new(
             RedisStore::new(&settings, clock).expect("cluster store"),
