@@ -1,7 +1,8 @@
-//! The Redis store: a request's checks go to Redis as one `EVALSHA` of the
-//! limiter script (reloaded on `NOSCRIPT`), so the decision is atomic across
-//! replicas and timed by the Redis server's clock; requests in flight
-//! together share a call ([`Batcher`]). On Redis Cluster the checks are
+//! The Redis store: a request's checks go to Redis as one call of the
+//! limiter ([`LimiterScript`]: a function by `FCALL` on Redis 7, else a
+//! script by `EVALSHA`; reloaded when Redis lost it), so the decision is
+//! atomic across replicas and timed by the Redis server's clock; requests
+//! in flight together share a call ([`Batcher`]). On Redis Cluster the checks are
 //! grouped by hash slot: one script call per slot, the slots in parallel,
 //! each slot all-or-nothing on its own.
 //!
