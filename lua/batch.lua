@@ -11,7 +11,6 @@
 -- of the call (cleared after each), and answers go straight into the reply.
 -- In the function library this file is the body of the one function, whose
 -- parameters are KEYS and ARGV.
-parsed = {}
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')

@@ -20,15 +20,24 @@ end
 
 -- tonumber for call arguments, memoized: the checks of a call mostly repeat
 -- the same limit, period, burst and hits, and Lua's tonumber parses a string
--- twice (lua_isnumber, then lua_tonumber), each time with strtod. Emptied by
--- batch.lua at the start of every call: in the library this table outlives
--- calls, and it must not grow with every distinct argument ever sent.
-local parsed
+-- twice (lua_isnumber, then lua_tonumber), each time with strtod. In the
+-- library the memo outlives calls (the same limits come back call after
+-- call); it starts afresh once it holds PARSED_MAX strings, so that
+-- arguments seen once (clients choose their hits) cannot grow it without
+-- bound.
+local PARSED_MAX = 256
+local parsed, parsed_count = {}, 0
 local function num(s)
   local v = parsed[s]
   if v == nil then
     v = tonumber(s)
-    parsed[s] = v
+    if v ~= nil then
+      if parsed_count == PARSED_MAX then
+        parsed, parsed_count = {}, 0
+      end
+      parsed[s] = v
+      parsed_count = parsed_count + 1
+    end
   end
   return v
 end

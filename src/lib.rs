@@ -22,10 +22,10 @@
 //!   Redis Cluster hash tag).
 //! - [`limiter`] is the policy: units, algorithms, the check/outcome types.
 //! - [`store`] applies a request's checks atomically: [`store::memory`] in
-//!   process, [`store::redis`] through one Lua script call (`lua/`,
-//!   [`store::limiter_script`]) that [`store::batcher`] shares among the
-//!   requests in flight, each call made by [`store::caller`] under a
-//!   deadline and a circuit breaker.
+//!   process, [`store::redis`] through one call of the Lua limiter (`lua/`,
+//!   [`store::limiter_script`]: a function on Redis 7, else a script) that
+//!   [`store::batcher`] shares among the requests in flight, each call made
+//!   by [`store::caller`] under a deadline and a circuit breaker.
 //! - [`telemetry`] sets up logs and the Prometheus endpoint; [`clock`] is the
 //!   time source tests can pin.
 //!

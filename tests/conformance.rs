@@ -660,6 +660,49 @@ async fn acl_users_without_functions_get_a_script_and_without_a_key_a_refusal() 
     assert_eq!(command_calls(&mut admin, "evalsha"), evalshas);
 }
 
+/// The function library keeps its memo of parsed arguments across calls,
+/// bounded: 20,000 calls whose hits all differ leave Redis's function memory
+/// about where it was (unbounded, the memo would hold every one, > 2 MB).
+#[test]
+fn the_function_library_does_not_grow_with_distinct_arguments() {
+    use ratekeeper::store::limiter_script::LimiterScript;
+
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let limiter = LimiterScript::new(true);
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(limiter.library())
+        .query(&mut conn)
+        .unwrap();
+    let vm_memory = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory_vm_functions:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory_vm_functions in INFO memory")
+    };
+    let call = |hits: u64| {
+        let check = Check {
+            hits,
+            ..c("memo", 1_000_000_000, 1)
+        };
+        limiter.command("1800000000000", std::iter::once((true, [check].iter())))
+    };
+    let _: Vec<i64> = call(1).query(&mut conn).unwrap();
+    let before = vm_memory(&mut conn);
+    let mut pipe = redis::pipe();
+    for hits in 2..20_002 {
+        pipe.add_command(call(hits)).ignore();
+    }
+    let _: () = pipe.query(&mut conn).unwrap();
+    let after = vm_memory(&mut conn);
+    assert!(
+        after < before + 1_000_000,
+        "function memory grew from {before} to {after} bytes"
+    );
+}
+
 /// Without warm-up (Redis was down when ratekeeper started), the first call
 /// finds out that Redis has no functions and is made again as a script.
 #[tokio::test]
