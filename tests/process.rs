@@ -143,6 +143,31 @@ async fn replicas_sharing_redis_admit_exactly_the_limit() {
     }
 }
 
+/// `--redis-scripts-only`: the limiter goes to Redis by `EVALSHA`, never as
+/// a function.
+#[tokio::test]
+async fn scripts_only_flag_calls_the_limiter_by_evalsha() {
+    let dir = limits_dir(LIMITS);
+    let redis = RedisServer::start();
+    let server = Ratekeeper::spawn(
+        dir.path(),
+        &["--redis-url", &redis.url(), "--redis-scripts-only"],
+    );
+    let mut client = server.client().await;
+    for left in [49, 48] {
+        let r = client
+            .should_rate_limit(request("web", vec![descriptor(&[("user", "s")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    let mut conn = redis.client().get_connection().unwrap();
+    assert_eq!(common::command_calls(&mut conn, "fcall"), 0);
+    assert!(common::command_calls(&mut conn, "evalsha") >= 2);
+    assert!(server.terminate().success());
+}
+
 #[tokio::test]
 async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
     let dir = limits_dir(LIMITS);
