@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::Parser;
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
@@ -54,8 +55,10 @@ struct Cli {
     /// File holding the Redis password (or `user:password`).
     #[arg(long, env = "REDIS_AUTH_FILE")]
     redis_auth_file: Option<PathBuf>,
+    // On/off switches read their environment variables as envoyproxy/ratelimit
+    // does (Go's ParseBool): 1/0, t/f, true/false in any case (and yes/no).
     /// TLS to Redis (also implied by a `rediss://` URL).
-    #[arg(long, env = "REDIS_TLS")]
+    #[arg(long, env = "REDIS_TLS", value_parser = BoolishValueParser::new())]
     redis_tls: bool,
     /// PEM CA certificate to trust for Redis TLS (default: the system's roots).
     #[arg(long, env = "REDIS_TLS_CACERT")]
@@ -78,7 +81,7 @@ struct Cli {
     /// Put the SHA-256 of descriptor values (not the values) in Redis keys
     /// and metrics labels, so raw tokens or emails never appear there.
     /// Changing it starts every counter afresh.
-    #[arg(long, env = "HASH_DESCRIPTOR_VALUES")]
+    #[arg(long, env = "HASH_DESCRIPTOR_VALUES", value_parser = BoolishValueParser::new())]
     hash_descriptor_values: bool,
     /// Replicas sharing the limits, for `failure_mode: local`.
     #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
@@ -92,7 +95,7 @@ struct Cli {
     /// Call the limiter by `EVALSHA` only, never as a Redis function
     /// (`FCALL`): for proxies or managed Redis that pass scripts but not
     /// functions. (Without it, Redis before 7.0 is detected and gets scripts.)
-    #[arg(long, env = "REDIS_SCRIPTS_ONLY")]
+    #[arg(long, env = "REDIS_SCRIPTS_ONLY", value_parser = BoolishValueParser::new())]
     redis_scripts_only: bool,
     /// Deadline for connecting to Redis, in milliseconds.
     #[arg(long, env = "REDIS_CONNECT_TIMEOUT_MS", default_value_t = 1_000)]
@@ -102,7 +105,7 @@ struct Cli {
     key_prefix: String,
     /// Add RateLimit-* / Retry-After response headers (domains can override
     /// with `response_headers:` in their limits file).
-    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_parser = BoolishValueParser::new())]
     response_headers: bool,
     /// Name of the limit header.
     #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]

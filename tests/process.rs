@@ -143,29 +143,53 @@ async fn replicas_sharing_redis_admit_exactly_the_limit() {
     }
 }
 
-/// `--redis-scripts-only`: the limiter goes to Redis by `EVALSHA`, never as
-/// a function.
+/// `--redis-scripts-only`, or `REDIS_SCRIPTS_ONLY` with any of Go's true
+/// values (as envoyproxy/ratelimit reads its switches): the limiter goes to
+/// Redis by `EVALSHA`, never as a function.
 #[tokio::test]
 async fn scripts_only_flag_calls_the_limiter_by_evalsha() {
     let dir = limits_dir(LIMITS);
-    let redis = RedisServer::start();
-    let server = Ratekeeper::spawn(
-        dir.path(),
-        &["--redis-url", &redis.url(), "--redis-scripts-only"],
-    );
-    let mut client = server.client().await;
-    for left in [49, 48] {
-        let r = client
-            .should_rate_limit(request("web", vec![descriptor(&[("user", "s")])]))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.statuses[0].limit_remaining, left);
+    for (flag, env) in [
+        (Some("--redis-scripts-only"), None),
+        (None, Some("1")),
+        (None, Some("TRUE")),
+    ] {
+        let redis = RedisServer::start();
+        let url = redis.url();
+        let mut args = vec!["--redis-url", url.as_str()];
+        args.extend(flag);
+        let env: Vec<(&str, &str)> = env.map(|v| ("REDIS_SCRIPTS_ONLY", v)).into_iter().collect();
+        let server = Ratekeeper::spawn_with_env(dir.path(), &args, &env);
+        let mut client = server.client().await;
+        for left in [49, 48] {
+            let r = client
+                .should_rate_limit(request("web", vec![descriptor(&[("user", "s")])]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.statuses[0].limit_remaining, left);
+        }
+        let mut conn = redis.client().get_connection().unwrap();
+        assert_eq!(
+            common::command_calls(&mut conn, "fcall"),
+            0,
+            "{flag:?} {env:?}"
+        );
+        assert!(common::command_calls(&mut conn, "evalsha") >= 2);
     }
-    let mut conn = redis.client().get_connection().unwrap();
-    assert_eq!(common::command_calls(&mut conn, "fcall"), 0);
-    assert!(common::command_calls(&mut conn, "evalsha") >= 2);
-    assert!(server.terminate().success());
+}
+
+/// A switch set to something that is not a yes or a no is a start-up error
+/// naming the variable's flag, not a silent default.
+#[test]
+fn a_switch_with_a_non_boolean_value_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .env("LIMIT_RESPONSE_HEADERS_ENABLED", "sometimes")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--response-headers"), "{stderr}");
 }
 
 #[tokio::test]

@@ -462,6 +462,15 @@ impl Ratekeeper {
 
     /// Serves `config_dir` on ports it picks itself, with extra `args`.
     pub fn spawn(config_dir: &std::path::Path, args: &[&str]) -> Ratekeeper {
+        Ratekeeper::spawn_with_env(config_dir, args, &[])
+    }
+
+    /// As [`Ratekeeper::spawn`], with environment variables set.
+    pub fn spawn_with_env(
+        config_dir: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Ratekeeper {
         // Not a .yaml file: the limits loader skips it.
         let log = config_dir.join(format!("ratekeeper-{}.log", free_port()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
@@ -475,6 +484,7 @@ impl Ratekeeper {
             ])
             .args(args)
             .env_remove("REDIS_URL")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
