@@ -5,10 +5,11 @@
 //! Arguments are described in `lua/README.md`.
 //!
 //! Why a function where Redis has them: a script runs its whole text on
-//! every call, and the limiter's helpers and algorithm closures cost more
-//! than a lone one-check request's own work. A library runs that text once,
-//! at `FUNCTION LOAD`; each call runs only the function (`lua/README.md` has
-//! the instruction counts). The library is named after the script's SHA-1,
+//! every call, and defining the limiter's helpers, building its algorithm
+//! closures and parsing the same limits again cost more than a lone
+//! one-check request's own work. A library runs that text once, at
+//! `FUNCTION LOAD`, and keeps its parse memo; each call runs only the
+//! function (`lua/README.md` has the instruction counts). The library is named after the script's SHA-1,
 //! so replicas of different versions each load, and call, their own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
