@@ -300,12 +300,16 @@ PY
 # --- throughput rounds -------------------------------------------------------
 for round in $(seq "$RUNS"); do
     log "round $round of $RUNS (${SECS}s + ${WARMUP}s warm-up per run)"
-    run_scenario "$round" memory mem --domain bench_fw --keys distinct
+    # Runs compared in a ratio follow each other (memory between memory_hot
+    # and redis, then redis_hot; the 5-descriptor pair; h2load's memory and
+    # Redis runs): the machine's other tenants change its speed from one
+    # minute to the next.
     run_scenario "$round" memory_hot mem --domain bench_fw --keys hot
-    run_scenario "$round" memory_5desc mem --domain bench_fw --keys distinct --descriptors 5
+    run_scenario "$round" memory mem --domain bench_fw --keys distinct
     run_scenario "$round" redis red --domain bench_fw --keys distinct
     run_scenario "$round" redis_hot red --domain bench_fw --keys hot
     run_scenario "$round" redis_5desc red --domain bench_fw --keys distinct --descriptors 5
+    run_scenario "$round" memory_5desc mem --domain bench_fw --keys distinct --descriptors 5
     for algorithm in sw sl tb lb; do
         run_scenario "$round" "redis_$algorithm" red --domain "bench_$algorithm" --keys distinct
     done
@@ -319,8 +323,8 @@ for round in $(seq "$RUNS"); do
     run_scenario "$round" memory_open_1k mem --domain bench_fw --keys distinct --rate 1000
     run_scenario "$round" redis_open_1k red --domain bench_fw --keys distinct --rate 1000
     # The reference settings: h2load, one fixed request.
-    run_h2load "$round" h2load_memory mem "$WORK/fixed.bin"
     run_h2load "$round" h2load_memory_over mem "$WORK/hot.bin"
+    run_h2load "$round" h2load_memory mem "$WORK/fixed.bin"
     run_h2load "$round" h2load_redis red "$WORK/fixed.bin"
     run_h2load "$round" h2load_redis_over red "$WORK/hot.bin"
     # The two forms back to back at each pipeline depth, to be compared.
