@@ -1,5 +1,5 @@
-# Shell helpers shared by bench/run.sh, bench/ab.sh and
-# bench/lua_instructions.sh (sourced, not run).
+# Shell helpers shared by bench/run.sh, bench/ab.sh, bench/lua_instructions.sh
+# and bench/limiter_forms.sh (sourced, not run).
 
 free_port() { # a loopback TCP port nobody listens on right now
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -38,4 +38,17 @@ print(json.dumps({
     "timeout": int(counts.group(7)), "mean_us": us(mean.group(1)) if mean else None,
 }))
 PY
+}
+
+# The limiter call the Redis ceilings time (after `EVALSHA <sha>` or
+# `FCALL <function>`): one fixed-window check on one of 1M keys, as
+# ratekeeper sends a one-descriptor request when it is alone in its call.
+LIMITER_CALL=(1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' '' 1 1 fw 1000000000 3600000 0 1 1)
+
+# write_limiter DIR: the limiter as ratekeeper loads it, DIR/script.lua
+# (EVALSHA) and DIR/library.lua (FCALL), written by ratekeeper-bench (built
+# by the caller) from the one joined text in src/store/limiter_script.rs.
+write_limiter() {
+    target/release/ratekeeper-bench --write-limiter-script "$1/script.lua" &&
+        target/release/ratekeeper-bench --write-limiter-library "$1/library.lua"
 }

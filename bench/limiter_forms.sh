@@ -13,7 +13,7 @@
 # ratios of req/s and of Redis CPU per call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh # free_port, cpu_ticks
+. bench/lib.sh # free_port, cpu_ticks, write_limiter, LIMITER_CALL
 PAIRS=${PAIRS:-10} CALLS=${CALLS:-60000} PIPELINE=${PIPELINE:-1}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/limiter-forms.XXXXXX")
 PORT=$(free_port)
@@ -24,9 +24,7 @@ trap 'kill "$REDIS_PID" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$
 until redis-cli -p "$PORT" PING >/dev/null 2>&1; do sleep 0.1; done
 
 cargo build --release --quiet --bin ratekeeper-bench
-target/release/ratekeeper-bench --write-limiter-library "$WORK/library.lua"
-cat lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua lua/sliding_log.lua \
-    lua/gcra.lua lua/batch.lua >"$WORK/script.lua"
+write_limiter "$WORK"
 declare -A NAME
 NAME[EVALSHA]=$(redis-cli -p "$PORT" -x SCRIPT LOAD <"$WORK/script.lua")
 NAME[FCALL]=$(redis-cli -p "$PORT" -x FUNCTION LOAD <"$WORK/library.lua")
@@ -36,8 +34,7 @@ for _ in $(seq "$PAIRS"); do
         redis-cli -p "$PORT" FLUSHALL >/dev/null
         t0=$(cpu_ticks "$REDIS_PID")
         rps=$(redis-benchmark -p "$PORT" -c 50 -n "$CALLS" -r 1000000 -P "$PIPELINE" --csv \
-            "$command" "${NAME[$command]}" 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' \
-            '' 1 1 fw 1000000000 3600000 0 1 1 | awk -F'"' 'NR == 2 { print $4 }')
+            "$command" "${NAME[$command]}" "${LIMITER_CALL[@]}" | awk -F'"' 'NR == 2 { print $4 }')
         t1=$(cpu_ticks "$REDIS_PID")
         echo "$command $rps $((t1 - t0))"
     done

@@ -20,17 +20,15 @@
 # 500 uncounted warm-up calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/lib.sh # free_port
+. bench/lib.sh # free_port, write_limiter
 N=${N:-2000}
 BATCH=23
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lua-instructions.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 if [ $# -eq 0 ]; then
-    cat lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua lua/sliding_log.lua \
-        lua/gcra.lua lua/batch.lua >"$WORK/joined.lua"
     cargo build --release --quiet --bin ratekeeper-bench
-    target/release/ratekeeper-bench --write-limiter-library "$WORK/library.lua"
-    set -- "$WORK/joined.lua" "$WORK/library.lua"
+    write_limiter "$WORK"
+    set -- "$WORK/script.lua" "$WORK/library.lua"
 fi
 
 # call_args REQUESTS SAME_KEY: numkeys, keys and arguments of one EVALSHA

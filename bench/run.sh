@@ -43,9 +43,8 @@ RK=$ROOT/target/release/ratekeeper
 GEN=$ROOT/target/release/ratekeeper-bench
 RESULTS_DIR=$ROOT/target/bench
 RESULTS=$RESULTS_DIR/results.jsonl
-LUA_FILES=(lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua lua/sliding_log.lua lua/gcra.lua lua/batch.lua)
 
-. bench/lib.sh # free_port, cpu_ticks, h2load_rls
+. bench/lib.sh # free_port, cpu_ticks, h2load_rls, write_limiter, LIMITER_CALL
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -130,10 +129,10 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 rcli PING >/dev/null || die "redis-server did not start (see its log)"
-SHA=$(cat "${LUA_FILES[@]}" | rcli -x SCRIPT LOAD)
-"$GEN" --write-limiter-library "$WORK/limiter.lib"
-FUNCTION=$(head -n 1 "$WORK/limiter.lib" | sed 's/^#!lua name=//')
-[ "$(rcli -x FUNCTION LOAD <"$WORK/limiter.lib")" = "$FUNCTION" ] || die "FUNCTION LOAD failed"
+write_limiter "$WORK"
+SHA=$(rcli -x SCRIPT LOAD <"$WORK/script.lua")
+FUNCTION=$(head -n 1 "$WORK/library.lua" | sed 's/^#!lua name=//')
+[ "$(rcli -x FUNCTION LOAD <"$WORK/library.lua")" = "$FUNCTION" ] || die "FUNCTION LOAD failed"
 log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA, function $FUNCTION"
 
 # --- ratekeeper --------------------------------------------------------------
@@ -222,8 +221,7 @@ redis_ceiling() {
     [ "$command" = FCALL ] && name=$FUNCTION
     rcli FLUSHALL >/dev/null
     rps=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 50 -n "$n" -r 1000000 \
-        -P "$pipeline" --csv "$command" "$name" 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' \
-        '' 1 1 fw 1000000000 3600000 0 1 1 | awk -F'"' 'NR == 2 { print $4 }')
+        -P "$pipeline" --csv "$command" "$name" "${LIMITER_CALL[@]}" | awk -F'"' 'NR == 2 { print $4 }')
     [ -n "$rps" ] || die "redis-benchmark gave no result"
     printf '{"kind":"redis-benchmark","round":%s,"command":"%s","pipeline":%s,"clients":50,"requests":%s,"rps":%s}\n' \
         "$round" "$command" "$pipeline" "$n" "$rps" >>"$RESULTS"

@@ -18,9 +18,10 @@
 //!
 //! `--write-request FILE` writes the first request it would send, framed as
 //! a gRPC message, and exits: the body for another HTTP/2 load tool (`make
-//! bench` gives it to `h2load -d`). `--write-limiter-library FILE` writes
-//! the limiter's Redis function library as ratekeeper loads it (for
-//! `redis-benchmark` and callgrind runs of `FCALL`) and exits.
+//! bench` gives it to `h2load -d`). `--write-limiter-library FILE` and
+//! `--write-limiter-script FILE` write the limiter as ratekeeper loads it, as
+//! a function library or as a script (for `redis-benchmark` and callgrind
+//! runs of `FCALL` and `EVALSHA`), and exit.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -105,6 +106,10 @@ struct Args {
     /// its function has the library's name, on the first line) and exit.
     #[arg(long)]
     write_limiter_library: Option<std::path::PathBuf>,
+    /// Write the limiter as the script ratekeeper sends by `EVALSHA`
+    /// (`SCRIPT LOAD` text) and exit.
+    #[arg(long)]
+    write_limiter_script: Option<std::path::PathBuf>,
 }
 
 /// How descriptor values are chosen.
@@ -767,6 +772,17 @@ fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
     frame
 }
 
+/// Writes one of the `--write-*` files; the exit code says whether it could.
+fn write_file(path: &std::path::Path, bytes: &[u8]) -> ExitCode {
+    match std::fs::write(path, bytes) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ratekeeper-bench: cannot write {}: {e}", path.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let dist = match KeyDist::parse(&args.keys) {
@@ -785,24 +801,15 @@ fn main() -> ExitCode {
     }
     if let Some(path) = &args.write_limiter_library {
         let limiter = ratekeeper::store::limiter_script::LimiterScript::new(true);
-        return match std::fs::write(path, limiter.library()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("ratekeeper-bench: cannot write {}: {e}", path.display());
-                ExitCode::FAILURE
-            }
-        };
+        return write_file(path, limiter.library().as_bytes());
+    }
+    if let Some(path) = &args.write_limiter_script {
+        return write_file(path, ratekeeper::store::limiter_script::TEXT.as_bytes());
     }
     if let Some(path) = &args.write_request {
         let keys = Arc::new(KeySpace::new(dist));
         let request = RequestTemplate::new(&args, keys, 1).next();
-        return match std::fs::write(path, grpc_frame(&request)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("ratekeeper-bench: cannot write {}: {e}", path.display());
-                ExitCode::FAILURE
-            }
-        };
+        return write_file(path, &grpc_frame(&request));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
