@@ -578,12 +578,10 @@ async fn redis_limiter_is_reloaded_after_function_flush_and_script_flush() {
     assert!(command_calls(&mut conn, "evalsha") >= 2);
 }
 
-/// Redis before 7.0 has no functions; neither has one whose FUNCTION and
-/// FCALL commands are renamed away (as here) or denied by ACL. The limiter
-/// then runs as a script, with the same answers.
-#[tokio::test]
-async fn redis_without_functions_runs_the_limiter_as_a_script() {
-    let redis = common::RedisServer::spawn(
+/// A Redis 7 with FCALL and FUNCTION renamed away: as Redis before 7.0
+/// answers them, unknown commands.
+fn redis_without_functions() -> common::RedisServer {
+    common::RedisServer::spawn(
         common::free_port(),
         &[
             "--rename-command",
@@ -593,7 +591,15 @@ async fn redis_without_functions_runs_the_limiter_as_a_script() {
             "FUNCTION",
             "",
         ],
-    );
+    )
+}
+
+/// Redis before 7.0 has no functions; neither has one whose FUNCTION and
+/// FCALL commands are renamed away (as here) or denied by ACL. The limiter
+/// then runs as a script, with the same answers.
+#[tokio::test]
+async fn redis_without_functions_runs_the_limiter_as_a_script() {
+    let redis = redis_without_functions();
     let clock = Arc::new(ManualClock::new(1_800_000_000_000));
     let store = redis.store(Some(clock));
     store.warm_up().await.unwrap();
@@ -612,7 +618,7 @@ async fn redis_without_functions_runs_the_limiter_as_a_script() {
 /// functions).
 #[tokio::test]
 async fn acl_users_without_functions_get_a_script_and_without_a_key_a_refusal() {
-    use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
+    use ratekeeper::store::{RedisSettings, RedisStore, Store};
 
     let redis = common::RedisServer::start();
     let mut admin = redis.client().get_connection().unwrap();
@@ -624,14 +630,9 @@ async fn acl_users_without_functions_get_a_script_and_without_a_key_a_refusal() 
             .query(&mut admin)
             .unwrap();
         let settings = RedisSettings {
-            topology: Topology::Single,
             url: format!("redis://{user}:pw@127.0.0.1:{}", redis.port),
-            auth: None,
-            tls: None,
             connections: 1,
-            connect_timeout: std::time::Duration::from_secs(2),
-            call_timeout: std::time::Duration::from_secs(2),
-            functions: true,
+            ..redis.settings(true)
         };
         let store = RedisStore::new(&settings, Some(clock.clone())).unwrap();
         Store::Redis(Arc::new(store))
@@ -707,17 +708,7 @@ fn the_function_library_does_not_grow_with_distinct_arguments() {
 /// finds out that Redis has no functions and is made again as a script.
 #[tokio::test]
 async fn without_warm_up_the_first_call_falls_back_to_a_script() {
-    let redis = common::RedisServer::spawn(
-        common::free_port(),
-        &[
-            "--rename-command",
-            "FCALL",
-            "",
-            "--rename-command",
-            "FUNCTION",
-            "",
-        ],
-    );
+    let redis = redis_without_functions();
     let store = redis.store(Some(Arc::new(ManualClock::new(1_800_000_000_000))));
     let out = store.apply(&[c("cold", 5, 2)], true).await.unwrap();
     assert_eq!((out[0].over, out[0].remaining), (false, 3));

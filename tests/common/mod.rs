@@ -127,7 +127,14 @@ impl RedisServer {
     /// A Redis store on this server, calling the limiter as a function
     /// where Redis has them (`functions`) or always as a script.
     pub fn store_with(&self, clock: Option<Arc<dyn Clock>>, functions: bool) -> Store {
-        let settings = RedisSettings {
+        Store::Redis(Arc::new(
+            RedisStore::new(&self.settings(functions), clock).expect("redis store"),
+        ))
+    }
+
+    /// The settings of [`Self::store_with`].
+    pub fn settings(&self, functions: bool) -> RedisSettings {
+        RedisSettings {
             topology: Topology::Single,
             url: self.url(),
             auth: None,
@@ -136,10 +143,7 @@ impl RedisServer {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
             functions,
-        };
-        Store::Redis(Arc::new(
-            RedisStore::new(&settings, clock).expect("redis store"),
-        ))
+        }
     }
 }
 
