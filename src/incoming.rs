@@ -3,7 +3,8 @@
 //! slowloris attack) is cut after `handshake_timeout` instead of holding a
 //! socket and a task forever. Once the preface is in, HTTP/2 keepalive pings
 //! (see `server`) take over the detection of stuck peers. With TLS the
-//! handshake happens here too, off the accept loop.
+//! handshake happens here too, off the accept loop. One task accepts and
+//! deals the connections to the serving lanes (see `lanes`).
 
 use std::future::Future;
 use std::io;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
@@ -151,27 +153,64 @@ impl Connected for Accepted {
     }
 }
 
-/// The listener's connections, each with a preface deadline; with `tls`,
-/// after a TLS handshake (done off the accept loop, within the same
-/// deadline, with the certificate current at that moment).
+/// Accepts connections and deals them to the lanes in turn (`lanes[i]`
+/// feeds lane `i`), until every lane has stopped taking them. They travel
+/// as std sockets: a Tokio socket belongs to the runtime that registered
+/// it, and each lane must register its own so that its reads wake its own
+/// thread.
+pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<std::net::TcpStream>>) {
+    let mut next = 0;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let mut stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "cannot hand an accepted connection over");
+                continue;
+            }
+        };
+        // To the next lane still taking connections.
+        loop {
+            if lanes.iter().all(mpsc::Sender::is_closed) {
+                return;
+            }
+            let lane = &lanes[next % lanes.len()];
+            next = next.wrapping_add(1);
+            match lane.send(stream).await {
+                Ok(()) => break,
+                Err(mpsc::error::SendError(back)) => stream = back,
+            }
+        }
+    }
+}
+
+/// One lane's connections (dealt by [`deal`]), each with a preface
+/// deadline; with `tls`, after a TLS handshake (done off the accept path,
+/// within the same deadline, with the certificate current at that moment).
+/// Call it on the lane's runtime: the sockets are registered with it.
 pub fn incoming(
-    listener: TcpListener,
+    mut dealt: mpsc::Receiver<std::net::TcpStream>,
     handshake_timeout: Duration,
     tls: Option<ReloadingTls>,
 ) -> impl Stream<Item = io::Result<Accepted>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(accepted) => accepted,
+        while let Some(stream) = dealt.recv().await {
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => Deadlined::new(stream, handshake_timeout),
                 Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tracing::warn!(%error, "cannot take an accepted connection");
                     continue;
                 }
             };
-            let _ = stream.set_nodelay(true);
-            let stream = Deadlined::new(stream, handshake_timeout);
             let Some(tls) = &tls else {
                 if tx.send(Ok(Accepted::Plain(stream))).await.is_err() {
                     return;

@@ -11,7 +11,9 @@
 //!
 //! - [`server`] binds the gRPC server: the rate limit service, the
 //!   concurrency service, gRPC health, reflection, and the config watcher;
-//!   [`incoming`] guards its accepted connections.
+//!   [`incoming`] accepts connections, guards them and deals them to the
+//!   [`lanes`], one single-threaded runtime per core, each serving its
+//!   connections start to finish.
 //! - [`service`] holds the gRPC services: [`service::rls`] validates a
 //!   request against [`service::caps`], matches its descriptors and answers.
 //! - [`config`] loads the limits directory (envoyproxy/ratelimit's YAML) and
@@ -37,6 +39,7 @@ pub mod error;
 pub mod headers;
 pub mod incoming;
 pub mod keys;
+pub mod lanes;
 pub mod limiter;
 pub mod pb;
 pub mod rules;

@@ -1,6 +1,7 @@
 //! The `ratekeeper` binary: flags and environment in, a running server out.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,9 +87,15 @@ struct Cli {
     /// Replicas sharing the limits, for `failure_mode: local`.
     #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
     expected_replicas: u32,
-    /// Multiplexed connections to Redis.
+    /// Multiplexed connections to Redis, in all: spread over the serving
+    /// threads, at least one each.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4)]
     redis_pool_size: usize,
+    /// Threads serving gRPC, each with its own connections, Redis
+    /// connections and batches. Default: one per core available (cgroup
+    /// CPU limits included).
+    #[arg(long, env = "SERVING_THREADS")]
+    serving_threads: Option<NonZeroUsize>,
     /// Deadline of one Redis call, in milliseconds.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 20)]
     redis_timeout_ms: u64,
@@ -156,7 +163,9 @@ struct Cli {
     log_format: LogFormat,
 }
 
-#[tokio::main]
+// The serving lanes run their own runtimes (see `ratekeeper::lanes`); this
+// one only accepts connections and runs the background tasks.
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
     if let Err(error) = run(cli).await {
@@ -201,6 +210,9 @@ async fn run(cli: Cli) -> Result<()> {
     let config = config?;
     tracing::info!(dir = %config_dir.display(), domains = ?config.domain_names(), "limits loaded");
 
+    let lanes = cli
+        .serving_threads
+        .map_or_else(ratekeeper::lanes::default_count, NonZeroUsize::get);
     let store = match &cli.redis_url {
         None => Store::Memory(MemoryStore::new(Arc::new(SystemClock))),
         Some(url) => {
@@ -224,6 +236,7 @@ async fn run(cli: Cli) -> Result<()> {
                 url: url.clone(),
                 auth,
                 connections: cli.redis_pool_size,
+                lanes,
                 connect_timeout: Duration::from_millis(cli.redis_connect_timeout_ms),
                 call_timeout: Duration::from_millis(cli.redis_timeout_ms),
                 functions: !cli.redis_scripts_only,
@@ -290,6 +303,7 @@ async fn run(cli: Cli) -> Result<()> {
             max_connection_age_grace: cli.max_connection_age_grace,
             ..ConnectionLimits::default()
         },
+        lanes,
     }
     .run(shutdown_signal())
     .await

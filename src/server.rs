@@ -3,17 +3,20 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use futures_util::future::join_all;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
-use crate::incoming::incoming;
+use crate::incoming::{deal, incoming};
+use crate::lanes::{self, Lanes};
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
@@ -49,6 +52,9 @@ pub struct Server {
     /// may drain before they are cut (Envoy keeps its connection open).
     pub shutdown_grace: Duration,
     pub limits: ConnectionLimits,
+    /// Serving threads, each with its own runtime (see [`crate::lanes`]);
+    /// 0: one per core.
+    pub lanes: usize,
 }
 
 /// What one client connection may hold, so slow or stuck clients cannot
@@ -113,11 +119,6 @@ impl Server {
             RateLimitServiceServer::new(limiter).max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
 
         let (reporter, health) = tonic_health::server::health_reporter();
-        let probe = tokio::spawn(probe_store(
-            self.store.clone(),
-            reporter,
-            serves_without_store,
-        ));
         let watcher = self
             .config_dir
             .map(|dir| tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval)));
@@ -130,19 +131,11 @@ impl Server {
             .build_v1alpha()
             .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
 
-        tracing::info!(%addr, store = self.store.kind(), "serving gRPC");
-        let asked = Arc::new(Notify::new());
-        let signal = {
-            let asked = asked.clone();
-            let holds = holds.clone();
-            async move {
-                shutdown.await;
-                // Hold streams never end on their own: end them, or the
-                // drain would always last the whole grace.
-                holds.close();
-                asked.notify_one();
-            }
-        };
+        let lanes = Lanes::start(match self.lanes {
+            0 => lanes::default_count(),
+            n => n,
+        })?;
+        tracing::info!(%addr, store = self.store.kind(), lanes = lanes.len(), "serving gRPC");
         let limits = &self.limits;
         let mut builder = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(limits.concurrency_per_connection)
@@ -155,24 +148,62 @@ impl Server {
                 .max_connection_age(age)
                 .max_connection_age_grace(limits.max_connection_age_grace);
         }
-        let serving = builder
+        let router = builder
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(rls)
-            .add_service(concurrency)
-            .serve_with_incoming_shutdown(
-                incoming(self.grpc, limits.handshake_timeout, limits.tls.clone()),
-                signal,
-            );
+            .add_service(concurrency);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut dealt = Vec::new();
+        let mut serving = Vec::new();
+        for lane in lanes.handles() {
+            let (deal_to, connections) = mpsc::channel(64);
+            dealt.push(deal_to);
+            let (router, mut stopping) = (router.clone(), stopping.clone());
+            let (handshake_timeout, tls) = (limits.handshake_timeout, limits.tls.clone());
+            serving.push(lane.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(
+                        incoming(connections, handshake_timeout, tls),
+                        async move {
+                            let _ = stopping.wait_for(|stop| *stop).await;
+                        },
+                    )
+                    .await
+            }));
+        }
+        // The probe first: its first step sets the health statuses before
+        // the first connection is dealt.
+        let probe = tokio::spawn(probe_store(
+            self.store.clone(),
+            lanes.handles().to_vec(),
+            reporter,
+            serves_without_store,
+        ));
+        let dealer = tokio::spawn(deal(self.grpc, dealt));
+
+        let asked = async {
+            shutdown.await;
+            // Hold streams never end on their own: end them, or the drain
+            // would always last the whole grace.
+            holds.close();
+            dealer.abort();
+            let _ = stop.send(true);
+        };
         let grace = self.shutdown_grace;
         let served = tokio::select! {
-            served = serving => served,
-            () = async { asked.notified().await; tokio::time::sleep(grace).await } => {
-                tracing::warn!(?grace, "connections still open after the shutdown grace; closing them");
-                Ok(())
-            }
+            served = join_all(serving.iter_mut()) => Some(served),
+            () = async { asked.await; tokio::time::sleep(grace).await } => None,
         };
+        let served = served.unwrap_or_else(|| {
+            tracing::warn!(
+                ?grace,
+                "connections still open after the shutdown grace; closing them"
+            );
+            serving.iter().for_each(JoinHandle::abort);
+            Vec::new()
+        });
         probe.abort();
         refresher.abort();
         // Streams still open when the grace ran out: give their leases back.
@@ -181,7 +212,11 @@ impl Server {
             watcher.abort();
         }
         tracing::info!("gRPC server stopped");
-        served.map_err(|e| Error::Startup(format!("gRPC server: {e}")))
+        for lane in served {
+            lane.map_err(|e| Error::Startup(format!("gRPC serving thread: {e}")))?
+                .map_err(|e| Error::Startup(format!("gRPC server: {e}")))?;
+        }
+        Ok(())
     }
 }
 
@@ -198,7 +233,12 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 /// SERVING through an outage (a readiness probe must not pull every replica
 /// at once; `ratekeeper_store_up` and the logs show it); with `closed` or
 /// `unavailable` they are NOT_SERVING while the store is unreachable.
-async fn probe_store(store: Store, reporter: HealthReporter, serves_without_store: bool) {
+async fn probe_store(
+    store: Store,
+    lanes: Vec<Handle>,
+    reporter: HealthReporter,
+    serves_without_store: bool,
+) {
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
@@ -213,7 +253,7 @@ async fn probe_store(store: Store, reporter: HealthReporter, serves_without_stor
         let probe = if ever_up {
             store.ping().await
         } else {
-            store.warm_up().await
+            warm_up(&store, &lanes).await
         };
         let up = match probe {
             Ok(()) => true,
@@ -241,4 +281,21 @@ async fn probe_store(store: Store, reporter: HealthReporter, serves_without_stor
         let pause = if up { 5_000 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+}
+
+/// Warms the store up on every lane: each lane has its own Redis
+/// connections, and a connection's reader runs where it was opened.
+async fn warm_up(store: &Store, lanes: &[Handle]) -> Result<()> {
+    // The in-memory store is ready as it is: no need to wait for the lanes.
+    if let Store::Memory(_) = store {
+        return Ok(());
+    }
+    let warming = lanes.iter().map(|lane| {
+        let store = store.clone();
+        lane.spawn(async move { store.warm_up().await })
+    });
+    for warmed in join_all(warming).await {
+        warmed.map_err(|e| Error::Store(format!("warm-up stopped: {e}")))??;
+    }
+    Ok(())
 }

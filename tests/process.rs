@@ -371,3 +371,52 @@ async fn hashed_values_keep_raw_values_out_of_redis_and_metrics() {
         "{metrics}"
     );
 }
+
+/// Asks once, on a connection of its own, and checks the answer.
+async fn answers(server: &Ratekeeper) {
+    let r = server
+        .client()
+        .await
+        .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+/// How many of the process's threads are serving lanes (by name, in
+/// `/proc/PID/task/*/comm`).
+fn lane_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("comm")).ok())
+        .filter(|name| name.starts_with("rk-lane-"))
+        .count()
+}
+
+#[tokio::test]
+async fn serving_threads_follow_the_flag_and_the_environment() {
+    let dir = limits_dir(LIMITS);
+    for (args, env, expected) in [
+        (&["--serving-threads", "3"][..], &[][..], 3),
+        (&[][..], &[("SERVING_THREADS", "1")][..], 1),
+    ] {
+        let server = Ratekeeper::spawn_with_env(dir.path(), args, env);
+        answers(&server).await;
+        assert_eq!(lane_threads(server.pid()), expected, "{args:?} {env:?}");
+        drop(server);
+    }
+    // Without either: one per core.
+    let server = Ratekeeper::spawn(dir.path(), &[]);
+    answers(&server).await;
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(lane_threads(server.pid()), cores);
+
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["--serving-threads", "0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--serving-threads"), "{stderr}");
+}

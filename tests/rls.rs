@@ -758,3 +758,30 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
     assert_eq!(common::limiter_calls(&mut conn), before + 1);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn each_serving_lane_calls_redis_on_its_own_connection() {
+    // Two lanes in the test server and in the store, one Redis connection
+    // each; client connections are dealt to the lanes in turn.
+    let redis = common::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let server = TestServer::start(&[LIMITS], redis.store(Some(clock))).await;
+    // Warmed up (every lane's connection has loaded the scripts), and the
+    // health check's connection went to lane 0: the next two go to lanes 1
+    // and 0.
+    server.serving().await;
+    let mut clients = [server.client().await, server.client().await];
+    for (i, client) in clients.iter_mut().enumerate() {
+        let user = format!("u{i}");
+        let req = request("api", vec![descriptor(&[("user", &user)])]);
+        client.should_rate_limit(req).await.unwrap();
+    }
+    let mut conn = redis.client().get_connection().unwrap();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
+    let calling = list.lines().filter(|l| l.contains(" cmd=fcall ")).count();
+    assert_eq!(
+        calling, 2,
+        "both lanes' connections ran the limiter:\n{list}"
+    );
+    server.stop().await;
+}

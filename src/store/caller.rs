@@ -20,17 +20,27 @@ const BREAKER_COOLDOWN: Duration = Duration::from_millis(250);
 pub struct Caller {
     pub connections: Arc<Connections>,
     /// None on a cluster: one failing master must not stop the others' slots.
-    breaker: Option<Breaker>,
+    /// Shared by the lanes' callers: they all reach the same Redis.
+    breaker: Option<Arc<Breaker>>,
     pub call_timeout: Duration,
 }
 
 impl Caller {
-    pub fn new(connections: Arc<Connections>, with_breaker: bool, call_timeout: Duration) -> Self {
+    pub fn new(
+        connections: Arc<Connections>,
+        breaker: Option<Arc<Breaker>>,
+        call_timeout: Duration,
+    ) -> Self {
         Caller {
             connections,
-            breaker: with_breaker.then(|| Breaker::new(BREAKER_THRESHOLD, BREAKER_COOLDOWN)),
+            breaker,
             call_timeout,
         }
+    }
+
+    /// A circuit breaker with the thresholds calls are made under.
+    pub fn breaker() -> Arc<Breaker> {
+        Arc::new(Breaker::new(BREAKER_THRESHOLD, BREAKER_COOLDOWN))
     }
 
     /// Runs a prepared script invocation.
@@ -61,7 +71,7 @@ impl Caller {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        if !self.breaker.as_ref().map_or(true, Breaker::allow) {
+        if !self.breaker.as_deref().map_or(true, Breaker::allow) {
             return Err(Error::Store("circuit open: Redis is failing".into()));
         }
         let result = self.deadline(call).await;

@@ -46,8 +46,12 @@ pub struct RedisSettings {
     pub url: String,
     /// `password` or `user:password` (envoyproxy/ratelimit's `REDIS_AUTH`).
     pub auth: Option<String>,
-    /// Multiplexed connections (single and sentinel).
+    /// Multiplexed connections (single and sentinel), in all: spread over
+    /// the lanes, at least one each.
     pub connections: usize,
+    /// Serving lanes (see [`crate::lanes`]); each has its own connections
+    /// (on a cluster, its own cluster connection).
+    pub lanes: usize,
     /// Time allowed for establishing a connection.
     pub connect_timeout: Duration,
     /// Time allowed for one call, connection included.
@@ -86,6 +90,7 @@ impl std::fmt::Debug for RedisSettings {
         f.debug_struct("RedisSettings")
             .field("topology", &self.topology)
             .field("connections", &self.connections)
+            .field("lanes", &self.lanes)
             .field("connect_timeout", &self.connect_timeout)
             .field("call_timeout", &self.call_timeout)
             .field("tls", &self.tls.is_some())
@@ -451,6 +456,7 @@ mod tests {
             url: "redis://user:url-secret@127.0.0.1:6379".into(),
             auth: Some("user:auth-secret".into()),
             connections: 1,
+            lanes: 1,
             connect_timeout: Duration::from_secs(1),
             call_timeout: Duration::from_secs(1),
             functions: true,

@@ -21,6 +21,7 @@ use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use super::limiter_script::{self, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
+use crate::lanes;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
@@ -32,16 +33,23 @@ pub(super) fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
 
 /// Counters and leases kept in Redis.
 pub struct RedisStore {
-    caller: Arc<Caller>,
+    /// One per serving lane (see [`crate::lanes`]), so that a request's
+    /// Redis call is batched, sent and answered on its own thread.
+    lanes: Vec<Lane>,
     topology: Topology,
     limiter: Arc<LimiterScript>,
     leases: Script,
-    /// Joins concurrent requests into one call; None on a cluster, where
-    /// each call must stay within one hash slot.
-    batcher: Option<Arc<Batcher>>,
     /// Tests pin time here; production leaves it `None` and the scripts read
     /// the server's `TIME`.
     clock: Option<Arc<dyn Clock>>,
+}
+
+/// A serving lane's own connections, and its batcher.
+struct Lane {
+    caller: Arc<Caller>,
+    /// Joins concurrent requests into one call; None on a cluster, where
+    /// each call must stay within one hash slot.
+    batcher: Option<Arc<Batcher>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -57,30 +65,53 @@ impl RedisStore {
     /// Creates the store without waiting for Redis: connections are made on
     /// first use and re-made after failures, so ratekeeper starts (and can
     /// fail open) while Redis is down.
+    ///
+    /// `settings.connections` are spread over `settings.lanes` lanes, at
+    /// least one each; the circuit breaker is shared, as all lanes reach
+    /// the same Redis.
     pub fn new(settings: &RedisSettings, clock: Option<Arc<dyn Clock>>) -> Result<Self> {
         let clustered = settings.topology == Topology::Cluster;
-        let caller = Arc::new(Caller::new(
-            Connections::new(settings.clone())?,
-            !clustered,
-            settings.call_timeout,
-        ));
+        let breaker = (!clustered).then(Caller::breaker);
         let limiter = Arc::new(LimiterScript::new(settings.functions));
-        let batcher = (!clustered).then(|| {
-            Arc::new(Batcher::new(
-                Arc::clone(&caller),
-                Arc::clone(&limiter),
-                clock.clone(),
-                settings.connections,
-            ))
-        });
+        let count = settings.lanes.max(1);
+        let per_lane = settings.connections.div_ceil(count).max(1);
+        let lanes = (0..count)
+            .map(|_| {
+                let caller = Arc::new(Caller::new(
+                    Connections::new(RedisSettings {
+                        connections: per_lane,
+                        ..settings.clone()
+                    })?,
+                    breaker.clone(),
+                    settings.call_timeout,
+                ));
+                let batcher = (!clustered).then(|| {
+                    Arc::new(Batcher::new(
+                        Arc::clone(&caller),
+                        Arc::clone(&limiter),
+                        clock.clone(),
+                        per_lane,
+                    ))
+                });
+                Ok(Lane { caller, batcher })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(RedisStore {
-            caller,
+            lanes,
             topology: settings.topology,
             limiter,
             leases: Script::new(include_str!("../../lua/leases.lua")),
-            batcher,
             clock,
         })
+    }
+
+    /// The calling thread's lane (the first for threads outside the lanes).
+    fn lane(&self) -> &Lane {
+        &self.lanes[lanes::current().unwrap_or(0) % self.lanes.len()]
+    }
+
+    fn caller(&self) -> &Caller {
+        &self.lane().caller
     }
 
     /// The pinned clock, or the system's.
@@ -94,7 +125,7 @@ impl RedisStore {
     /// Time allowed for a `PING` or `SCRIPT LOAD`: not on a request's path,
     /// so the call deadline but at least 500 ms.
     fn probe_timeout(&self) -> Duration {
-        self.caller.call_timeout.max(Duration::from_millis(500))
+        self.caller().call_timeout.max(Duration::from_millis(500))
     }
 
     fn now_arg(&self) -> String {
@@ -120,7 +151,7 @@ impl RedisStore {
     /// Applies one request's checks: one script call (shared with other
     /// requests in flight), or on a cluster one call per slot.
     pub async fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Result<Vec<Outcome>> {
-        if let Some(batcher) = &self.batcher {
+        if let Some(batcher) = &self.lane().batcher {
             return batcher.apply(checks, all_or_nothing).await;
         }
         let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
@@ -153,7 +184,7 @@ impl RedisStore {
             &self.now_arg(),
             std::iter::once((all_or_nothing, slot_checks)),
         );
-        let reply: Vec<i64> = self.caller.eval(&self.limiter, &cmd).await?;
+        let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
         limiter_script::outcomes(&reply, group.len())
     }
 
@@ -183,7 +214,7 @@ impl RedisStore {
             for &i in &group {
                 invocation.key(&slots[i].key).arg(slots[i].limit);
             }
-            let reply: Vec<i64> = match self.caller.invoke(invocation).await {
+            let reply: Vec<i64> = match self.caller().invoke(invocation).await {
                 Ok(reply) => reply,
                 Err(error) => {
                     self.give_back(member, &taken).await;
@@ -245,7 +276,7 @@ impl RedisStore {
                     .arg(1)
                     .key(key);
             }
-            let reply: Vec<i64> = self.caller.invoke(invocation).await?;
+            let reply: Vec<i64> = self.caller().invoke(invocation).await?;
             if reply.len() != group.len() {
                 return Err(Error::Store(format!("lease script returned {reply:?}")));
             }
@@ -278,19 +309,20 @@ impl RedisStore {
             for &p in &group {
                 invocation.arg(pairs[p].0).arg(1).key(pairs[p].1);
             }
-            let _: Vec<i64> = self.caller.invoke(invocation).await?;
+            let _: Vec<i64> = self.caller().invoke(invocation).await?;
         }
         Ok(())
     }
 
-    /// Connects every pooled connection and loads the limiter and the lease
-    /// script, so that the first requests neither connect nor meet a
-    /// missing script inside their few milliseconds of deadline. Run before
-    /// the service reports SERVING.
+    /// Connects every pooled connection of the calling thread's lane and
+    /// loads the limiter and the lease script, so that the first requests
+    /// neither connect nor meet a missing script inside their few
+    /// milliseconds of deadline. Run on every lane before the service
+    /// reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
         self.ping().await?;
         let loading = |what: &'static str| move |_| Error::Store(format!("{what} timed out"));
-        for mut conn in self.caller.connections.all() {
+        for mut conn in self.caller().connections.all() {
             tokio::time::timeout(self.probe_timeout(), self.limiter.load(&mut conn))
                 .await
                 .map_err(loading("loading the limiter"))??;
@@ -305,18 +337,15 @@ impl RedisStore {
     /// and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let result = async {
-            let mut conn = self
-                .caller
-                .connections
-                .get(self.caller.call_timeout)
-                .await?;
+            let caller = self.caller();
+            let mut conn = caller.connections.get(caller.call_timeout).await?;
             let cmd = redis::cmd("PING");
             match tokio::time::timeout(self.probe_timeout(), cmd.query_async::<String>(&mut conn))
                 .await
             {
                 Err(_) => Err(Error::Store("PING timed out".into())),
                 Ok(Err(error)) => {
-                    self.caller.connections.failed(Some(&error));
+                    self.caller().connections.failed(Some(&error));
                     Err(error.into())
                 }
                 Ok(Ok(pong)) if pong == "PONG" => Ok(()),
@@ -325,7 +354,7 @@ impl RedisStore {
         }
         .await;
         if result.is_ok() {
-            self.caller.answered();
+            self.caller().answered();
         }
         result
     }

@@ -140,6 +140,9 @@ impl RedisServer {
             auth: None,
             tls: None,
             connections: 2,
+            // Two lanes, as on a two-core server: requests from the test
+            // server's two serving threads use two sets of connections.
+            lanes: 2,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
             functions,
@@ -271,6 +274,7 @@ impl TestServer {
                 handshake_timeout: Duration::from_millis(500),
                 ..ConnectionLimits::default()
             },
+            lanes: 2,
         };
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;
@@ -291,6 +295,32 @@ impl TestServer {
                 Err(e) if Instant::now() > deadline => panic!("cannot connect: {e}"),
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
+        }
+    }
+
+    /// Waits until the server's health says SERVING (the store warmed up).
+    pub async fn serving(&self) {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+        let channel = Channel::from_shared(format!("http://{}", self.addr))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = HealthClient::new(channel);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = health
+                .check(HealthCheckRequest::default())
+                .await
+                .expect("health")
+                .into_inner()
+                .status;
+            if status == ServingStatus::Serving as i32 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not SERVING after 10 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -436,6 +466,7 @@ impl RedisCluster {
             auth: None,
             tls: None,
             connections: 1,
+            lanes: 2,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
             functions: true,
@@ -541,6 +572,10 @@ impl Ratekeeper {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends SIGTERM and returns the exit status.

@@ -272,6 +272,7 @@ def test_defaults_env_matches_the_binary(chart):
     assert env["LIMIT_RESPONSE_HEADERS_ENABLED"] == "false"
     assert env["MAX_DETAILED_METRIC_SERIES"] == "10000"
     assert "GRPC_MAX_CONNECTION_AGE" not in env and not TLS_FILE_ENV & env.keys()
+    assert "SERVING_THREADS" not in env  # the binary's default: one per core
 
 
 def test_defaults_limits_configmap_is_mounted_whole_and_loads(chart, tmp_path):
@@ -440,6 +441,7 @@ def test_redis_cluster(chart):
     assert env["FAILURE_MODE"]["value"] == "local"
     assert env["EXPECTED_REPLICAS"]["value"] == "9"  # autoscaling.maxReplicas
     assert env["GRPC_MAX_CONNECTION_AGE"]["value"] == "1h"
+    assert env["SERVING_THREADS"]["value"] == "2"
     assert "replicas" not in deploy["spec"]
     assert "cluster" in notes(chart, values)
     # An explicit expectedReplicas wins over the HPA's maximum.
@@ -704,6 +706,8 @@ BAD_VALUES = {
     "max-connection-age-zero": {"maxConnectionAge": "0s"},
     "max-connection-age-words": {"maxConnectionAge": "1 hour"},
     "max-detailed-series-negative": {"maxDetailedMetricSeries": -1},
+    "serving-threads-zero": {"servingThreads": 0},
+    "serving-threads-string": {"servingThreads": "2"},
 }
 
 
