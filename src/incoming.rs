@@ -9,6 +9,8 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,16 +32,42 @@ pub struct Deadlined {
     /// Running until the preface has arrived.
     deadline: Option<Pin<Box<Sleep>>>,
     received: usize,
+    /// Counts the connection in its lane's load while it is open.
+    _load: Load,
 }
 
 impl Deadlined {
-    fn new(inner: TcpStream, timeout: Duration) -> Self {
+    fn new(inner: TcpStream, timeout: Duration, load: Load) -> Self {
         Deadlined {
             inner,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
             received: 0,
+            _load: load,
         }
     }
+}
+
+/// One open connection in a lane's count of them; uncounted when dropped
+/// (when the connection closes, however it ends).
+pub struct Load(Arc<AtomicUsize>);
+
+impl Load {
+    fn new(count: &Arc<AtomicUsize>) -> Load {
+        count.fetch_add(1, Ordering::Relaxed);
+        Load(Arc::clone(count))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An accepted socket on its way to a lane, already counted there.
+pub struct Dealt {
+    stream: std::net::TcpStream,
+    load: Load,
 }
 
 impl AsyncRead for Deadlined {
@@ -153,12 +181,15 @@ impl Connected for Accepted {
     }
 }
 
-/// Accepts connections and deals them to the lanes in turn (`lanes[i]`
-/// feeds lane `i`), until every lane has stopped taking them. They travel
-/// as std sockets: a Tokio socket belongs to the runtime that registered
-/// it, and each lane must register its own so that its reads wake its own
-/// thread.
-pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<std::net::TcpStream>>) {
+/// Accepts connections and deals each to the lane with the fewest open
+/// connections (`lanes[i]` feeds lane `i`; ties in turn), until every lane
+/// has stopped taking them. Counting open connections rather than dealing
+/// in turn keeps the lanes even when clients come and go: connections that
+/// close free their lane's share for the next ones. They travel as std
+/// sockets: a Tokio socket belongs to the runtime that registered it, and
+/// each lane must register its own so that its reads wake its own thread.
+pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<Dealt>>) {
+    let loads: Vec<Arc<AtomicUsize>> = lanes.iter().map(|_| Arc::default()).collect();
     let mut next = 0;
     loop {
         let (stream, _) = match listener.accept().await {
@@ -170,26 +201,40 @@ pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<std::net::TcpSt
             }
         };
         let _ = stream.set_nodelay(true);
-        let mut stream = match stream.into_std() {
+        let stream = match stream.into_std() {
             Ok(stream) => stream,
             Err(error) => {
                 tracing::warn!(%error, "cannot hand an accepted connection over");
                 continue;
             }
         };
-        // To the next lane still taking connections.
-        loop {
-            if lanes.iter().all(mpsc::Sender::is_closed) {
-                return;
-            }
-            let lane = &lanes[next % lanes.len()];
-            next = next.wrapping_add(1);
-            match lane.send(stream).await {
-                Ok(()) => break,
-                Err(mpsc::error::SendError(back)) => stream = back,
-            }
-        }
+        let open: Vec<Option<usize>> = lanes
+            .iter()
+            .zip(&loads)
+            .map(|(lane, load)| (!lane.is_closed()).then(|| load.load(Ordering::Relaxed)))
+            .collect();
+        let Some(lane) = least_loaded(&open, next) else {
+            return; // every lane has stopped
+        };
+        next = lane + 1;
+        let dealt = Dealt {
+            stream,
+            load: Load::new(&loads[lane]),
+        };
+        // A lane that stops meanwhile drops this connection, as a stopping
+        // server does.
+        let _ = lanes[lane].send(dealt).await;
     }
+}
+
+/// The lane with the fewest open connections among those still serving
+/// (`None`: stopped), the first such from `start` on (so ties go in turn).
+fn least_loaded(open: &[Option<usize>], start: usize) -> Option<usize> {
+    (0..open.len())
+        .map(|i| (start + i) % open.len())
+        .filter_map(|lane| open[lane].map(|load| (load, lane)))
+        .min_by_key(|&(load, _)| load)
+        .map(|(_, lane)| lane)
 }
 
 /// One lane's connections (dealt by [`deal`]), each with a preface
@@ -197,15 +242,15 @@ pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<std::net::TcpSt
 /// within the same deadline, with the certificate current at that moment).
 /// Call it on the lane's runtime: the sockets are registered with it.
 pub fn incoming(
-    mut dealt: mpsc::Receiver<std::net::TcpStream>,
+    mut dealt: mpsc::Receiver<Dealt>,
     handshake_timeout: Duration,
     tls: Option<ReloadingTls>,
 ) -> impl Stream<Item = io::Result<Accepted>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        while let Some(stream) = dealt.recv().await {
+        while let Some(Dealt { stream, load }) = dealt.recv().await {
             let stream = match TcpStream::from_std(stream) {
-                Ok(stream) => Deadlined::new(stream, handshake_timeout),
+                Ok(stream) => Deadlined::new(stream, handshake_timeout, load),
                 Err(error) => {
                     tracing::warn!(%error, "cannot take an accepted connection");
                     continue;
@@ -230,4 +275,22 @@ pub fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::least_loaded;
+
+    #[test]
+    fn the_least_loaded_serving_lane_wins_and_ties_go_in_turn() {
+        assert_eq!(least_loaded(&[Some(2), Some(1), Some(3)], 0), Some(1));
+        // Ties: the first from `start` on.
+        assert_eq!(least_loaded(&[Some(1), Some(1), Some(1)], 0), Some(0));
+        assert_eq!(least_loaded(&[Some(1), Some(1), Some(1)], 2), Some(2));
+        assert_eq!(least_loaded(&[Some(1), Some(1), Some(1)], 4), Some(1));
+        // Stopped lanes are skipped, however idle.
+        assert_eq!(least_loaded(&[None, Some(5), None], 0), Some(1));
+        assert_eq!(least_loaded(&[None, None], 1), None);
+        assert_eq!(least_loaded(&[], 0), None);
+    }
 }

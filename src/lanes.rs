@@ -8,9 +8,10 @@
 //! allocated it. In a lane everything a request touches — its connection,
 //! its Redis batch (see `store::batcher`), the Redis connection that carries
 //! the batch and that connection's reader — lives on one thread, so a
-//! request never leaves it. Connections are handed to the lanes in turn;
-//! the work of one client connection stays on one core, which is how Envoy
-//! uses a rate limit service anyway (a connection per Envoy worker).
+//! request never leaves it. Each accepted connection goes to the lane with
+//! the fewest open (`incoming::deal`); the work of one client connection
+//! stays on one core, which is how Envoy uses a rate limit service anyway (a
+//! connection per Envoy worker).
 
 use std::cell::Cell;
 use std::sync::mpsc;

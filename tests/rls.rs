@@ -785,3 +785,40 @@ async fn each_serving_lane_calls_redis_on_its_own_connection() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
+    let redis = common::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let server = TestServer::start(&[LIMITS], redis.store(Some(clock))).await;
+    let mut conn = redis.client().get_connection().unwrap();
+    let client_list = |conn: &mut redis::Connection| -> String {
+        redis::cmd("CLIENT").arg("LIST").query(conn).unwrap()
+    };
+    // Both lanes warmed up (their last step loads the lease script), with no
+    // gRPC connection made yet.
+    for _ in 0..500 {
+        if client_list(&mut conn).matches(" cmd=script|load ").count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut first = server.client().await; // lane 0
+    let second = server.client().await; // lane 1
+    drop(second);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Lane 1 has no connection open now, lane 0 one: the third goes to lane
+    // 1 (dealt in turn, it would go to lane 0).
+    let mut third = server.client().await;
+    for (user, client) in [("a", &mut first), ("b", &mut third)] {
+        let req = request("api", vec![descriptor(&[("user", user)])]);
+        client.should_rate_limit(req).await.unwrap();
+    }
+    let list = client_list(&mut conn);
+    let calling = list.lines().filter(|l| l.contains(" cmd=fcall ")).count();
+    assert_eq!(
+        calling, 2,
+        "the two clients were served by two lanes:\n{list}"
+    );
+    server.stop().await;
+}
