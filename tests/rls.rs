@@ -786,6 +786,25 @@ async fn each_serving_lane_calls_redis_on_its_own_connection() {
     server.stop().await;
 }
 
+/// The server's own ends of its TCP connections on `port` that it has not
+/// closed yet (ESTABLISHED, or CLOSE_WAIT: the client has gone), from
+/// `/proc/net/tcp`.
+fn open_connections(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = format!(":{port:04X} ");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            Some((*fields.get(1)?, *fields.get(3)?))
+        })
+        .filter(|(address, state)| {
+            format!("{address} ").ends_with(&local) && matches!(*state, "01" | "08")
+        })
+        .count()
+}
+
 #[tokio::test]
 async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
     let redis = common::RedisServer::start();
@@ -805,8 +824,15 @@ async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
     }
     let mut first = server.client().await; // lane 0
     let second = server.client().await; // lane 1
+    assert_eq!(open_connections(server.addr.port()), 2);
     drop(second);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until the server has closed its end (and so uncounted it).
+    for _ in 0..500 {
+        if open_connections(server.addr.port()) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Lane 1 has no connection open now, lane 0 one: the third goes to lane
     // 1 (dealt in turn, it would go to lane 0).
     let mut third = server.client().await;
