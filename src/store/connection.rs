@@ -8,8 +8,10 @@
 //!   `ConnectionManager`s; on a connection error or `READONLY` (the old
 //!   master demoted) the master is looked up again, in the background.
 //!
-//! Cluster and sentinel connect in the background, so ratekeeper starts (and
-//! fails open) while Redis is unreachable.
+//! Every topology connects on first use (the warm-up, see `server`), in the
+//! background, so ratekeeper starts (and fails open) while Redis is
+//! unreachable; and from the serving lane that will use the connections, so
+//! their readers run on its thread (`crate::lanes`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -198,7 +200,8 @@ pub struct Connections {
 const CLUSTER_REBUILD_AFTER: usize = 3;
 
 impl Connections {
-    /// Starts connecting. Never waits for Redis.
+    /// Prepares the connections; they are made on first use. Never waits
+    /// for Redis.
     pub fn new(mut settings: RedisSettings) -> Result<Arc<Self>> {
         if settings.url.starts_with("rediss://") && settings.tls.is_none() {
             settings.tls = Some(RedisTls::default());
@@ -233,9 +236,6 @@ impl Connections {
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
         });
-        if connections.settings.topology != Topology::Single {
-            connections.reconnect();
-        }
         Ok(connections)
     }
 
