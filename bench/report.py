@@ -334,6 +334,9 @@ def main():
     busy = env("BENCH_BACKGROUND_BUSY")
     if busy:
         w(f"| other load | {busy}% of the machine's CPU was busy with other work in the 2 s before the run |")
+    w(f"| ratekeeper | release build (`lto`, `codegen-units = 1`); {os.cpu_count()} serving threads "
+      "(the default, one per core: `src/lanes.rs`); Redis store with "
+      f"{env('BENCH_REDIS_POOL')} connections in all, spread over them |")
     w(f"| Redis | redis-server {env('BENCH_REDIS_VERSION', '?')}, own process on a free loopback port, no persistence |")
     w("| generators | `ratekeeper-bench` (tonic client of Envoy RLS v3) and, for the issue's "
       f"reference settings, h2load {env('BENCH_H2LOAD_VERSION', '?')}; both on the same machine |")
