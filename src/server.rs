@@ -16,7 +16,7 @@ use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::incoming::{deal, incoming};
-use crate::lanes::{self, Lanes};
+use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
@@ -52,8 +52,8 @@ pub struct Server {
     /// may drain before they are cut (Envoy keeps its connection open).
     pub shutdown_grace: Duration,
     pub limits: ConnectionLimits,
-    /// Serving threads, each with its own runtime (see [`crate::lanes`]);
-    /// 0: one per core.
+    /// Serving threads (at least one), each with its own runtime (see
+    /// [`crate::lanes`]; `lanes::default_count()` is one per core).
     pub lanes: usize,
 }
 
@@ -131,10 +131,7 @@ impl Server {
             .build_v1alpha()
             .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
 
-        let lanes = Lanes::start(match self.lanes {
-            0 => lanes::default_count(),
-            n => n,
-        })?;
+        let lanes = Lanes::start(self.lanes)?;
         tracing::info!(%addr, store = self.store.kind(), lanes = lanes.len(), "serving gRPC");
         let limits = &self.limits;
         let mut builder = tonic::transport::Server::builder()

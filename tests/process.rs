@@ -5,7 +5,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{descriptor, request, Ratekeeper, RedisServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -230,25 +230,15 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
 
     // With Redis up: SERVING, and still SERVING (failing open) once it is gone.
     let redis = RedisServer::start();
-    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
+    // Two serving threads: the pool of 4 is then 2 connections each, on any
+    // machine (more threads than 4 would each hold one).
+    let server = Ratekeeper::spawn(
+        dir.path(),
+        &["--redis-url", &redis.url(), "--serving-threads", "2"],
+    );
     let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = health
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
-        if s == ServingStatus::Serving as i32 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never SERVING with Redis up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until_serving(&mut health).await;
     // Ready means warmed up: all 4 pooled connections open, the limiter
     // loaded as a function and the lease script as a script, before any
     // request has been sent.

@@ -759,16 +759,26 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
     server.stop().await;
 }
 
+/// Redis's `CLIENT LIST`: one line per connection, with its last command.
+fn client_list(conn: &mut redis::Connection) -> String {
+    redis::cmd("CLIENT").arg("LIST").query(conn).unwrap()
+}
+
+/// The connections in `list` whose last command called the limiter.
+fn limiter_connections(list: &str) -> usize {
+    list.lines().filter(|l| l.contains(" cmd=fcall ")).count()
+}
+
 #[tokio::test]
 async fn each_serving_lane_calls_redis_on_its_own_connection() {
     // Two lanes in the test server and in the store, one Redis connection
-    // each; client connections are dealt to the lanes in turn.
+    // each.
     let redis = common::RedisServer::start();
     let clock = Arc::new(ManualClock::new(START_MS));
     let server = TestServer::start(&[LIMITS], redis.store(Some(clock))).await;
-    // Warmed up (every lane's connection has loaded the scripts), and the
-    // health check's connection went to lane 0: the next two go to lanes 1
-    // and 0.
+    // Warmed up (every lane's connection has loaded the scripts). The
+    // health check's connection went to lane 0; open or closed by now, the
+    // next two go to lanes 1 and 0.
     server.serving().await;
     let mut clients = [server.client().await, server.client().await];
     for (i, client) in clients.iter_mut().enumerate() {
@@ -776,11 +786,10 @@ async fn each_serving_lane_calls_redis_on_its_own_connection() {
         let req = request("api", vec![descriptor(&[("user", &user)])]);
         client.should_rate_limit(req).await.unwrap();
     }
-    let mut conn = redis.client().get_connection().unwrap();
-    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
-    let calling = list.lines().filter(|l| l.contains(" cmd=fcall ")).count();
+    let list = client_list(&mut redis.client().get_connection().unwrap());
     assert_eq!(
-        calling, 2,
+        limiter_connections(&list),
+        2,
         "both lanes' connections ran the limiter:\n{list}"
     );
     server.stop().await;
@@ -811,9 +820,6 @@ async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
     let clock = Arc::new(ManualClock::new(START_MS));
     let server = TestServer::start(&[LIMITS], redis.store(Some(clock))).await;
     let mut conn = redis.client().get_connection().unwrap();
-    let client_list = |conn: &mut redis::Connection| -> String {
-        redis::cmd("CLIENT").arg("LIST").query(conn).unwrap()
-    };
     // Both lanes warmed up (their last step loads the lease script), with no
     // gRPC connection made yet.
     for _ in 0..500 {
@@ -841,9 +847,9 @@ async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
         client.should_rate_limit(req).await.unwrap();
     }
     let list = client_list(&mut conn);
-    let calling = list.lines().filter(|l| l.contains(" cmd=fcall ")).count();
     assert_eq!(
-        calling, 2,
+        limiter_connections(&list),
+        2,
         "the two clients were served by two lanes:\n{list}"
     );
     server.stop().await;

@@ -21,6 +21,8 @@ use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, Store, Topology};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
 /// The Envoy rate limit client.
 pub type RlsClient = RateLimitServiceClient<Channel>;
@@ -300,28 +302,12 @@ impl TestServer {
 
     /// Waits until the server's health says SERVING (the store warmed up).
     pub async fn serving(&self) {
-        use tonic_health::pb::health_check_response::ServingStatus;
-        use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
         let channel = Channel::from_shared(format!("http://{}", self.addr))
             .expect("endpoint")
             .connect()
             .await
             .expect("connect");
-        let mut health = HealthClient::new(channel);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let status = health
-                .check(HealthCheckRequest::default())
-                .await
-                .expect("health")
-                .into_inner()
-                .status;
-            if status == ServingStatus::Serving as i32 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "not SERVING after 10 s");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_serving(&mut HealthClient::new(channel)).await;
     }
 
     pub async fn stop(mut self) {
@@ -339,6 +325,25 @@ impl Drop for TestServer {
         if let Some(task) = &self.task {
             task.abort();
         }
+    }
+}
+
+/// Waits until `health` says the server as a whole (service `""`) is
+/// SERVING; fails after 10 s.
+pub async fn until_serving(health: &mut HealthClient<Channel>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = health
+            .check(HealthCheckRequest::default())
+            .await
+            .expect("health")
+            .into_inner()
+            .status;
+        if status == ServingStatus::Serving as i32 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not SERVING after 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
