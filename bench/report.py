@@ -518,12 +518,13 @@ def main():
         w(f"| with {r['keys']:,} live counters | {r['after_kib'] / 1024:,.1f} MiB |")
         w(f"| **per key** | **{per_key:,.0f} bytes** ({verdict} the < 200 B/key target) |")
         w("")
-        w("Per key this holds the counter key string (e.g. "
-          "`rk:{bench_mem|user_id=18a9f3c2d4e5f6a7-123456}:fw.86400`, about 55 bytes, in its own "
-          "heap allocation), the hash-table entry (key `Box<str>` + counter state + expiry, 56 "
-          "bytes) in one "
-          "of 64 shards — a table that doubles when full, so at a given count it may be only "
-          "half occupied — and the allocator's overhead per allocation.\n")
+        w("Per key this holds one hash-table entry — the key's 128-bit digest (the counter key "
+          "itself, e.g. `rk:{bench_mem|user_id=18a9f3c2d4e5f6a7-123456}:fw.86400`, about 55 "
+          "bytes, is not kept: `src/store/memory.rs`), the counter state and its expiry, 56 "
+          "bytes, plus a control byte — in one of 64 shards, a table that doubles when full, so "
+          "at a given count it may be only half occupied (at a million keys each shard holds "
+          "15,625 entries in 32,768 buckets: about 120 bytes per key of table), and the "
+          "allocator's and the process's overhead.\n")
     if res.sweep:
         sw = res.sweep
         samples = sw["samples_kib"]
