@@ -303,6 +303,73 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
     }
 }
 
+/// A request that queues behind a call to a Redis that stopped answering is
+/// answered by the deadline of its own arrival (400 ms here), not a whole
+/// call deadline after the call ahead of it gave up.
+#[tokio::test]
+async fn requests_queued_behind_a_hung_redis_answer_within_their_deadline() {
+    let redis = RedisServer::spawn(common::free_port(), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "400",
+            "--failure-mode",
+            "closed",
+            // One call in flight per serving lane, so that later requests
+            // queue behind it.
+            "--redis-pool-size",
+            "2",
+        ],
+    );
+    let client = server.client().await;
+    let call = |v: usize| {
+        let mut client = client.clone();
+        async move {
+            let started = Instant::now();
+            let r = client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", &format!("q{v}"))])]))
+                .await
+                .expect("answer")
+                .into_inner();
+            (r, started.elapsed())
+        }
+    };
+    let (warm, _) = call(0).await;
+    assert_eq!(degraded(&warm), None);
+
+    // Paused for writes, Redis keeps its connections and answers nothing
+    // that writes: the limiter's calls, sent or queued, all hang.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3_000)
+        .arg("WRITE")
+        .query(&mut redis.client().get_connection().unwrap())
+        .unwrap();
+    // One HTTP/2 connection, so one serving lane and its one call slot: the
+    // first request's call hangs, and the requests sent 200 ms later queue
+    // behind it with 200 ms of their deadline left when it gives up.
+    let first = tokio::spawn(call(1));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued = futures_util::future::join_all((2..30).map(call)).await;
+    let (first, first_took) = first.await.unwrap();
+    assert_eq!(degraded(&first).as_deref(), Some("closed"));
+    assert!(first_took < Duration::from_millis(550), "{first_took:?}");
+    for (r, took) in &queued {
+        assert_eq!(degraded(r).as_deref(), Some("closed"));
+        // Queueing behind a whole call deadline would take about 600 ms.
+        assert!(
+            *took < Duration::from_millis(500),
+            "a queued request was answered after {took:?} with a 400 ms deadline"
+        );
+    }
+}
+
 #[tokio::test]
 async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
     const SECRET: &str = "s3cret-Pa55word";

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue, RedisResult};
+use tokio::time::Instant;
 
 use super::breaker::Breaker;
 use super::connection::{Conn, Connections};
@@ -48,15 +49,32 @@ impl Caller {
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        self.guarded(|mut conn| async move { invocation.invoke_async(&mut conn).await })
-            .await
+        self.guarded(Instant::now() + self.call_timeout, |mut conn| async move {
+            invocation.invoke_async(&mut conn).await
+        })
+        .await
     }
 
     /// Runs `cmd`, a call of the limiter (which reloads itself when Redis
     /// lost it).
     pub async fn eval<T: FromRedisValue>(&self, limiter: &LimiterScript, cmd: &Cmd) -> Result<T> {
-        self.guarded(|mut conn| async move { limiter.call(&mut conn, cmd).await })
+        self.eval_by(limiter, cmd, Instant::now() + self.call_timeout)
             .await
+    }
+
+    /// [`Caller::eval`] answered by `deadline`, which may be sooner than the
+    /// call deadline from now (a batched call answers by its requests'
+    /// deadlines).
+    pub async fn eval_by<T: FromRedisValue>(
+        &self,
+        limiter: &LimiterScript,
+        cmd: &Cmd,
+        deadline: Instant,
+    ) -> Result<T> {
+        self.guarded(deadline, |mut conn| async move {
+            limiter.call(&mut conn, cmd).await
+        })
+        .await
     }
 
     /// Tells the breaker that Redis answered (the health probe's ping).
@@ -66,7 +84,7 @@ impl Caller {
         }
     }
 
-    async fn guarded<T, F, Fut>(&self, call: F) -> Result<T>
+    async fn guarded<T, F, Fut>(&self, deadline: Instant, call: F) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -74,7 +92,7 @@ impl Caller {
         if !self.breaker.as_deref().map_or(true, Breaker::allow) {
             return Err(Error::Store("circuit open: Redis is failing".into()));
         }
-        let result = self.deadline(call).await;
+        let result = self.by(deadline, call).await;
         if let Some(breaker) = &self.breaker {
             match &result {
                 Ok(_) => breaker.success(),
@@ -84,13 +102,17 @@ impl Caller {
         result
     }
 
-    async fn deadline<T, F, Fut>(&self, call: F) -> Result<T>
+    /// Makes the call, connecting first if need be, all by `deadline`.
+    async fn by<T, F, Fut>(&self, deadline: Instant, call: F) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let conn = self.connections.get(self.call_timeout).await?;
-        match tokio::time::timeout(self.call_timeout, call(conn)).await {
+        let conn = self
+            .connections
+            .get(deadline.saturating_duration_since(Instant::now()))
+            .await?;
+        match tokio::time::timeout_at(deadline, call(conn)).await {
             Err(_) => {
                 self.connections.failed(None);
                 Err(Error::Store(format!(
