@@ -41,7 +41,7 @@ call_args() {
         else
             keys+=("rk:{bench_fw|user_id=key${i}-__rand_int__}:fw.3600")
         fi
-        args+=(1 1 fw 1000000000 3600000 0 1 1)
+        args+=('1 1' 'fw 1000000000 3600000 0 1 1')
     done
     CALL=("$requests" "${keys[@]}" "${args[@]}")
 }

@@ -382,7 +382,7 @@ def main():
     # --- the Redis ceiling -----------------------------------------------------------
     w("### Redis ceiling: the limiter alone\n")
     w("`redis-benchmark -c 50 -r 1000000 [-P 16] EVALSHA <sha> 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' "
-      "\"\" 1 1 fw 1000000000 3600000 0 1 1`, and the same with `FCALL <function>` — the limiter "
+      "\"\" '1 1' 'fw 1000000000 3600000 0 1 1'`, and the same with `FCALL <function>` — the limiter "
       "ratekeeper loads (`lua/prelude.lua` … `lua/batch.lua`) as a script, and as the function "
       "library ratekeeper calls on Redis 7 (`ratekeeper-bench --write-limiter-library`), one "
       "fixed-window check per call, as ratekeeper sends a one-descriptor request when it is the "
@@ -655,11 +655,14 @@ def main():
           "batcher (a channel and a copy of the checks; no timer of its own), the command's encoding "
           "and the reply's parsing, and the wait itself: an in-memory answer is written in the "
           "same poll of the HTTP/2 and gRPC layers that read the request, a Redis one in a "
-          "second poll once the reply is in. In Redis, a check on a new key costs about 67,000 "
-          "instructions (`bench/lua_instructions.sh`): some 23,000 are the three Redis "
-          "commands, 11,000 the call's arguments and reply, and the rest the Lua interpreter "
-          "running the algorithm's generic steps (a table per check and per state, a function "
-          "call per step).")
+          "second poll once the reply is in. In Redis, a check on a new key in a call of 23 "
+          "costs about 51,000 instructions (`bench/lua_instructions.sh`, callgrind): some "
+          "10,000 are the three Redis commands themselves (`HMGET`, `HSET`, `PEXPIRE`), 9,000 "
+          "calling them from Lua (their arguments made Redis strings, the command looked up, "
+          "the reply turned back into Lua values), 7,000 the call's own arguments, reply and "
+          "networking, and 25,000 the Lua interpreter running the algorithm's generic steps "
+          "(a table per state and per reply, a function call per step, the garbage they "
+          "leave).")
     q = res.summary("redis_open_quarter")
     if q and r:
         w(f"- **Open loop on a VM.** At a quarter of the peak, ratekeeper spent "

@@ -6,9 +6,10 @@
 -- A key's state is read from Redis once per call and written back once, at
 -- the end: requests of one call that share a key (one user's bursts, a
 -- shared tier counter) cost Redis no more commands than one request.
--- Every call pays for what it allocates here, so per check there is one
--- table (its arguments), the per-request tables are shared by all requests
--- of the call (cleared after each), and answers go straight into the reply.
+-- Every call pays for what it allocates here, so a check's arguments are
+-- parsed once into a table shared by all checks with the same fields
+-- (`check_of`), the per-request tables are shared by all requests of the
+-- call (cleared after each), and answers go straight into the reply.
 -- In the function library this file is the body of the one function, whose
 -- parameters are KEYS and ARGV.
 local now
@@ -18,7 +19,6 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
-local FIELDS = 6
 local out = {}
 -- For the whole call, per key: its state as the requests decided so far
 -- left it, and the check to save it with once a request consumed from it.
@@ -37,25 +37,21 @@ local function copy(s)
   return t
 end
 
--- Decides the checks KEYS[k0 + 1 .. k0 + n], whose fields start at ARGV[a0].
+-- Decides the checks KEYS[k0 + 1 .. k0 + n], whose fields are ARGV[a0 ..
+-- a0 + n - 1]; false when a check's fields are malformed (the call then
+-- fails before it saves anything).
 local function request(k0, a0, n, all_or_nothing)
   local blocked = false
   -- A lone check that is over consumes nothing, so only a request of
   -- several checks can have hits to undo.
   local undoable = all_or_nothing and n > 1
   for i = 1, n do
-    local a = a0 + (i - 1) * FIELDS
-    local hits = num(ARGV[a + 4])
-    local c = {
-      tag = ARGV[a],
-      limit = num(ARGV[a + 1]),
-      period = num(ARGV[a + 2]),
-      burst = num(ARGV[a + 3]),
-      hits = hits,
-      need = math.max(hits, 1),
-    }
+    local c = check_of(ARGV[a0 + i - 1])
+    if c == nil then
+      return false
+    end
     checks[i] = c
-    local algo = algorithm(c.tag)
+    local algo = c.algo
     local key = KEYS[k0 + i]
     local s = state[key]
     if s == nil then
@@ -63,10 +59,10 @@ local function request(k0, a0, n, all_or_nothing)
       state[key] = s
     end
     local over = algo.is_over(s, c, now)
-    if over and ARGV[a + 5] == '1' then
+    if over and c.enforce then
       blocked = true
     end
-    local applied = (not over) and hits > 0
+    local applied = (not over) and c.hits > 0
     if applied then
       if undoable and before[key] == nil then
         before[key] = copy(s)
@@ -92,7 +88,7 @@ local function request(k0, a0, n, all_or_nothing)
     end
     for i = 1, n do
       local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
-      out[o - 1], out[o] = algorithm(c.tag).report(s, c, out[o - 2] == 1, false, now)
+      out[o - 1], out[o] = c.algo.report(s, c, out[o - 2] == 1, false, now)
     end
   else
     for i = 1, n do
@@ -106,23 +102,24 @@ local function request(k0, a0, n, all_or_nothing)
     local key = KEYS[k0 + i]
     consumed_by[key], before[key] = nil, nil
   end
+  return true
 end
 
--- Each request: all-or-nothing flag, number of checks, then its checks.
-local k, a, argc = 0, 2, #ARGV
+-- Each request: its header, then its checks' fields, one argument each.
+local k, a, keys, argc = 0, 2, #KEYS, #ARGV
 while a <= argc do
-  local n = num(ARGV[a + 1])
-  if n == nil or k + n > #KEYS then
-    return redis.error_reply('malformed limiter arguments')
+  local r = request_of(ARGV[a])
+  if r == nil or k + r.n > keys or a + r.n > argc
+      or not request(k, a + 1, r.n, r.all_or_nothing) then
+    return redis.error_reply('ERR malformed limiter arguments')
   end
-  request(k, a + 2, n, ARGV[a] == '1')
-  k = k + n
-  a = a + 2 + n * FIELDS
+  k = k + r.n
+  a = a + 1 + r.n
 end
 
 -- Each consumed key once, with the last check that consumed from it.
 for key, c in pairs(save_with) do
-  local s, algo = state[key], algorithm(c.tag)
+  local s, algo = state[key], c.algo
   algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
 end
 return out

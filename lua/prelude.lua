@@ -18,28 +18,29 @@ local function algorithm(tag)
   return a
 end
 
--- tonumber for call arguments, memoized: the checks of a call mostly repeat
--- the same limit, period, burst and hits, and Lua's tonumber parses a string
--- twice (lua_isnumber, then lua_tonumber), each time with strtod. In the
--- library the memo outlives calls (the same limits come back call after
--- call); it starts afresh once it holds PARSED_MAX strings, so that
--- arguments seen once (clients choose their hits) cannot grow it without
--- bound.
-local PARSED_MAX = 256
-local parsed, parsed_count = {}, 0
-local function num(s)
-  local v = parsed[s]
-  if v == nil then
-    v = tonumber(s)
-    if v ~= nil then
-      if parsed_count == PARSED_MAX then
-        parsed, parsed_count = {}, 0
+-- A memo of build(v): the checks of a call mostly repeat the same limits,
+-- and its saves the same windows, counts and expiries, so most values a call
+-- parses or formats it has met before. In the library a memo outlives calls
+-- (the same limits come back call after call); it starts afresh once it
+-- holds MEMO_MAX values, so that values seen once (clients choose their
+-- hits) cannot grow it without bound. A nil from build is not kept.
+local MEMO_MAX = 256
+local function memo(build)
+  local kept, count = {}, 0
+  return function(v)
+    local r = kept[v]
+    if r == nil then
+      r = build(v)
+      if r ~= nil then
+        if count == MEMO_MAX then
+          kept, count = {}, 0
+        end
+        kept[v] = r
+        count = count + 1
       end
-      parsed[s] = v
-      parsed_count = parsed_count + 1
     end
+    return r
   end
-  return v
 end
 
 -- floor(a / b) for non-negative integers below 2^53, exactly: double division
@@ -61,6 +62,42 @@ end
 -- An integer as a command argument, formatted here: Redis would format a Lua
 -- number with snprintf("%.17g"), which costs several times more than
 -- string.format's integer path (exact below 2^63; ours stay below 2^53).
-local function int(n)
+local int = memo(function(n)
   return string.format('%d', n)
-end
+end)
+
+-- A request's header, "<checks> <all-or-nothing 0|1>" (lua/README.md), as
+-- {n, all_or_nothing}; nil when malformed.
+local request_of = memo(function(header)
+  local n, all = string.match(header, '^(%d+) ([01])$')
+  if n == nil then
+    return nil
+  end
+  return { n = tonumber(n), all_or_nothing = all == '1' }
+end)
+
+-- A check's fields, "<tag> <limit> <period ms> <burst> <hits> <enforce 0|1>"
+-- (lua/README.md), as the table the algorithms' steps take, with its
+-- algorithm; nil when malformed or of no algorithm here. One argument per
+-- check rather than six: Redis turns every argument into a string object
+-- and a Lua string, which cost more than the check's own arithmetic. The
+-- table is shared by every check with the same fields, so no step may
+-- change it.
+local check_of = memo(function(fields)
+  local tag, limit, period, burst, hits, enforce =
+    string.match(fields, '^(%a+) (%d+) (%d+) (%d+) (%d+) ([01])$')
+  if tag == nil or B[tag] == nil then
+    return nil
+  end
+  hits = tonumber(hits)
+  return {
+    tag = tag,
+    algo = algorithm(tag),
+    limit = tonumber(limit),
+    period = tonumber(period),
+    burst = tonumber(burst),
+    hits = hits,
+    need = math.max(hits, 1),
+    enforce = enforce == '1',
+  }
+end)

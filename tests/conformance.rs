@@ -704,6 +704,64 @@ fn the_function_library_does_not_grow_with_distinct_arguments() {
     );
 }
 
+/// Malformed limiter arguments get an error reply, in both forms of the
+/// limiter, and leave every counter of the call as it was: an unknown
+/// algorithm, a field missing or not a count, a flag not 0 or 1, more
+/// checks than were sent.
+#[test]
+fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
+    use ratekeeper::store::limiter_script::{LimiterScript, TEXT};
+
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let library = LimiterScript::new(true).library().to_owned();
+    let function: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library)
+        .query(&mut conn)
+        .unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(TEXT)
+        .query(&mut conn)
+        .unwrap();
+    let keys = ["rk:{bad|a}:fw.1000", "rk:{bad|b}:fw.1000"];
+    let good = "fw 5 1000 0 1 1";
+    let mut call = |by: &str, args: &[&str]| -> redis::RedisResult<Vec<i64>> {
+        let mut cmd = redis::cmd(by);
+        cmd.arg(if by == "FCALL" { &function } else { &sha });
+        cmd.arg(keys.len()).arg(&keys[..]).arg("1800000000000");
+        cmd.arg(args).query(&mut conn)
+    };
+    let malformed: [&[&str]; 8] = [
+        &["1 0", good, "1 0", "xx 5 1000 0 1 1"],
+        &["1 0", good, "1 0", "fw 5 1000 0 1"],
+        &["1 0", good, "1 0", "fw 5 -1000 0 1 1"],
+        &["1 0", good, "1 0", "fw 5 1000 0 1 2"],
+        &["1 0", good, "1 2", good],
+        &["1 0", good, "one 0", good],
+        &["1 0", good, "2 0", good],
+        &["2 1", good],
+    ];
+    for by in ["FCALL", "EVALSHA"] {
+        for args in malformed {
+            let error = call(by, args).expect_err("malformed arguments were decided");
+            assert_eq!(
+                (error.code(), error.detail()),
+                (Some("ERR"), Some("malformed limiter arguments")),
+                "{by} {args:?}: {error}"
+            );
+        }
+    }
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg(&keys[..])
+        .query(&mut redis.client().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(exists, 0, "a refused call saved a counter");
+    let decided = call("FCALL", &["1 0", good, "1 0", good]).unwrap();
+    assert_eq!(decided, [0, 4, 1000, 0, 4, 1000]);
+}
+
 /// Without warm-up (Redis was down when ratekeeper started), the first call
 /// finds out that Redis has no functions and is made again as a script.
 #[tokio::test]

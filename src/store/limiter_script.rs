@@ -12,11 +12,13 @@
 //! function (`lua/README.md` has the instruction counts). The library is named after the script's SHA-1,
 //! so replicas of different versions each load, and call, their own.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionLike;
 use redis::{
-    Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind,
+    Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, RedisWrite, Script,
+    ServerErrorKind, ToRedisArgs,
 };
 
 use crate::limiter::{Check, Outcome};
@@ -192,14 +194,12 @@ impl LimiterScript {
         }
         cmd.arg(now);
         for (all_or_nothing, checks) in requests {
-            cmd.arg(flag(all_or_nothing)).arg(checks.len());
+            cmd.arg(RequestHeader {
+                checks: checks.len(),
+                all_or_nothing,
+            });
             for check in checks {
-                cmd.arg(check.algorithm.key_tag())
-                    .arg(check.limit)
-                    .arg(check.period_ms)
-                    .arg(check.burst)
-                    .arg(check.hits)
-                    .arg(flag(check.enforce));
+                cmd.arg(CheckFields(check));
             }
         }
         cmd
@@ -224,13 +224,53 @@ fn no_functions(error: &RedisError) -> bool {
 /// Values the script returns per check.
 const REPLY_FIELDS: usize = 3;
 
-fn flag(on: bool) -> &'static str {
-    if on {
-        "1"
-    } else {
-        "0"
+/// A request's header argument: `"<checks> <all-or-nothing 0|1>"`.
+struct RequestHeader {
+    checks: usize,
+    all_or_nothing: bool,
+}
+
+impl fmt::Display for RequestHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.checks, u8::from(self.all_or_nothing))
     }
 }
+
+/// A check's one argument: `"<tag> <limit> <period ms> <burst> <hits>
+/// <enforce 0|1>"`. One argument rather than six: Redis makes a string
+/// object and a Lua string of every argument, which cost it more than the
+/// check's own arithmetic, and the script parses each distinct one once
+/// (`lua/README.md`).
+struct CheckFields<'c>(&'c Check);
+
+impl fmt::Display for CheckFields<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.0;
+        write!(
+            f,
+            "{} {} {} {} {} {}",
+            c.algorithm.key_tag(),
+            c.limit,
+            c.period_ms,
+            c.burst,
+            c.hits,
+            u8::from(c.enforce)
+        )
+    }
+}
+
+/// Both are written straight into the command's buffer, formatted there
+/// (`Cmd`'s `write_arg_fmt`): no allocation per argument.
+macro_rules! formatted_arg {
+    ($($t:ty),*) => {$(
+        impl ToRedisArgs for $t {
+            fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+                out.write_arg_fmt(self)
+            }
+        }
+    )*};
+}
+formatted_arg!(RequestHeader, CheckFields<'_>);
 
 /// The script's reply for `checks` checks, in the order they were sent.
 pub fn outcomes(reply: &[i64], checks: usize) -> Result<Vec<Outcome>> {
