@@ -24,7 +24,8 @@ cd "$(dirname "$0")/.."
 N=${N:-2000}
 BATCH=23
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lua-instructions.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+pid=
+trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null; rm -rf "$WORK"' EXIT
 if [ $# -eq 0 ]; then
     cargo build --release --quiet --bin ratekeeper-bench
     write_limiter "$WORK"
@@ -69,6 +70,7 @@ for script in "$@"; do
         callgrind_control -i off "$pid" >/dev/null
         redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
         wait "$pid" || true
+        pid=
         total=$(callgrind_annotate "$WORK/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
         printf '%s (%s), %s: %d instructions per request (%d per call; redis-server, incl. networking)\n' \
             "$(basename "$script")" "${invoke[0]}" "$label" $((total / N / requests)) $((total / N))

@@ -656,11 +656,11 @@ def main():
           "and the reply's parsing, and the wait itself: an in-memory answer is written in the "
           "same poll of the HTTP/2 and gRPC layers that read the request, a Redis one in a "
           "second poll once the reply is in. In Redis, a check on a new key in a call of 23 "
-          "costs about 51,000 instructions (`bench/lua_instructions.sh`, callgrind): some "
-          "10,000 are the three Redis commands themselves (`HMGET`, `HSET`, `PEXPIRE`), 9,000 "
+          "costs about 49,000 instructions (`bench/lua_instructions.sh`, callgrind): some "
+          "10,500 are the three Redis commands themselves (`HMGET`, `HSET`, `PEXPIRE`), 9,500 "
           "calling them from Lua (their arguments made Redis strings, the command looked up, "
-          "the reply turned back into Lua values), 7,000 the call's own arguments, reply and "
-          "networking, and 25,000 the Lua interpreter running the algorithm's generic steps "
+          "the reply turned back into Lua values), 6,500 the call's own arguments, reply and "
+          "networking, and 23,000 the Lua interpreter running the algorithm's generic steps "
           "(a table per state and per reply, a function call per step, the garbage they "
           "leave).")
     q = res.summary("redis_open_quarter")

@@ -68,7 +68,11 @@ local function request(k0, a0, n, all_or_nothing)
         before[key] = copy(s)
       end
       algo.apply(s, c, now)
-      consumed_by[key] = i
+      if n == 1 then
+        save_with[key] = c
+      else
+        consumed_by[key] = i
+      end
     end
     local remaining, reset = algo.report(s, c, over, applied, now)
     local o = 3 * (k0 + i)
@@ -77,6 +81,14 @@ local function request(k0, a0, n, all_or_nothing)
     out[o] = reset
   end
 
+  -- A lone check is its whole request: what it consumed is already marked
+  -- for saving, and over its limit it consumed nothing, so there is nothing
+  -- to put back. Requests are mostly one check, and the bookkeeping below
+  -- cost such a request 9% of Redis's instructions on a known key and 4%
+  -- on a new one (bench/lua_instructions.sh).
+  if n == 1 then
+    return true
+  end
   if blocked and all_or_nothing then
     -- A refused request consumes nothing: put back what it took and report
     -- every check against the states as they were before it.
