@@ -5,16 +5,21 @@
 //! - **closed loop** (default): `--concurrency N` tasks, each with one request
 //!   in flight at a time; latency is measured from the send.
 //! - **open loop** (`--rate R`): request `i` is due at `start + i / R`. A
-//!   pacer thread releases send permits as requests fall due; `--concurrency
-//!   N` tasks take them, send, and measure latency from the request's
+//!   pacer releases send permits as requests fall due; `--concurrency N`
+//!   tasks take them, send, and measure latency from the request's
 //!   *intended* send time, so a server (or generator) that falls behind shows
 //!   up as latency instead of silently lowering the rate (no coordinated
 //!   omission). How late sends were against their due times is reported too.
 //!
-//! Requests are spread over `--connections` HTTP/2 channels. Each task keeps
-//! one request and rewrites only its descriptor values, so the generator does
-//! little work per call besides gRPC itself. It prints a human summary and,
-//! as the last line, one JSON object for scripts (`bench/run.sh`).
+//! The generator shares the machine with the server it measures, so it is
+//! built to wake as little as it can: each of `--threads` threads runs its
+//! own single-threaded runtime with its share of the `--connections` HTTP/2
+//! channels, the tasks and (open loop) the schedule, every `--threads`-th
+//! request, paced by a `timerfd` in that runtime (Tokio's own timer has 1 ms
+//! granularity). A request never crosses threads, and no thread wakes
+//! another. Each task keeps one request and rewrites only its descriptor
+//! values. It prints a human summary and, as the last line, one JSON object
+//! for scripts (`bench/run.sh`).
 //!
 //! `--write-request FILE` writes the first request it would send, framed as
 //! a gRPC message, and exits: the body for another HTTP/2 load tool (`make
@@ -86,11 +91,13 @@ struct Args {
     /// The key of each descriptor's one entry.
     #[arg(long, default_value = "user_id")]
     key: String,
-    /// Tokio worker threads of the generator.
+    /// Generator threads, each with its own runtime, connections and share
+    /// of the tasks and of the rate.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Open loop: the pacer wakes at most once per this many µs and releases
-    /// every request due by then (fewer wake-ups, at most this much lag).
+    /// Open loop: each thread's pacer wakes at most once per this many µs and
+    /// releases every request due by then (fewer wake-ups, at most this much
+    /// lag).
     #[arg(long, default_value_t = 100)]
     pace_us: u64,
     /// Per-call deadline in milliseconds (a call past it counts as an error).
@@ -425,33 +432,49 @@ async fn closed_loop_task(
     tally
 }
 
-/// Open-loop schedule: request `i` is due at `start + i * interval`.
-/// The pacer adds a permit to `due` as each request falls due; the task that
-/// takes a permit claims the next request number.
+/// One thread's open-loop schedule: its `k`-th request is due at
+/// `first + k * interval`, for the `total` requests due before the run's
+/// end (thread `t` of `T` takes requests `t, t + T, ...` of the whole run's
+/// schedule). The pacer adds a permit to `due` as each request falls due;
+/// the task that takes a permit claims the next request.
 #[derive(Debug)]
 struct Schedule {
-    start: Instant,
+    first: Instant,
     interval: Duration,
-    /// Requests due after `end` are never released.
-    end: Instant,
+    total: u64,
     due: Semaphore,
     claimed: AtomicU64,
 }
 
 impl Schedule {
-    fn new(start: Instant, end: Instant, rate: f64) -> Self {
-        Schedule {
-            start,
-            interval: Duration::from_secs_f64(1.0 / rate),
-            end,
+    /// Thread `thread` of `threads` sharing `rate` requests per second from
+    /// `start` until `end`.
+    fn new(start: Instant, end: Instant, rate: f64, thread: usize, threads: usize) -> Self {
+        let threads = threads.max(1);
+        let mut schedule = Schedule {
+            first: start + Duration::from_secs_f64(thread as f64 / rate),
+            interval: Duration::from_secs_f64(threads as f64 / rate),
+            total: 0,
             due: Semaphore::new(0),
             claimed: AtomicU64::new(0),
+        };
+        let span = end.saturating_duration_since(schedule.first);
+        let mut total = (span.as_secs_f64() / schedule.interval.as_secs_f64()) as u64;
+        // The estimate may be off by one either way where the division
+        // rounds: settle it on the due times themselves.
+        while schedule.due_at(total) < end {
+            total += 1;
         }
+        while total > 0 && schedule.due_at(total - 1) >= end {
+            total -= 1;
+        }
+        schedule.total = total;
+        schedule
     }
 
-    /// When request `i` is due.
-    fn due_at(&self, i: u64) -> Instant {
-        self.start + self.interval.mul_f64(i as f64)
+    /// When this thread's request `k` is due.
+    fn due_at(&self, k: u64) -> Instant {
+        self.first + self.interval.mul_f64(k as f64)
     }
 
     /// Waits for a due request; returns its intended send time, or `None`
@@ -459,37 +482,113 @@ impl Schedule {
     async fn next(&self) -> Option<Instant> {
         let permit = self.due.acquire().await.ok()?;
         permit.forget();
-        Some(self.due_at(self.claimed.fetch_add(1, Ordering::Relaxed)))
+        let k = self.claimed.fetch_add(1, Ordering::Relaxed);
+        (k < self.total).then(|| self.due_at(k))
     }
 
-    /// The pacer (run on its own thread: Tokio's timer has 1 ms granularity,
-    /// a thread sleep tens of µs). Releases requests as they fall due, waking
-    /// at most once per `quantum`, then closes the schedule.
-    fn pace(&self, quantum: Duration) {
+    /// The pacer, a task on the thread's own runtime: releases requests as
+    /// they fall due, waking at most once per `quantum`; then one permit
+    /// more for each of the `tasks`, which claim past the end and stop.
+    /// (Closing the semaphore instead could refuse a permit already handed
+    /// to a task not yet polled: its request would be lost.)
+    async fn pace(&self, alarm: Alarm, quantum: Duration, tasks: usize) -> Result<(), String> {
         let mut released: u64 = 0;
-        loop {
+        while released < self.total {
             let now = Instant::now();
             let mut due = 0;
-            while self.due_at(released) <= now && self.due_at(released) < self.end {
+            while released < self.total && self.due_at(released) <= now {
                 released += 1;
                 due += 1;
             }
             if due > 0 {
                 self.due.add_permits(due);
             }
-            let next = self.due_at(released);
-            if next >= self.end {
-                break;
+            if released < self.total {
+                let next = self.due_at(released).max(Instant::now() + quantum);
+                alarm
+                    .sleep_until(next)
+                    .await
+                    .map_err(|e| format!("the pacer's timer failed: {e}"))?;
             }
-            let wait = next.saturating_duration_since(Instant::now()).max(quantum);
-            std::thread::sleep(wait);
         }
-        // Tasks still waiting see the schedule closed once the permits left
-        // are taken.
-        while self.due.available_permits() > 0 {
-            std::thread::sleep(Duration::from_millis(1));
+        self.due.add_permits(tasks);
+        Ok(())
+    }
+}
+
+/// A `timerfd` registered with the thread's runtime: sleeps to the
+/// microsecond without another thread (Tokio's timer rounds to 1 ms, which
+/// an open loop would count as latency).
+struct Alarm {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl Alarm {
+    fn new() -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: timerfd_create takes no pointers; a negative return is an
+        // error, anything else a new descriptor that we alone own.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
         }
-        self.due.close();
+        // SAFETY: `fd` is a valid descriptor owned by no one else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the AsyncFd owns `fd`, which stays open as long as it does.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)?
+        };
+        Ok(Alarm { fd })
+    }
+
+    /// Returns at `when` (at once if it has passed).
+    async fn sleep_until(&self, when: Instant) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let wait = when.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            return Ok(());
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: wait.as_secs() as libc::time_t,
+                tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
+            },
+        };
+        // SAFETY: `spec` is a valid itimerspec; a null old value is allowed.
+        if unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) }
+            != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into an 8-byte buffer.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    expirations.as_mut_ptr().cast(),
+                    expirations.len(),
+                )
+            };
+            if n == 8 {
+                return Ok(());
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(error);
+            }
+            ready.clear_ready();
+        }
     }
 }
 
@@ -567,55 +666,74 @@ struct Summary {
     cpu: Option<Duration>,
 }
 
-/// Runs the load described by `args` and gathers the results.
-async fn run(args: &Args, dist: KeyDist) -> Result<Summary, String> {
-    let channels = connect(&args.addr, args.connections).await?;
+/// When a run's load starts and stops: the same for every thread.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    start: Instant,
+    window: Window,
+    /// Open loop: requests not sent by then are counted as unsent.
+    hard_stop: Instant,
+}
+
+/// What thread `index` of `threads` takes of `total` (connections, tasks):
+/// every `threads`-th one, starting at `index`.
+fn share(total: usize, index: usize, threads: usize) -> impl Iterator<Item = usize> {
+    (index..total).step_by(threads)
+}
+
+/// Runs the load described by `args` on its threads and gathers the
+/// results. Every thread connects first; the load starts once all have.
+fn run(args: &Args, dist: KeyDist) -> Result<Summary, String> {
+    // Each thread needs a connection and a task of its own.
+    let threads = args
+        .threads
+        .min(args.connections.max(1))
+        .min(args.concurrency.max(1))
+        .max(1);
     let keys = Arc::new(KeySpace::new(dist));
-    let timeout = Duration::from_millis(args.timeout_ms);
+    let budget = args.requests.map(|n| Arc::new(AtomicU64::new(n)));
+    let (ready_tx, ready) = std::sync::mpsc::channel::<Result<(), String>>();
+    let mut starts = Vec::with_capacity(threads);
+    let mut workers = Vec::with_capacity(threads);
+    for index in 0..threads {
+        let (start_tx, start) = std::sync::mpsc::channel::<Timing>();
+        starts.push(start_tx);
+        let (args, keys, budget, ready) =
+            (args.clone(), keys.clone(), budget.clone(), ready_tx.clone());
+        let worker = std::thread::Builder::new()
+            .name(format!("bench-{index}"))
+            .spawn(move || thread_load(&args, index, threads, keys, budget, ready, start))
+            .map_err(|e| format!("cannot start a generator thread: {e}"))?;
+        workers.push(worker);
+    }
+    drop(ready_tx);
+    for _ in 0..threads {
+        // A thread that ended without a word failed to report (it panicked).
+        ready
+            .recv()
+            .map_err(|_| "a generator thread ended before connecting".to_owned())??;
+    }
+    let cpu_start = process_cpu();
     let start = Instant::now();
     let window = Window {
         measure_from: start + Duration::from_secs_f64(args.warmup),
         end: start + Duration::from_secs_f64(args.warmup + args.duration),
     };
-    let cpu_start = process_cpu();
-    let budget = args.requests.map(|n| Arc::new(AtomicU64::new(n)));
-    let schedule = args.rate.map(|rate| {
-        let schedule = Arc::new(Schedule::new(start, window.end, rate));
-        let pacer = schedule.clone();
-        let quantum = Duration::from_micros(args.pace_us);
-        std::thread::spawn(move || pacer.pace(quantum));
-        schedule
-    });
-    let hard_stop = window.end + Duration::from_secs_f64((args.duration * 0.2).max(1.0));
-
-    let mut tasks = Vec::with_capacity(args.concurrency);
-    for i in 0..args.concurrency.max(1) {
-        let client = RateLimitServiceClient::new(channels[i % channels.len()].clone());
-        let template = RequestTemplate::new(args, keys.clone(), 0x5EED ^ (i as u64) << 20);
-        tasks.push(match &schedule {
-            Some(schedule) => tokio::spawn(open_loop_task(
-                client,
-                template,
-                schedule.clone(),
-                window,
-                hard_stop,
-                timeout,
-            )),
-            None => tokio::spawn(closed_loop_task(
-                client,
-                template,
-                window,
-                budget.clone(),
-                timeout,
-            )),
-        });
+    let timing = Timing {
+        start,
+        window,
+        hard_stop: window.end + Duration::from_secs_f64((args.duration * 0.2).max(1.0)),
+    };
+    for start in &starts {
+        // A thread that already ended reports its error when joined.
+        let _ = start.send(timing);
     }
     let mut tally = Tally::new();
-    for task in tasks {
-        match task.await {
-            Ok(t) => tally.merge(t),
-            Err(e) => return Err(format!("a load task failed: {e}")),
-        }
+    for worker in workers {
+        let thread_tally = worker
+            .join()
+            .map_err(|_| "a generator thread panicked".to_owned())??;
+        tally.merge(thread_tally);
     }
     // Calls started (or intended) in [measure_from, end) are counted; with a
     // request budget the run may end early.
@@ -630,6 +748,116 @@ async fn run(args: &Args, dist: KeyDist) -> Result<Summary, String> {
         tally,
         measured,
         cpu,
+    })
+}
+
+/// One generator thread: its own runtime, its share of the connections and
+/// tasks, and (open loop) its share of the schedule. Says when it is
+/// connected, then waits for the run's start.
+fn thread_load(
+    args: &Args,
+    index: usize,
+    threads: usize,
+    keys: Arc<KeySpace>,
+    budget: Option<Arc<AtomicU64>>,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+    start: std::sync::mpsc::Receiver<Timing>,
+) -> Result<Tally, String> {
+    let prepared = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+        .and_then(|runtime| {
+            let connections = share(args.connections.max(1), index, threads).count();
+            let channels = runtime.block_on(connect(&args.addr, connections))?;
+            let alarm = match args.rate {
+                Some(_) => Some(
+                    runtime
+                        .block_on(async { Alarm::new() })
+                        .map_err(|e| format!("cannot create the pacer's timer: {e}"))?,
+                ),
+                None => None,
+            };
+            Ok((runtime, channels, alarm))
+        });
+    let (runtime, channels, alarm) = match prepared {
+        Ok(prepared) => {
+            let _ = ready.send(Ok(()));
+            prepared
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e.clone()));
+            return Err(e);
+        }
+    };
+    drop(ready);
+    let Ok(timing) = start.recv() else {
+        // Another thread failed to connect: the run is off.
+        return Ok(Tally::new());
+    };
+    let timeout = Duration::from_millis(args.timeout_ms);
+    runtime.block_on(async move {
+        let schedule = args.rate.map(|rate| {
+            Arc::new(Schedule::new(
+                timing.start,
+                timing.window.end,
+                rate,
+                index,
+                threads,
+            ))
+        });
+        let task_ids: Vec<usize> = share(args.concurrency.max(1), index, threads).collect();
+        let pacer = match (&schedule, alarm) {
+            (Some(schedule), Some(alarm)) => {
+                let schedule = schedule.clone();
+                let quantum = Duration::from_micros(args.pace_us);
+                let tasks = task_ids.len();
+                Some(tokio::spawn(async move {
+                    let paced = schedule.pace(alarm, quantum, tasks).await;
+                    if paced.is_err() {
+                        // Waiting tasks must not hang on a pacer that failed.
+                        schedule.due.close();
+                    }
+                    paced
+                }))
+            }
+            _ => None,
+        };
+        let mut tasks = Vec::new();
+        for (n, &i) in task_ids.iter().enumerate() {
+            let client = RateLimitServiceClient::new(channels[n % channels.len()].clone());
+            let template = RequestTemplate::new(args, keys.clone(), 0x5EED ^ (i as u64) << 20);
+            tasks.push(match &schedule {
+                Some(schedule) => tokio::spawn(open_loop_task(
+                    client,
+                    template,
+                    schedule.clone(),
+                    timing.window,
+                    timing.hard_stop,
+                    timeout,
+                )),
+                None => tokio::spawn(closed_loop_task(
+                    client,
+                    template,
+                    timing.window,
+                    budget.clone(),
+                    timeout,
+                )),
+            });
+        }
+        let mut tally = Tally::new();
+        for task in tasks {
+            match task.await {
+                Ok(t) => tally.merge(t),
+                Err(e) => return Err(format!("a load task failed: {e}")),
+            }
+        }
+        if let Some(pacer) = pacer {
+            pacer
+                .await
+                .map_err(|e| format!("the pacer failed: {e}"))??;
+        }
+        Ok(tally)
     })
 }
 
@@ -811,18 +1039,7 @@ fn main() -> ExitCode {
         let request = RequestTemplate::new(&args, keys, 1).next();
         return write_file(path, &grpc_frame(&request));
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads.max(1))
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("ratekeeper-bench: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(&args, dist)) {
+    match run(&args, dist) {
         Ok(summary) => {
             report(&args, &summary);
             ExitCode::SUCCESS
@@ -883,6 +1100,72 @@ mod tests {
             .collect();
         assert_eq!(values.len(), 3);
         assert!(values[1].ends_with(".1") && values[2].ends_with(".2"));
+    }
+
+    #[test]
+    fn thread_schedules_interleave_into_the_whole_schedule() {
+        let start = Instant::now();
+        let end = start + Duration::from_millis(10);
+        let rate = 1_000.0;
+        let mut due: Vec<Duration> = (0..3)
+            .flat_map(|thread| {
+                let schedule = Schedule::new(start, end, rate, thread, 3);
+                let total = schedule.total;
+                (0..total).map(move |k| schedule.due_at(k) - start)
+            })
+            .collect();
+        due.sort();
+        let whole: Vec<Duration> = (0..10).map(Duration::from_millis).collect();
+        assert_eq!(due.len(), whole.len());
+        for (got, want) in due.iter().zip(&whole) {
+            let off = got.abs_diff(*want);
+            assert!(off < Duration::from_micros(1), "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn tasks_claim_each_due_request_once_then_stop() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let start = Instant::now();
+            let schedule = Schedule::new(start, start + Duration::from_millis(5), 1_000.0, 0, 1);
+            assert_eq!(schedule.total, 5);
+            // What the pacer hands out: every request, then one per task.
+            schedule.due.add_permits(5 + 2);
+            let mut claimed = Vec::new();
+            while let Some(at) = schedule.next().await {
+                claimed.push(at - start);
+            }
+            assert_eq!(claimed.len(), 5);
+            assert_eq!(schedule.next().await, None, "the second task stops too");
+        });
+    }
+
+    #[test]
+    fn threads_share_connections_and_tasks_without_overlap() {
+        let mut seen: Vec<usize> = (0..3).flat_map(|t| share(10, t, 3)).collect();
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        assert_eq!(share(4, 1, 2).collect::<Vec<_>>(), vec![1, 3]);
+    }
+
+    #[test]
+    fn the_alarm_sleeps_until_its_time_and_can_be_rearmed() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let alarm = Alarm::new().unwrap();
+            for wait_us in [300, 1_500, 0] {
+                let when = Instant::now() + Duration::from_micros(wait_us);
+                alarm.sleep_until(when).await.unwrap();
+                assert!(Instant::now() >= when);
+            }
+        });
     }
 
     #[test]
