@@ -92,7 +92,7 @@ struct Args {
     #[arg(long, default_value = "user_id")]
     key: String,
     /// Generator threads, each with its own runtime, connections and share
-    /// of the tasks and of the rate.
+    /// of the tasks and of the rate (no more than `--connections`).
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Open loop: each thread's pacer wakes at most once per this many µs and
@@ -560,7 +560,8 @@ impl Alarm {
             },
             it_value: libc::timespec {
                 tv_sec: wait.as_secs() as libc::time_t,
-                tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
+                // Below 10^9: fits any c_long.
+                tv_nsec: wait.subsec_nanos() as libc::c_long,
             },
         };
         // SAFETY: `spec` is a valid itimerspec; a null old value is allowed.
