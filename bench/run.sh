@@ -311,8 +311,10 @@ for round in $(seq "$RUNS"); do
     for algorithm in sw sl tb lb; do
         run_scenario "$round" "redis_$algorithm" red --domain "bench_$algorithm" --keys distinct
     done
-    # Open loop at a quarter and half of this round's closed-loop peak.
+    # Open loop at an eighth, a quarter and half of this round's closed-loop
+    # peak.
     peak=$(rps_of "$round" redis)
+    run_scenario "$round" redis_open_eighth red --domain bench_fw --keys distinct --rate $((peak / 8))
     run_scenario "$round" redis_open_quarter red --domain bench_fw --keys distinct --rate $((peak / 4))
     run_scenario "$round" redis_open_half red --domain bench_fw --keys distinct --rate $((peak / 2))
     half=$(($(rps_of "$round" memory) / 2))
