@@ -12,7 +12,9 @@ use ratekeeper::clock::SystemClock;
 use ratekeeper::store::memory::MemoryStore;
 use ratekeeper::store::Store;
 
-const LIMITS: &str = "domain: gen\ndescriptors:\n  - key: user_id\n    value: hot\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: user_id\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
+// `hot` admits a burst of 100 and then one request per 864 s: a token
+// bucket has no window boundary for a run to straddle.
+const LIMITS: &str = "domain: gen\ndescriptors:\n  - key: user_id\n    value: hot\n    rate_limit: {unit: day, requests_per_unit: 100, algorithm: token_bucket}\n  - key: user_id\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
 
 /// Runs the generator against `server` and returns its JSON line.
 async fn generate(server: &TestServer, flags: &[&str]) -> String {
