@@ -830,6 +830,14 @@ async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
     }
     let mut first = server.client().await; // lane 0
     let second = server.client().await; // lane 1
+                                        // A connection attempt that failed under load (the client retries) is
+                                        // closed by the server within its handshake timeout: wait for it.
+    for _ in 0..500 {
+        if open_connections(server.addr.port()) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(open_connections(server.addr.port()), 2);
     drop(second);
     // Until the server has closed its end (and so uncounted it).
