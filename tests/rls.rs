@@ -814,6 +814,17 @@ fn open_connections(port: u16) -> usize {
         .count()
 }
 
+/// Waits up to 5 s for [`open_connections`] on `port` to reach `count`
+/// (the caller asserts it).
+async fn settle_open_connections(port: u16, count: usize) {
+    for _ in 0..500 {
+        if open_connections(port) == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
     let redis = common::RedisServer::start();
@@ -830,23 +841,14 @@ async fn a_new_connection_goes_to_the_lane_with_the_fewest_open() {
     }
     let mut first = server.client().await; // lane 0
     let second = server.client().await; // lane 1
-                                        // A connection attempt that failed under load (the client retries) is
-                                        // closed by the server within its handshake timeout: wait for it.
-    for _ in 0..500 {
-        if open_connections(server.addr.port()) == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+
+    // A connection attempt that failed under load (the client retries) is
+    // closed by the server within its handshake timeout: wait for it.
+    settle_open_connections(server.addr.port(), 2).await;
     assert_eq!(open_connections(server.addr.port()), 2);
     drop(second);
     // Until the server has closed its end (and so uncounted it).
-    for _ in 0..500 {
-        if open_connections(server.addr.port()) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    settle_open_connections(server.addr.port(), 1).await;
     // Lane 1 has no connection open now, lane 0 one: the third goes to lane
     // 1 (dealt in turn, it would go to lane 0).
     let mut third = server.client().await;
