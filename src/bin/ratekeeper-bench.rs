@@ -771,14 +771,14 @@ fn thread_load(
         .and_then(|runtime| {
             let connections = share(args.connections.max(1), index, threads).count();
             let channels = runtime.block_on(connect(&args.addr, connections))?;
-            let alarm = match args.rate {
-                Some(_) => Some(
-                    runtime
-                        .block_on(async { Alarm::new() })
-                        .map_err(|e| format!("cannot create the pacer's timer: {e}"))?,
-                ),
-                None => None,
-            };
+            // The timer registers with the reactor of the runtime entered.
+            let entered = runtime.enter();
+            let alarm = args
+                .rate
+                .map(|_| Alarm::new())
+                .transpose()
+                .map_err(|e| format!("cannot create the pacer's timer: {e}"))?;
+            drop(entered);
             Ok((runtime, channels, alarm))
         });
     let (runtime, channels, alarm) = match prepared {
