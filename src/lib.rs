@@ -29,12 +29,13 @@
 //!   [`store::batcher`] shares among the requests in flight, each call made
 //!   by [`store::caller`] under a deadline and a circuit breaker.
 //! - [`telemetry`] sets up logs and the Prometheus endpoint; [`clock`] is the
-//!   time source tests can pin.
+//!   time source tests can pin; [`duration`] reads durations written as text.
 //!
 //! `main.rs` only parses flags and calls into these.
 
 pub mod clock;
 pub mod config;
+pub mod duration;
 pub mod error;
 pub mod headers;
 pub mod incoming;

@@ -311,7 +311,7 @@ async fn run(cli: Cli) -> Result<()> {
 
 /// Parses `500ms`, `30s`, `2m`, `1h` (or seconds) for clap.
 fn duration(text: &str) -> std::result::Result<Duration, String> {
-    ratekeeper::config::file::parse_duration(text)
+    ratekeeper::duration::parse_duration(text)
         .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 2m, 1h"))
 }
 

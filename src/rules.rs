@@ -8,6 +8,7 @@
 //! Matching allocates nothing.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use crate::limiter::{Algorithm, Unit};
 
@@ -61,19 +62,27 @@ impl Rate {
     }
 }
 
-/// Per-rule Prometheus counters, registered once when the config is compiled.
+/// Per-rule Prometheus counters. Each registers with the recorder on its
+/// first increment, so compiling a config touches no metrics and needs no
+/// recorder installed first.
 #[derive(Debug, Clone)]
 pub struct RuleMetrics {
-    pub total_hits: metrics::Counter,
-    pub over_limit: metrics::Counter,
-    pub near_limit: metrics::Counter,
-    pub within_limit: metrics::Counter,
-    pub shadow_mode: metrics::Counter,
+    pub total_hits: RuleCounter,
+    pub over_limit: RuleCounter,
+    pub near_limit: RuleCounter,
+    pub within_limit: RuleCounter,
+    pub shadow_mode: RuleCounter,
 }
 
 impl RuleMetrics {
+    /// The counters of rule `rule` in `domain` (registered when first counted).
     pub fn register(domain: &str, rule: &str) -> Self {
-        let counter = |name: &'static str| metrics::counter!(name, "domain" => domain.to_owned(), "rule" => rule.to_owned());
+        let labels = Arc::new((domain.to_owned(), rule.to_owned()));
+        let counter = |name: &'static str| RuleCounter {
+            name,
+            labels: labels.clone(),
+            counter: OnceLock::new(),
+        };
         RuleMetrics {
             total_hits: counter("ratekeeper_rate_limit_total_hits"),
             over_limit: counter("ratekeeper_rate_limit_over_limit"),
@@ -81,6 +90,26 @@ impl RuleMetrics {
             within_limit: counter("ratekeeper_rate_limit_within_limit"),
             shadow_mode: counter("ratekeeper_rate_limit_shadow_mode"),
         }
+    }
+}
+
+/// One of a rule's counters, labelled by domain and rule.
+#[derive(Debug, Clone)]
+pub struct RuleCounter {
+    name: &'static str,
+    /// `(domain, rule)`, shared by the rule's five counters.
+    labels: Arc<(String, String)>,
+    counter: OnceLock<metrics::Counter>,
+}
+
+impl RuleCounter {
+    pub fn increment(&self, n: u64) {
+        self.counter
+            .get_or_init(|| {
+                let (domain, rule) = &*self.labels;
+                metrics::counter!(self.name, "domain" => domain.clone(), "rule" => rule.clone())
+            })
+            .increment(n);
     }
 }
 

@@ -36,8 +36,7 @@ pub fn init_logging(level: &str, format: LogFormat) -> Result<()> {
     installed.map_err(|e| Error::Startup(format!("cannot install the logger: {e}")))
 }
 
-/// Installs the global Prometheus recorder. Call before the config is loaded:
-/// rules register their counters against the recorder in place.
+/// Installs the global Prometheus recorder.
 pub fn install_recorder() -> Result<PrometheusHandle> {
     const LATENCY_BUCKETS: &[f64] = &[
         0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
