@@ -1,5 +1,6 @@
-//! Generates ratekeeper's own gRPC API (`proto/ratekeeper/`) and compiles
-//! the trimmed Envoy protos in `proto/envoy/` into a descriptor set for gRPC
+//! Generates ratekeeper's own gRPC API (`proto/ratekeeper/`) and
+//! envoyproxy/ratelimit's `RateLimitConfig` (`proto/ratelimit/`, limits over
+//! xDS), and compiles the trimmed Envoy protos in `proto/envoy/` into a descriptor set for gRPC
 //! reflection. Envoy's Rust types come from the `envoy-types` crate, so no
 //! Rust code is generated for them. protoc is the vendored one: no system
 //! package needed.
@@ -34,6 +35,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(out.join("ratekeeper_descriptor.bin"))
         .compile_protos(
             &[PathBuf::from("proto/ratekeeper/v1/concurrency.proto")],
+            &[PathBuf::from("proto"), include.clone()],
+        )?;
+    // Messages only, and kept out of the reflection descriptor set: nothing
+    // serves them.
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_protos(
+            &[PathBuf::from(
+                "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
+            )],
             &[PathBuf::from("proto"), include],
         )?;
 

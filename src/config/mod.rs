@@ -1,15 +1,45 @@
-//! The limits configuration: a directory of YAML files, one domain each, in
-//! envoyproxy/ratelimit's format. Loading is all-or-nothing: any error in any
-//! file refuses the whole directory, and the running config stays.
+//! The limits configuration. Two sources, one compiler: a directory of YAML
+//! files in envoyproxy/ratelimit's format ([`file`]) and xDS
+//! `RateLimitConfig` messages ([`xds`]) each translate into a
+//! [`description`], which [`compile`] checks and builds into the model below
+//! (a [`DomainConfig`] per domain, its rules in [`crate::rules`]). Loading is
+//! all-or-nothing: any error in any file refuses the whole directory, and the
+//! running config stays.
 
+pub mod compile;
+pub mod description;
 pub mod file;
 pub mod watch;
+pub mod xds;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-pub use self::file::DomainConfig;
 use crate::error::ConfigError;
+use crate::rules::{ConcurrencyRule, RuleTree};
+use crate::service::failure::FailureMode;
+
+/// Per-domain settings (ratekeeper's additions to the format).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainOptions {
+    /// A refused request consumes nothing (default); `false` is Envoy's
+    /// behaviour, where the descriptors that fit are consumed anyway.
+    pub all_or_nothing: bool,
+    /// Whether to add RateLimit-* headers; `None` follows the server flag.
+    pub response_headers: Option<bool>,
+    /// The answer while the store fails; `None` follows the server flag.
+    pub failure_mode: Option<FailureMode>,
+}
+
+/// One domain, compiled.
+#[derive(Debug)]
+pub struct DomainConfig {
+    pub name: String,
+    pub rules: RuleTree,
+    /// The `concurrency:` rules.
+    pub concurrency: RuleTree<ConcurrencyRule>,
+    pub options: DomainOptions,
+}
 
 /// Every domain of one successfully loaded limits directory.
 #[derive(Debug, Default)]
@@ -35,13 +65,26 @@ impl Config {
     pub fn from_files<'a>(
         files: impl IntoIterator<Item = (&'a Path, &'a str)>,
     ) -> Result<Config, ConfigError> {
+        let mut domains = Vec::new();
+        for (path, text) in files {
+            for domain in file::parse(path, text)? {
+                domains.push((path.to_owned(), domain));
+            }
+        }
+        Config::from_domains(domains)
+    }
+
+    /// Builds a config from compiled domains, each with where it came from
+    /// (a file, or a name for an xDS resource); a domain may appear once.
+    pub fn from_domains(
+        compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
+    ) -> Result<Config, ConfigError> {
         let mut domains = HashMap::new();
         let mut origin: HashMap<String, PathBuf> = HashMap::new();
-        for (path, text) in files {
-            let domain = file::parse(path, text)?;
+        for (source, domain) in compiled {
             if let Some(first) = origin.get(&domain.name) {
                 return Err(ConfigError::new(
-                    path,
+                    &source,
                     format!(
                         "duplicate domain {:?} (already defined in {})",
                         domain.name,
@@ -49,7 +92,7 @@ impl Config {
                     ),
                 ));
             }
-            origin.insert(domain.name.clone(), path.to_owned());
+            origin.insert(domain.name.clone(), source);
             domains.insert(domain.name.clone(), domain);
         }
         Ok(Config { domains })
@@ -92,3 +135,6 @@ pub fn limits_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod xds_tests;

@@ -157,10 +157,6 @@ fn refuses_invalid_rules() {
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 5}\n", "unit is missing"),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n", "requests_per_unit is missing"),
         (
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: []}\n",
-            "replaces must not be an empty list",
-        ),
-        (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n",
             "every entry needs a name",
         ),
@@ -469,4 +465,123 @@ fn refuses_bad_concurrency_rules() {
     for (text, reason) in cases {
         assert_refused(&text, reason);
     }
+}
+
+#[test]
+fn compile_errors_carry_the_line_of_the_node() {
+    let cases = [
+        ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", 4, "descriptors[1]: duplicate descriptor"),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          unit: second\n",
+            7,
+            "descriptors[0].descriptors[0].rate_limit: requests_per_unit is missing",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+            4,
+            "descriptors[0].rate_limit: an unlimited rate limit must not have a unit",
+        ),
+        ("domain: d\nconcurrency:\n  - key: k\n  - key: j\n    max_connections: 0\n", 4, "concurrency[1]: max_connections must be positive"),
+    ];
+    for (text, line, reason) in cases {
+        let e = error(text);
+        assert_eq!(e.line, Some(line), "{e}");
+        assert!(e.reason.starts_with(reason), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("limits/test.yaml:{line}: {reason}")),
+            "{e}"
+        );
+    }
+}
+
+/// What envoyproxy/ratelimit's loader takes (Envoy Gateway writes all of
+/// it): a top-level `name`, `null` blocks, `value: ""` as the value-less
+/// node, empty `replaces` and `name`, their options set to false.
+#[test]
+fn loads_what_envoy_ratelimit_accepts() {
+    let config = load(
+        r#"
+name: d
+domain: d
+descriptors:
+  - key: route
+    value: r
+    rate_limit: null
+    descriptors:
+      - key: user
+        value: ""
+        rate_limit:
+          requests_per_unit: 5
+          unit: SECOND
+          unlimited: false
+          name: ""
+          replaces: []
+        descriptors: []
+        shadow_mode: false
+        quota_mode: false
+        detailed_metric: false
+        value_to_metric: false
+        share_threshold: false
+        metadata: {}
+  - key: empty
+    descriptors: null
+    rate_limit: {unit: minute, requests_per_unit: 1, replaces: null}
+"#,
+    )
+    .unwrap();
+    let rules = &config.domain("d").unwrap().rules;
+    let user = rules
+        .find([("route", "r"), ("user", "alice")].into_iter())
+        .unwrap();
+    assert_eq!(
+        user.path, "route_r.user",
+        "value \"\" is the value-less node"
+    );
+    assert_eq!(user.rates[0].requests_per_unit, 5);
+    assert_eq!(user.rates[0].name, None, "name \"\" is no name");
+    assert!(user.replaces.is_empty());
+    assert!(
+        rules.find([("route", "r")].into_iter()).is_none(),
+        "rate_limit: null is no limit"
+    );
+    assert!(rules.find([("empty", "x")].into_iter()).is_some());
+}
+
+/// Their descriptor options without the behaviour here yet are refused by
+/// name, not silently ignored.
+#[test]
+fn refuses_envoy_ratelimit_options_not_supported_yet() {
+    let d = |option: &str| {
+        format!("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    {option}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n")
+    };
+    for (option, name) in [
+        ("quota_mode: true", "quota_mode"),
+        ("share_threshold: true", "share_threshold"),
+        ("value_to_metric: true", "value_to_metric"),
+        (
+            "metadata: {team: a, tags: [x, 1], nested: {n: null}}",
+            "metadata",
+        ),
+    ] {
+        let e = error(&d(option));
+        assert_eq!(e.line, Some(3), "{e}");
+        assert_eq!(
+            e.reason,
+            format!("descriptors[0]: {name} is not supported yet")
+        );
+    }
+}
+
+#[test]
+fn a_file_holds_one_domain_per_document() {
+    let config = load("domain: a\n---\ndomain: b\ndescriptors:\n  - key: k\n").unwrap();
+    assert_eq!(config.domain_names(), vec!["a", "b"]);
+    // Lines count from the start of the file, whichever document.
+    let e = error("domain: a\n---\ndomain: b\ndescriptors:\n  - key: k\n  - key: k\n");
+    assert_eq!(e.line, Some(6), "{e}");
+    let e = error("domain: a\n---\ndomain: b\nbad: 1\n");
+    assert_eq!(e.line, Some(4), "{e}");
+    let e = error("domain: a\n---\ndomain: a\n");
+    assert!(e.reason.contains("duplicate domain \"a\""), "{e}");
 }
