@@ -16,8 +16,10 @@
 //!   connections start to finish.
 //! - [`service`] holds the gRPC services: [`service::rls`] validates a
 //!   request against [`service::caps`], matches its descriptors and answers.
-//! - [`config`] loads the limits directory (envoyproxy/ratelimit's YAML) and
-//!   reloads it on change; [`rules`] is the compiled descriptor matcher.
+//! - [`config`] loads the limits: its sources (the YAML directory, reloaded
+//!   on change; xDS `RateLimitConfig` messages) translate into one
+//!   description that one compiler checks and builds; [`rules`] is the
+//!   compiled descriptor matcher.
 //! - [`headers`] computes the `RateLimit-*` response headers from the
 //!   request's tightest limit.
 //! - [`keys`] turns a descriptor into its counter key (injective, with a
