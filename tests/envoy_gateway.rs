@@ -1,6 +1,7 @@
 //! Envoy Gateway's translator outputs (`tests/fixtures/envoy-gateway/`, the
 //! `RateLimitConfig`s it sends over xDS, rendered as YAML) load as limits
-//! files, and answer the descriptors their routes make Envoy send.
+//! files and as xDS snapshots, to the same rules, and answer the descriptors
+//! their routes make Envoy send.
 
 mod common;
 
@@ -10,7 +11,13 @@ use std::sync::Arc;
 use common::{descriptor, request, Backend, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratekeeper::clock::ManualClock;
-use ratekeeper::config::Config;
+use ratekeeper::config::{xds, Config};
+use ratekeeper::pb::rls_conf::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, RateLimitUnit,
+};
+use ratekeeper::rules::{Level, Node, Rule};
+use serde::Deserialize;
+use serde_yaml::Value;
 
 const FIXTURES: &str = "tests/fixtures/envoy-gateway";
 
@@ -26,14 +33,19 @@ fn load(name: &str) -> Config {
         .unwrap_or_else(|e| panic!("{name} should load: {e}"))
 }
 
-#[test]
-fn every_translator_output_loads() {
+fn fixture_names() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(FIXTURES)
         .expect("fixtures")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".yaml"))
         .collect();
     names.sort();
+    names
+}
+
+#[test]
+fn every_translator_output_loads() {
+    let names = fixture_names();
     assert_eq!(names.len(), 25, "{names:?}");
     let mut domains = 0;
     for name in &names {
@@ -136,4 +148,134 @@ async fn translator_outputs_answer_as_on_envoy_ratelimit() {
         five_then_over
     );
     server.stop().await;
+}
+
+/// Each output, sent as the protobuf messages it renders, compiles to the
+/// same rules as the file.
+#[test]
+fn every_translator_output_compiles_the_same_as_an_xds_snapshot() {
+    for name in fixture_names() {
+        let (_, text) = fixture(&name);
+        let snapshot: Vec<RateLimitConfig> = serde_yaml::Deserializer::from_str(&text)
+            .map(|doc| config_message(&Value::deserialize(doc).expect("yaml")))
+            .collect();
+        let from_xds = xds::load(&snapshot).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let from_file = load(&name);
+        assert_eq!(from_xds.domain_names(), from_file.domain_names(), "{name}");
+        for domain in from_file.domain_names() {
+            let (a, b) = (
+                from_file.domain(domain).unwrap(),
+                from_xds.domain(domain).unwrap(),
+            );
+            same_level(
+                &a.rules.root,
+                &a.rules.rules,
+                &b.rules.root,
+                &b.rules.rules,
+                &name,
+            );
+        }
+    }
+}
+
+fn text(v: &Value, field: &str) -> String {
+    v.get(field)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn flag(v: &Value, field: &str) -> bool {
+    v.get(field).and_then(Value::as_bool).unwrap_or(false)
+}
+
+fn list<T>(v: &Value, field: &str, item: fn(&Value) -> T) -> Vec<T> {
+    v.get(field)
+        .and_then(Value::as_sequence)
+        .map(|items| items.iter().map(item).collect())
+        .unwrap_or_default()
+}
+
+fn config_message(doc: &Value) -> RateLimitConfig {
+    RateLimitConfig {
+        name: text(doc, "name"),
+        domain: text(doc, "domain"),
+        descriptors: list(doc, "descriptors", descriptor_message),
+    }
+}
+
+fn descriptor_message(v: &Value) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        key: text(v, "key"),
+        value: text(v, "value"),
+        rate_limit: v
+            .get("rate_limit")
+            .filter(|p| !p.is_null())
+            .map(|p| RateLimitPolicy {
+                unit: RateLimitUnit::from_str_name(&text(p, "unit"))
+                    .unwrap_or(RateLimitUnit::Unknown) as i32,
+                requests_per_unit: p
+                    .get("requests_per_unit")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
+                unlimited: flag(p, "unlimited"),
+                name: text(p, "name"),
+                replaces: list(p, "replaces", |r| RateLimitReplace {
+                    name: text(r, "name"),
+                }),
+            }),
+        descriptors: list(v, "descriptors", descriptor_message),
+        shadow_mode: flag(v, "shadow_mode"),
+        detailed_metric: flag(v, "detailed_metric"),
+        quota_mode: flag(v, "quota_mode"),
+        metadata: None,
+    }
+}
+
+/// Asserts two compiled levels hold the same nodes and rules.
+fn same_level(a: &Level, ar: &[Rule], b: &Level, br: &[Rule], name: &str) {
+    let mut keys: Vec<&String> = a.keys.keys().collect();
+    keys.sort();
+    let mut other: Vec<&String> = b.keys.keys().collect();
+    other.sort();
+    assert_eq!(keys, other, "{name}");
+    for key in keys {
+        let (x, y) = (&a.keys[key], &b.keys[key]);
+        let mut values: Vec<&String> = x.exact.keys().collect();
+        values.sort();
+        let mut other: Vec<&String> = y.exact.keys().collect();
+        other.sort();
+        assert_eq!(values, other, "{name}: {key}");
+        for value in values {
+            same_node(&x.exact[value], ar, &y.exact[value], br, name);
+        }
+        assert_eq!(x.wildcards.len(), y.wildcards.len(), "{name}: {key}");
+        for ((p, m), (q, n)) in x.wildcards.iter().zip(&y.wildcards) {
+            assert_eq!(p, q, "{name}: {key}");
+            same_node(m, ar, n, br, name);
+        }
+        match (&x.default, &y.default) {
+            (Some(m), Some(n)) => same_node(m, ar, n, br, name),
+            (None, None) => {}
+            _ => panic!("{name}: {key}: a default node on one side only"),
+        }
+    }
+}
+
+fn same_node(a: &Node, ar: &[Rule], b: &Node, br: &[Rule], name: &str) {
+    let rule = |r: Option<usize>, rules: &[Rule]| {
+        r.map(|i| {
+            let r = &rules[i];
+            (
+                r.rates.clone(),
+                r.path.clone(),
+                r.shadow_mode,
+                r.detailed_metric,
+                r.replaces.clone(),
+            )
+        })
+    };
+    assert_eq!(rule(a.rule, ar), rule(b.rule, br), "{name}");
+    same_level(&a.children, ar, &b.children, br, name);
 }

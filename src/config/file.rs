@@ -8,11 +8,12 @@
 use std::fmt;
 use std::path::Path;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 use super::compile::{compile, CompileError};
 use super::description::{self as desc, DomainDescription};
+use super::yaml_lines::line_of;
 use super::DomainConfig;
 use crate::duration::parse_duration;
 use crate::error::ConfigError;
@@ -277,80 +278,6 @@ fn metadata_value(value: serde_yaml::Value) -> Result<prost_types::Value, String
         Y::Tagged(_) => return Err("metadata must not use YAML tags".into()),
     };
     Ok(prost_types::Value { kind: Some(kind) })
-}
-
-/// The line of the node at `at` (`descriptors[2].rate_limit`) in document
-/// `doc` of `text`. serde_yaml keeps no positions in parsed values, so this
-/// walks the document again and stops at the node, where the parser's error
-/// carries its line. Runs only when a config is refused.
-fn line_of(text: &str, doc: usize, at: &str) -> Option<usize> {
-    if at.is_empty() {
-        return None;
-    }
-    let mut steps = Vec::new();
-    for part in at.split('.') {
-        match part.split_once('[') {
-            Some((field, index)) => {
-                steps.push(Step::Field(field));
-                steps.push(Step::Index(index.strip_suffix(']')?.parse().ok()?));
-            }
-            None => steps.push(Step::Field(part)),
-        }
-    }
-    let document = serde_yaml::Deserializer::from_str(text).nth(doc)?;
-    match (Seek { steps: &steps }).deserialize(document) {
-        Err(e) if e.to_string().contains(FOUND) => e.location().map(|l| l.line()),
-        _ => None,
-    }
-}
-
-const FOUND: &str = "(node found)";
-
-enum Step<'a> {
-    Field(&'a str),
-    Index(usize),
-}
-
-/// Walks `steps` into a document and fails with [`FOUND`] at the node.
-struct Seek<'s, 'a> {
-    steps: &'s [Step<'a>],
-}
-
-impl<'de> DeserializeSeed<'de> for Seek<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Seek<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a node on the path")
-    }
-    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
-        let Some((Step::Field(field), rest)) = self.steps.split_first() else {
-            return Err(de::Error::custom(FOUND));
-        };
-        while let Some(key) = map.next_key::<String>()? {
-            if key == *field {
-                return map.next_value_seed(Seek { steps: rest });
-            }
-            map.next_value::<IgnoredAny>()?;
-        }
-        Ok(())
-    }
-    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<(), S::Error> {
-        let Some((Step::Index(index), rest)) = self.steps.split_first() else {
-            return Err(de::Error::custom(FOUND));
-        };
-        for _ in 0..*index {
-            if seq.next_element::<IgnoredAny>()?.is_none() {
-                return Ok(());
-            }
-        }
-        seq.next_element_seed(Seek { steps: rest }).map(|_| ())
-    }
 }
 
 /// A YAML scalar read as text, as the Go loader does (`value: 200` is "200").

@@ -11,6 +11,7 @@ pub mod description;
 pub mod file;
 pub mod watch;
 pub mod xds;
+mod yaml_lines;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
