@@ -94,26 +94,29 @@ struct RawConcurrency {
 /// document. `file` is only used in errors.
 pub fn parse(file: &Path, text: &str) -> Result<Vec<DomainConfig>, ConfigError> {
     let mut domains = Vec::new();
-    for (doc, raw) in documents(file, text)?.into_iter().enumerate() {
+    for (doc, raw) in documents(file, text)? {
         let description = describe(raw).map_err(|e| located(file, text, doc, e))?;
         domains.push(compile(description).map_err(|e| located(file, text, doc, e))?);
     }
     Ok(domains)
 }
 
-/// The file's YAML documents (an empty file is one empty document).
-fn documents(file: &Path, text: &str) -> Result<Vec<RawFile>, ConfigError> {
+/// The file's YAML documents, with their places in the file. Empty ones (a
+/// trailing `---`) are skipped; a file without any is one empty document.
+fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigError> {
     let syntax = |e: serde_yaml::Error| ConfigError {
         file: file.to_owned(),
         line: e.location().map(|l| l.line()),
         reason: strip_location(&e.to_string()),
     };
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        docs.push(RawFile::deserialize(doc).map_err(syntax)?);
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        if let Some(raw) = Option::<RawFile>::deserialize(doc).map_err(syntax)? {
+            docs.push((i, raw));
+        }
     }
     if docs.is_empty() {
-        docs.push(serde_yaml::from_str("{}").map_err(syntax)?);
+        docs.push((0, serde_yaml::from_str("{}").map_err(syntax)?));
     }
     Ok(docs)
 }

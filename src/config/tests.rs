@@ -584,4 +584,9 @@ fn a_file_holds_one_domain_per_document() {
     assert_eq!(e.line, Some(4), "{e}");
     let e = error("domain: a\n---\ndomain: a\n");
     assert!(e.reason.contains("duplicate domain \"a\""), "{e}");
+    // Empty documents (a leading or trailing `---`) are no domains.
+    let config = load("---\ndomain: a\n---\n").unwrap();
+    assert_eq!(config.domain_names(), vec!["a"]);
+    let e = error("# only a comment\n---\n");
+    assert!(e.reason.contains("domain must not be empty"), "{e}");
 }
