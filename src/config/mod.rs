@@ -1,5 +1,5 @@
 //! The limits configuration. Two sources, one compiler: a directory of YAML
-//! files in envoyproxy/ratelimit's format ([`file`]) and xDS
+//! files in envoyproxy/ratelimit's format ([`file`](mod@file)) and xDS
 //! `RateLimitConfig` messages ([`xds`]) each translate into a
 //! [`description`], which [`compile`] checks and builds into the model below
 //! (a [`DomainConfig`] per domain, its rules in [`crate::rules`]). Loading is
