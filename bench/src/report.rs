@@ -51,7 +51,8 @@ pub struct Report {
     /// The generator's own CPU per call, where `/proc` tells.
     #[serde(serialize_with = "decimals_or_null::<2, _>")]
     pub client_cpu_us_per_req: Option<f64>,
-    /// Not in the JSON line: the human summary's.
+    /// Not in the JSON line: the summary's warm-up seconds, and the first
+    /// error's text (for stderr).
     #[serde(skip)]
     pub warmup: f64,
     #[serde(skip)]
