@@ -25,8 +25,9 @@ build:
 
 test: deps test-rust test-python
 
+# --workspace: the load generator's crate (bench/) too.
 test-rust:
-	$(CARGO) test --all-targets
+	$(CARGO) test --workspace --all-targets
 
 # The Python compatibility tests drive the debug binaries (built as for the
 # Rust integration tests, so `make test` compiles them once).
@@ -68,7 +69,7 @@ fuzz:
 # is built from crates.io the first time (a few minutes).
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@command -v cargo-deny >/dev/null || $(CARGO) install cargo-deny --locked
 	cargo deny check licenses bans sources
 

@@ -22,7 +22,7 @@ BIN_B=${BIN_B:-target/release/ratekeeper}
 STORE=${STORE:-redis} TOOL=${TOOL:-bench} ROUNDS=${ROUNDS:-3} SECS=${SECS:-5}
 GEN=target/release/ratekeeper-bench
 [ $# -gt 0 ] || set -- --domain bench_fw --keys distinct
-[ -x "$GEN" ] || cargo build --release --quiet --bin ratekeeper-bench
+[ -x "$GEN" ] || cargo build --release --quiet -p ratekeeper-bench
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ratekeeper-ab.XXXXXX")
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT

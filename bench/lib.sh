@@ -46,9 +46,10 @@ PY
 LIMITER_CALL=(1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' '' '1 1' 'fw 1000000000 3600000 0 1 1')
 
 # write_limiter DIR: the limiter as ratekeeper loads it, DIR/script.lua
-# (EVALSHA) and DIR/library.lua (FCALL), written by ratekeeper-bench (built
-# by the caller) from the one joined text in src/store/limiter_script.rs.
+# (EVALSHA) and DIR/library.lua (FCALL), written by the ratekeeper binary
+# (release, built by the caller; hidden flags) from the one joined text in
+# src/store/limiter_script.rs.
 write_limiter() {
-    target/release/ratekeeper-bench --write-limiter-script "$1/script.lua" &&
-        target/release/ratekeeper-bench --write-limiter-library "$1/library.lua"
+    target/release/ratekeeper --write-limiter-script "$1/script.lua" \
+        --write-limiter-library "$1/library.lua"
 }

@@ -23,7 +23,7 @@ REDIS_PID=$!
 trap 'kill "$REDIS_PID" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 until redis-cli -p "$PORT" PING >/dev/null 2>&1; do sleep 0.1; done
 
-cargo build --release --quiet --bin ratekeeper-bench
+cargo build --release --quiet --bin ratekeeper
 write_limiter "$WORK"
 declare -A NAME
 NAME[EVALSHA]=$(redis-cli -p "$PORT" -x SCRIPT LOAD <"$WORK/script.lua")

@@ -27,7 +27,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/lua-instructions.XXXXXX")
 pid=
 trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null; rm -rf "$WORK"' EXIT
 if [ $# -eq 0 ]; then
-    cargo build --release --quiet --bin ratekeeper-bench
+    cargo build --release --quiet --bin ratekeeper
     write_limiter "$WORK"
     set -- "$WORK/script.lua" "$WORK/library.lua"
 fi

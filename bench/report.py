@@ -387,7 +387,7 @@ def main():
     w("`redis-benchmark -c 50 -r 1000000 [-P 16] EVALSHA <sha> 1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' "
       "\"\" '1 1' 'fw 1000000000 3600000 0 1 1'`, and the same with `FCALL <function>` — the limiter "
       "ratekeeper loads (`lua/prelude.lua` … `lua/batch.lua`) as a script, and as the function "
-      "library ratekeeper calls on Redis 7 (`ratekeeper-bench --write-limiter-library`), one "
+      "library ratekeeper calls on Redis 7 (`ratekeeper --write-limiter-library`), one "
       "fixed-window check per call, as ratekeeper sends a one-descriptor request when it is the "
       "only one waiting (under load ratekeeper joins the requests in flight into fewer, larger "
       "calls; see the calls per request below).\n")

@@ -111,7 +111,7 @@ export BENCH_BACKGROUND_BUSY
 log "machine busy with other work: ${BENCH_BACKGROUND_BUSY}% of $(nproc) cores"
 
 log "building release binaries"
-cargo build --release --quiet --bin ratekeeper --bin ratekeeper-bench
+cargo build --release --quiet -p ratekeeper -p ratekeeper-bench --bins
 
 rss_kib() { # PID -> resident set size in KiB
     awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"

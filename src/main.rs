@@ -161,6 +161,17 @@ struct Cli {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    // Hidden, not settings of the server: the bench/ scripts that time or
+    // count the limiter alone in Redis (redis-benchmark, callgrind) take it
+    // from here, as this build loads it.
+    /// Write the limiter's Redis function library (`FUNCTION LOAD` text; its
+    /// function has the library's name, on the first line) and exit.
+    #[arg(long, hide = true)]
+    write_limiter_library: Option<PathBuf>,
+    /// Write the limiter as the script sent by `EVALSHA` (`SCRIPT LOAD`
+    /// text) and exit.
+    #[arg(long, hide = true)]
+    write_limiter_script: Option<PathBuf>,
 }
 
 // The serving lanes run their own runtimes (see `ratekeeper::lanes`); this
@@ -168,7 +179,12 @@ struct Cli {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
-    if let Err(error) = run(cli).await {
+    let result = if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
+        write_limiter(&cli)
+    } else {
+        run(cli).await
+    };
+    if let Err(error) = result {
         eprintln!("ratekeeper: {error}");
         std::process::exit(1);
     }
@@ -320,6 +336,26 @@ fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {
         context: format!("cannot read {}", path.display()),
         source,
     })
+}
+
+/// `--write-limiter-library`, `--write-limiter-script`: the limiter's text
+/// in either form, to the files given.
+fn write_limiter(cli: &Cli) -> Result<()> {
+    use ratekeeper::store::limiter_script::{LimiterScript, TEXT};
+    let limiter = LimiterScript::new(true);
+    let files = [
+        (&cli.write_limiter_library, limiter.library()),
+        (&cli.write_limiter_script, TEXT),
+    ];
+    for (path, text) in files {
+        if let Some(path) = path {
+            std::fs::write(path, text).map_err(|source| Error::Io {
+                context: format!("cannot write {}", path.display()),
+                source,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {

@@ -1,24 +1,28 @@
-//! The load generator, `ratekeeper-bench`, against an in-process server:
-//! whatever the split over threads, connections and tasks, every request it
-//! counts was sent once and answered once, closed loop and open loop.
+//! The load generator, `ratekeeper-bench` (the crate in bench/), against an
+//! in-process server: whatever the split over threads, connections and
+//! tasks, every request it counts was sent once and answered once, closed
+//! loop and open loop. It runs here, through the generator's library, because
+//! the server is the witness and its test harness is in this package.
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 
+use clap::Parser;
 use common::TestServer;
 use ratekeeper::clock::SystemClock;
 use ratekeeper::store::memory::MemoryStore;
 use ratekeeper::store::Store;
+use ratekeeper_bench::{Args, Report};
 
 // `hot` admits a burst of 100 and then one request per 864 s: a token
 // bucket has no window boundary for a run to straddle.
 const LIMITS: &str = "domain: gen\ndescriptors:\n  - key: user_id\n    value: hot\n    rate_limit: {unit: day, requests_per_unit: 100, algorithm: token_bucket}\n  - key: user_id\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
 
-/// Runs the generator against `server` and returns its JSON line.
-async fn generate(server: &TestServer, flags: &[&str]) -> String {
-    let mut args = vec![
+/// Runs the generator against `server` as its command line would; its report.
+async fn generate(server: &TestServer, flags: &[&str]) -> Report {
+    let mut command_line = vec![
+        "ratekeeper-bench".to_owned(),
         "--addr".to_owned(),
         server.addr.to_string(),
         "--domain".to_owned(),
@@ -26,38 +30,16 @@ async fn generate(server: &TestServer, flags: &[&str]) -> String {
         "--warmup".to_owned(),
         "0".to_owned(),
     ];
-    args.extend(flags.iter().map(|f| f.to_string()));
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_ratekeeper-bench"))
-            .args(&args)
-            .output()
-            .expect("run ratekeeper-bench")
+    command_line.extend(flags.iter().map(|f| f.to_string()));
+    let args = Args::parse_from(command_line);
+    // The generator runs its own threads and runtimes: off this runtime.
+    tokio::task::spawn_blocking(move || {
+        let dist = args.validate().expect("valid flags");
+        let summary = ratekeeper_bench::run(&args, dist).expect("ratekeeper-bench run");
+        Report::new(&args, &summary)
     })
     .await
-    .expect("generator thread");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "ratekeeper-bench failed: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout.lines().last().expect("a JSON line").to_owned()
-}
-
-/// A number field of the generator's JSON line.
-fn field(json: &str, name: &str) -> u64 {
-    let key = format!("\"{name}\":");
-    let start = json
-        .find(&key)
-        .unwrap_or_else(|| panic!("{name} in {json}"))
-        + key.len();
-    let digits: String = json[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits
-        .parse()
-        .unwrap_or_else(|_| panic!("{name} in {json}"))
+    .expect("generator thread")
 }
 
 async fn server() -> TestServer {
@@ -72,7 +54,7 @@ async fn closed_loop_sends_its_budget_exactly_once_over_threads() {
     let server = server().await;
     // One key limited to 100: the server's answers show how many requests
     // reached it, however they were dealt to threads and connections.
-    let line = generate(
+    let report = generate(
         &server,
         &[
             "--keys",
@@ -88,10 +70,10 @@ async fn closed_loop_sends_its_budget_exactly_once_over_threads() {
         ],
     )
     .await;
-    assert_eq!(field(&line, "calls"), 150, "{line}");
-    assert_eq!(field(&line, "ok"), 100, "{line}");
-    assert_eq!(field(&line, "over_limit"), 50, "{line}");
-    assert_eq!(field(&line, "errors"), 0, "{line}");
+    assert_eq!(report.calls, 150, "{report:?}");
+    assert_eq!(report.ok, 100, "{report:?}");
+    assert_eq!(report.over_limit, 50, "{report:?}");
+    assert_eq!(report.errors, 0, "{report:?}");
     server.stop().await;
 }
 
@@ -99,7 +81,7 @@ async fn closed_loop_sends_its_budget_exactly_once_over_threads() {
 async fn open_loop_threads_share_the_schedule() {
     let server = server().await;
     // 2,000 requests/s for 0.5 s: 1,000 due, half on each thread's schedule.
-    let line = generate(
+    let report = generate(
         &server,
         &[
             "--keys",
@@ -118,9 +100,9 @@ async fn open_loop_threads_share_the_schedule() {
     )
     .await;
     // Every due request sent, none lost at the end of a thread's schedule.
-    assert_eq!(field(&line, "calls"), 1000, "{line}");
-    assert_eq!(field(&line, "ok"), 1000, "{line}");
-    assert_eq!(field(&line, "unsent"), 0, "{line}");
-    assert_eq!(field(&line, "errors"), 0, "{line}");
+    assert_eq!(report.calls, 1000, "{report:?}");
+    assert_eq!(report.ok, 1000, "{report:?}");
+    assert_eq!(report.unsent, 0, "{report:?}");
+    assert_eq!(report.errors, 0, "{report:?}");
     server.stop().await;
 }
