@@ -4,7 +4,9 @@
 //! socket and a task forever. Once the preface is in, HTTP/2 keepalive pings
 //! (see `server`) take over the detection of stuck peers. With TLS the
 //! handshake happens here too, off the accept loop. One task accepts and
-//! deals the connections to the serving lanes (see `lanes`).
+//! deals the connections to the serving lanes (see `lanes`); its
+//! [`accept`], which pauses after a failed accept, serves the HTTP
+//! listeners too (`http`).
 
 use std::future::Future;
 use std::io;

@@ -167,7 +167,9 @@ struct Cli {
     /// PEM CA: require client certificates signed by it (mutual TLS).
     #[arg(long, env = "GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     grpc_tls_client_ca: Option<PathBuf>,
-    /// Time a client has to send the HTTP/2 preface after connecting, in ms.
+    /// Time a client has to send the HTTP/2 preface after connecting, in ms;
+    /// also how long an HTTP/1 connection (/healthcheck, /json, /metrics)
+    /// may stay silent.
     #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
     /// Close client connections this old (e.g. `1h`), so clients rebalance
@@ -298,7 +300,8 @@ async fn run(cli: Cli) -> Result<()> {
         Some((listener, handle)) => {
             let addr = local_addr(&listener)?;
             let router = http::metrics::router(&cli.metrics_path, handle)?;
-            tokio::spawn(http::serve(listener, router, std::future::pending()));
+            let idle = Duration::from_millis(cli.handshake_timeout_ms);
+            tokio::spawn(http::serve(listener, idle, router, std::future::pending()));
             addr.to_string()
         }
         None => "off".into(),

@@ -163,6 +163,7 @@ impl Server {
             let router = http::api::router(limiter, readiness.clone());
             http_servers.push(tokio::spawn(http::serve(
                 listener,
+                limits.handshake_timeout,
                 router,
                 stopped(stopping.clone()),
             )));
@@ -171,6 +172,7 @@ impl Server {
             let router = http::debug_router(self.config.clone());
             http_servers.push(tokio::spawn(http::serve(
                 listener,
+                limits.handshake_timeout,
                 router,
                 stopped(stopping.clone()),
             )));

@@ -117,6 +117,10 @@ async fn json_refuses_bad_bodies_with_400_and_the_reason() {
     }
     let get = http_call(&server.http.to_string(), "GET", "/json", "");
     assert_eq!(get.status, 405, "{get:?}");
+    // Over the 1 MiB cap (a valid request padded with spaces).
+    let big = format!("{}{}", user_request("alice"), " ".repeat(1 << 20));
+    let answer = post_json(&server, &big);
+    assert_eq!(answer.status, 413, "{:?}", answer.status);
     server.stop().await;
 }
 
@@ -356,4 +360,40 @@ async fn out_of_file_descriptors_the_listeners_back_off_and_recover() {
     }
     let health = http_call(&server.http, "GET", "/healthcheck", "");
     assert_eq!(health.status, 200, "{health:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_http_connections_are_closed() {
+    use std::io::{Read, Write};
+    // The test server gives connections 500 ms (`--handshake-timeout-ms`).
+    let server = TestServer::start(&[LIMITS], common::Backend::Memory.store(clock())).await;
+    for (addr, sent) in [
+        (server.http, &b""[..]),
+        (server.debug, &b"GET /rlconfig HT"[..]),
+    ] {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.write_all(sent).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        // Closed: end of stream (or a reset), not the 5 s read timeout.
+        let closed = match stream.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "{addr} after {sent:?}: still open");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{addr}: closed only after {:?}",
+            started.elapsed()
+        );
+    }
+    // A connection that is used is not cut.
+    assert_eq!(
+        http_call(&server.http.to_string(), "GET", "/healthcheck", "").status,
+        200
+    );
+    server.stop().await;
 }

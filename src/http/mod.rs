@@ -4,6 +4,7 @@
 //! elsewhere ([`crate::server`]).
 
 pub mod api;
+pub mod idle;
 pub mod metrics;
 pub mod protojson;
 pub mod rlconfig;
@@ -11,11 +12,13 @@ pub mod rlconfig;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
+use self::idle::Idle;
 use crate::config::watch::SharedConfig;
 use crate::incoming;
 
@@ -36,14 +39,15 @@ pub fn debug_router(config: SharedConfig) -> Router {
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then lets the
-/// requests in flight finish.
+/// requests in flight finish. A connection idle for `idle` is closed.
 pub async fn serve(
     listener: TcpListener,
+    idle: Duration,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let addr = listener.local_addr().ok();
-    let served = axum::serve(BackingOff(listener), router)
+    let served = axum::serve(BackingOff { listener, idle }, router)
         .with_graceful_shutdown(shutdown)
         .await;
     if let Err(error) = served {
@@ -52,18 +56,23 @@ pub async fn serve(
 }
 
 /// A listener whose failed accepts pause as gRPC's do
-/// ([`incoming::accept`]), rather than axum's silent second.
-struct BackingOff(TcpListener);
+/// ([`incoming::accept`]), rather than axum's silent second, and whose
+/// connections close when idle.
+struct BackingOff {
+    listener: TcpListener,
+    idle: Duration,
+}
 
 impl axum::serve::Listener for BackingOff {
-    type Io = TcpStream;
+    type Io = Idle;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
-        incoming::accept(&self.0).await
+    async fn accept(&mut self) -> (Idle, SocketAddr) {
+        let (stream, peer) = incoming::accept(&self.listener).await;
+        (Idle::new(stream, self.idle), peer)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.0.local_addr()
+        self.listener.local_addr()
     }
 }
