@@ -308,9 +308,9 @@ async fn run(cli: Cli) -> Result<()> {
     };
     let (api_addr, asked) = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
     let api = bind_http(&api_addr, "HTTP", asked).await?;
-    let (debug_addr, _) = listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
-    // As envoyproxy/ratelimit: no debug listener is no reason not to serve.
-    let debug = bind_http(&debug_addr, "debug HTTP", false).await?;
+    let (debug_addr, asked) =
+        listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
+    let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
     let shown = |listener: &Option<TcpListener>| match listener {
         Some(listener) => local_addr(listener).map(|a| a.to_string()),
         None => Ok("off".to_owned()),

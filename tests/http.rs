@@ -397,3 +397,74 @@ async fn silent_http_connections_are_closed() {
     );
     server.stop().await;
 }
+
+/// A child process stopped (SIGKILL, by PID) when dropped.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the binary with `env` (and no HTTP flags); its readiness line,
+/// or its stderr if it exited.
+fn start_with_env(dir: &std::path::Path, env: &[(&str, &str)]) -> (Started, String) {
+    use std::io::{BufRead, Read};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("--config-dir")
+        .arg(dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .env_remove("REDIS_URL")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if line.is_empty() {
+        child.wait().unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut line)
+            .unwrap();
+    }
+    (Started(child), line)
+}
+
+#[test]
+fn host_port_and_debug_host_port_place_the_listeners() {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, debug_port) = (common::free_port(), common::free_port());
+    let (port, debug_port) = (port.to_string(), debug_port.to_string());
+    let env = [
+        ("HOST", "127.0.0.1"),
+        ("PORT", port.as_str()),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", debug_port.as_str()),
+    ];
+    let (_first, line) = start_with_env(dir.path(), &env);
+    assert!(
+        line.contains(&format!(
+            "http=127.0.0.1:{port} debug=127.0.0.1:{debug_port}"
+        )),
+        "{line}"
+    );
+    let health = http_call(&format!("127.0.0.1:{port}"), "GET", "/healthcheck", "");
+    assert_eq!(health.status, 200, "{health:?}");
+
+    // An address asked for that cannot be bound stops the start.
+    let (mut second, stderr) = start_with_env(dir.path(), &env);
+    assert!(
+        stderr.contains(&format!("cannot listen for HTTP on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert_eq!(second.0.wait().unwrap().code(), Some(1));
+}
