@@ -211,9 +211,17 @@ impl Server {
             dealer.abort();
             let _ = stop.send(true);
         };
+        let drained = async {
+            let served = join_all(serving.iter_mut()).await;
+            // The HTTP servers stop with gRPC (also after a lane failed) and
+            // finish their requests in flight within the same grace.
+            let _ = stop.send(true);
+            join_all(http_servers.iter_mut()).await;
+            served
+        };
         let grace = self.shutdown_grace;
         let served = tokio::select! {
-            served = join_all(serving.iter_mut()) => Some(served),
+            served = drained => Some(served),
             () = async { asked.await; tokio::time::sleep(grace).await } => None,
         };
         let served = served.unwrap_or_else(|| {
@@ -222,12 +230,11 @@ impl Server {
                 "connections still open after the shutdown grace; closing them"
             );
             serving.iter().for_each(JoinHandle::abort);
+            http_servers.iter().for_each(JoinHandle::abort);
             Vec::new()
         });
         probe.abort();
         refresher.abort();
-        // They had the same grace as gRPC to finish their requests.
-        http_servers.iter().for_each(JoinHandle::abort);
         // Streams still open when the grace ran out: give their leases back.
         holds.release_all().await;
         if let Some(watcher) = watcher {
