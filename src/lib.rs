@@ -30,7 +30,11 @@
 //!   [`store::limiter_script`]: a function on Redis 7, else a script) that
 //!   [`store::batcher`] shares among the requests in flight, each call made
 //!   by [`store::caller`] under a deadline and a circuit breaker.
-//! - [`telemetry`] sets up logs and the Prometheus endpoint; [`clock`] is the
+//! - [`http`] serves the HTTP listeners on one axum server:
+//!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
+//!   and `/metrics`; [`health`] is the readiness gRPC health and
+//!   `/healthcheck` both report.
+//! - [`telemetry`] sets up logs and the Prometheus recorder; [`clock`] is the
 //!   time source tests can pin; [`duration`] reads durations written as text.
 //!
 //! `main.rs` only parses flags and calls into these.
@@ -40,6 +44,8 @@ pub mod config;
 pub mod duration;
 pub mod error;
 pub mod headers;
+pub mod health;
+pub mod http;
 pub mod incoming;
 pub mod keys;
 pub mod lanes;

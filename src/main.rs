@@ -12,6 +12,7 @@ use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
+use ratekeeper::http;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::failure::FailureMode;
@@ -39,9 +40,30 @@ struct Cli {
     /// set (envoyproxy/ratelimit's name), else `0.0.0.0:8081`.
     #[arg(long, env = "GRPC_ADDR")]
     grpc_addr: Option<SocketAddr>,
-    /// Prometheus `/metrics` listen address, or `off`.
-    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
-    metrics_addr: String,
+    /// Prometheus metrics listen address, or `off`. Default `0.0.0.0:9090`;
+    /// with USE_PROMETHEUS=true, PROMETHEUS_ADDR replaces it.
+    #[arg(long, env = "METRICS_ADDR")]
+    metrics_addr: Option<String>,
+    /// envoyproxy/ratelimit's switch: take the metrics address from
+    /// PROMETHEUS_ADDR. (Metrics are on without it; METRICS_ADDR=off stops them.)
+    #[arg(long, env = "USE_PROMETHEUS", value_parser = BoolishValueParser::new())]
+    use_prometheus: bool,
+    /// The metrics address when USE_PROMETHEUS=true (default `:9090`); a
+    /// host-less `:PORT` listens on every interface.
+    #[arg(long, env = "PROMETHEUS_ADDR")]
+    prometheus_addr: Option<String>,
+    /// The path metrics are served at.
+    #[arg(long, env = "PROMETHEUS_PATH", default_value = "/metrics")]
+    metrics_path: String,
+    /// HTTP listen address for `/healthcheck` and `/json`, or `off`. Default
+    /// `$HOST:$PORT` (envoyproxy/ratelimit's names), each defaulting to
+    /// `0.0.0.0` and `8080`.
+    #[arg(long, env = "HTTP_ADDR")]
+    http_addr: Option<String>,
+    /// Debug HTTP listen address for `/rlconfig`, or `off`. Default
+    /// `$DEBUG_HOST:$DEBUG_PORT`, each defaulting to `0.0.0.0` and `6070`.
+    #[arg(long, env = "DEBUG_ADDR")]
+    debug_addr: Option<String>,
     /// Redis: single `redis://[user:pass@]host:port[/db]` or `host:port`;
     /// cluster `host:port,host:port,...`; sentinel `mastername,host:port,...`.
     /// Absent: counters are kept in memory (one replica only).
@@ -145,7 +167,9 @@ struct Cli {
     /// PEM CA: require client certificates signed by it (mutual TLS).
     #[arg(long, env = "GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     grpc_tls_client_ca: Option<PathBuf>,
-    /// Time a client has to send the HTTP/2 preface after connecting, in ms.
+    /// Time a client has to send the HTTP/2 preface after connecting, in ms;
+    /// also how long an HTTP/1 connection (/healthcheck, /json, /metrics)
+    /// may stay silent.
     #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
     /// Close client connections this old (e.g. `1h`), so clients rebalance
@@ -207,7 +231,13 @@ async fn run(cli: Cli) -> Result<()> {
         },
     };
     headers.names.validate()?;
-    let metrics = match cli.metrics_addr.as_str() {
+    let metrics = match metrics_addr(
+        cli.use_prometheus,
+        cli.metrics_addr.as_deref(),
+        cli.prometheus_addr.as_deref(),
+    )
+    .as_str()
+    {
         "off" | "" => None,
         addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
     };
@@ -285,13 +315,28 @@ async fn run(cli: Cli) -> Result<()> {
     let metrics_addr = match metrics {
         Some((listener, handle)) => {
             let addr = local_addr(&listener)?;
-            tokio::spawn(telemetry::serve_metrics(listener, handle));
+            let router = http::metrics::router(&cli.metrics_path, handle)?;
+            let idle = Duration::from_millis(cli.handshake_timeout_ms);
+            tokio::spawn(http::serve(listener, idle, router, std::future::pending()));
             addr.to_string()
         }
         None => "off".into(),
     };
+    let (api_addr, asked) = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
+    let api = bind_http(&api_addr, "HTTP", asked).await?;
+    let (debug_addr, asked) =
+        listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
+    let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
+    let shown = |listener: &Option<TcpListener>| match listener {
+        Some(listener) => local_addr(listener).map(|a| a.to_string()),
+        None => Ok("off".to_owned()),
+    };
     // One plain line on stdout for scripts and tests that start us on port 0.
-    println!("listening grpc={grpc_addr} metrics={metrics_addr}");
+    println!(
+        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={}",
+        shown(&api)?,
+        shown(&debug)?
+    );
 
     Server {
         grpc,
@@ -320,6 +365,7 @@ async fn run(cli: Cli) -> Result<()> {
             ..ConnectionLimits::default()
         },
         lanes,
+        http: http::Listeners { api, debug },
     }
     .run(shutdown_signal())
     .await
@@ -329,6 +375,71 @@ async fn run(cli: Cli) -> Result<()> {
 fn duration(text: &str) -> std::result::Result<Duration, String> {
     ratekeeper::duration::parse_duration(text)
         .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 2m, 1h"))
+}
+
+/// The metrics listener's address: METRICS_ADDR, or with USE_PROMETHEUS=true
+/// PROMETHEUS_ADDR (envoyproxy/ratelimit's setting wins when asked for: it
+/// is what their deployments scrape). There is one metrics listener.
+fn metrics_addr(use_prometheus: bool, metrics: Option<&str>, prometheus: Option<&str>) -> String {
+    if !use_prometheus {
+        if let Some(ignored) = prometheus {
+            tracing::warn!(%ignored, "PROMETHEUS_ADDR is only used with USE_PROMETHEUS=true");
+        }
+        return metrics.unwrap_or("0.0.0.0:9090").to_owned();
+    }
+    let addr = prometheus.unwrap_or(":9090");
+    // Go's host-less `:PORT` listens on every interface.
+    let addr = match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_owned(),
+    };
+    if let Some(ignored) = metrics.filter(|m| *m != addr) {
+        tracing::warn!(%ignored, used = %addr, "USE_PROMETHEUS=true: metrics listen on PROMETHEUS_ADDR, not METRICS_ADDR");
+    }
+    addr
+}
+
+/// A listener's address: `flag`, else `$host_var:$port_var` (defaults
+/// `0.0.0.0` and `default_port`). Also whether it was asked for (flag or
+/// variables set) rather than defaulted.
+fn listen_addr(
+    flag: Option<&str>,
+    host_var: &str,
+    port_var: &str,
+    default_port: u16,
+) -> (String, bool) {
+    if let Some(addr) = flag {
+        return (addr.to_owned(), true);
+    }
+    let host = std::env::var(host_var).ok();
+    let port = std::env::var(port_var).ok();
+    let asked = host.is_some() || port.is_some();
+    let host = host.unwrap_or_else(|| "0.0.0.0".into());
+    let port = port.unwrap_or_else(|| default_port.to_string());
+    // An IPv6 host needs brackets before the port (Go's JoinHostPort).
+    let addr = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    (addr, asked)
+}
+
+/// Binds an HTTP listener unless `off`. A failure is fatal when the address
+/// was asked for; on a default address it is a warning, so that replicas
+/// sharing a host (tests, benchmarks) start without naming every port.
+async fn bind_http(addr: &str, what: &str, asked: bool) -> Result<Option<TcpListener>> {
+    if addr == "off" || addr.is_empty() {
+        return Ok(None);
+    }
+    match bind(addr, what).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(error) if !asked => {
+            tracing::warn!(%error, "serving without it");
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {
