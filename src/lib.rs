@@ -48,5 +48,6 @@ pub mod service;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod vocab;
 
 pub use error::{ConfigError, Error, Result};

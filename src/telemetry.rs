@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::{Error, Result};
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
     Json,

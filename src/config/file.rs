@@ -14,7 +14,7 @@ use crate::limiter::{gcra, Algorithm, Unit};
 use crate::rules::{
     ConcurrencyRule, KeyNodes, Level, Node, Rate, Rule, RuleMetrics, RuleTree, Wildcard,
 };
-use crate::service::failure::FailureMode;
+use crate::vocab::FailureMode;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

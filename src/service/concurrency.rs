@@ -58,6 +58,14 @@ impl Concurrency {
         }
     }
 
+    /// The same service, using serving lane `lane`'s store connections.
+    pub fn for_lane(&self, lane: usize) -> Self {
+        Concurrency {
+            store: self.store.for_lane(lane),
+            ..self.clone()
+        }
+    }
+
     /// Acquires for `request`: the answer, and the lease when one was taken.
     async fn acquire(
         &self,

@@ -3,7 +3,6 @@
 
 pub mod caps;
 pub mod concurrency;
-pub mod failure;
 pub mod holds;
 pub mod lease_id;
 pub mod over_cache;

@@ -21,7 +21,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use tonic::{Request, Response, Status};
 
 use super::caps;
-use super::failure::FailureMode;
 use super::over_cache::OverCache;
 use crate::clock::SystemClock;
 use crate::config::watch::SharedConfig;
@@ -30,6 +29,7 @@ use crate::keys::{counter_key, Values};
 use crate::limiter::{Check, Unit, MAX_HITS};
 use crate::rules::{Rate, Rule, RuleMetrics};
 use crate::store::{MemoryStore, Store};
+use crate::vocab::FailureMode;
 
 /// Share of a limit above which admitted hits count as `near_limit`.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
@@ -92,6 +92,15 @@ impl RateLimiter {
             over: Arc::new(OverCache::default()),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
             settings,
+        }
+    }
+
+    /// The same service (sharing its caches and counters), using serving
+    /// lane `lane`'s store connections.
+    pub fn for_lane(&self, lane: usize) -> Self {
+        RateLimiter {
+            store: self.store.for_lane(lane),
+            ..self.clone()
         }
     }
 

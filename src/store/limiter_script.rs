@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use redis::aio::ConnectionLike;
 use redis::{
@@ -21,6 +22,7 @@ use redis::{
     ServerErrorKind, ToRedisArgs,
 };
 
+use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
@@ -44,6 +46,12 @@ macro_rules! lua {
 
 /// The one limiter script: helpers, every algorithm, then the batch driver.
 pub const TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(batch));
+
+/// The time argument both scripts (this one and `lua/leases.lua`) take: the
+/// pinned clock's ms, or `""` for the Redis server's `TIME`.
+pub fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
+    clock.map(|c| c.now_ms().to_string()).unwrap_or_default()
+}
 
 /// The limiter in both forms, and which one this Redis runs.
 #[derive(Debug)]
