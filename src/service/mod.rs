@@ -7,6 +7,7 @@ pub mod holds;
 pub mod lease_id;
 pub mod over_cache;
 pub mod rls;
+pub mod wire;
 
 pub use self::concurrency::Concurrency;
 pub use self::rls::RateLimiter;

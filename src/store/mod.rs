@@ -12,6 +12,7 @@ pub mod redis;
 
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
@@ -114,6 +115,16 @@ impl Store {
         match self {
             Store::Memory(store) => Store::Memory(Arc::clone(store)),
             Store::Redis(store) => Store::Redis(Arc::new(store.for_lane(lane))),
+        }
+    }
+
+    /// The clock the store's decisions follow, for counters kept beside it
+    /// (a Redis store without a pinned clock follows the Redis server's;
+    /// the system clock stands in for it here).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        match self {
+            Store::Memory(store) => store.clock(),
+            Store::Redis(store) => store.clock(),
         }
     }
 

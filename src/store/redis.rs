@@ -126,6 +126,13 @@ impl RedisStore {
     }
 
     /// The pinned clock, or the system's.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::clock::SystemClock))
+    }
+
+    /// The pinned clock, or the system's.
     pub fn now_ms(&self) -> u64 {
         use crate::clock::SystemClock;
         self.clock
