@@ -32,12 +32,7 @@ macro_rules! lua {
         include_str!("../../lua/prelude.lua")
     };
     (algorithms) => {
-        concat!(
-            include_str!("../../lua/fixed_window.lua"),
-            include_str!("../../lua/sliding_window.lua"),
-            include_str!("../../lua/sliding_log.lua"),
-            include_str!("../../lua/gcra.lua"),
-        )
+        crate::limiter::lua_twins!()
     };
     (batch) => {
         include_str!("../../lua/batch.lua")
