@@ -119,7 +119,10 @@ impl RateLimiter {
         let (outcomes, answered_locally) = match stored {
             Ok(outcomes) => (outcomes, false),
             Err(error) => {
-                let mode = (domain.options.failure_mode).unwrap_or(self.settings.failure_mode);
+                let mode = domain
+                    .options
+                    .failure_mode
+                    .unwrap_or(self.settings.failure_mode);
                 tracing::warn!(%error, store = self.store.kind(), %mode, "store failed");
                 match self.local.fall_back(mode, &error, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
@@ -131,7 +134,9 @@ impl RateLimiter {
 
         let verdicts = respond::verdicts(&plan, &outcomes);
         self.counters.record(request, &plan, &outcomes, &verdicts);
-        let headers = (domain.options.response_headers)
+        let headers = domain
+            .options
+            .response_headers
             .unwrap_or(self.settings.headers.enabled)
             .then_some(&self.settings.headers.names);
         let response = respond::response(&plan, &verdicts, headers);
