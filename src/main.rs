@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
@@ -15,11 +15,11 @@ use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::http;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
-use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store, Topology};
+use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::tls::{ReloadingTls, TlsFiles};
+use ratekeeper::vocab::{FailureMode, Topology};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
@@ -70,8 +70,8 @@ struct Cli {
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
     /// Redis topology.
-    #[arg(long, env = "REDIS_TYPE", value_enum, ignore_case = true, default_value_t = Topology::Single)]
-    redis_type: Topology,
+    #[arg(long, env = "REDIS_TYPE", value_enum, ignore_case = true, default_value_t = TopologyArg::Single)]
+    redis_type: TopologyArg,
     /// Redis password, or `user:password` for an ACL user. Never logged.
     #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
     redis_auth: Option<String>,
@@ -95,8 +95,8 @@ struct Cli {
     /// The answer while Redis fails: open (allow), closed (OVER_LIMIT),
     /// unavailable (gRPC UNAVAILABLE), local (limit / --expected-replicas in
     /// memory). Domains can override with `failure_mode:`.
-    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
-    failure_mode: FailureMode,
+    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureModeArg::Open)]
+    failure_mode: FailureModeArg,
     /// Most distinct `detailed_metric` label values kept in /metrics; past
     /// it new values are counted under `overflow`.
     #[arg(long, env = "MAX_DETAILED_METRIC_SERIES", default_value_t = 10_000)]
@@ -183,8 +183,8 @@ struct Cli {
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     log_level: String,
     /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -196,6 +196,68 @@ struct Cli {
     /// text) and exit.
     #[arg(long, hide = true)]
     write_limiter_script: Option<PathBuf>,
+}
+
+// The library's value types know nothing of clap: these mirror them for the
+// flags, and map onto them.
+
+/// `--failure-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FailureModeArg {
+    /// Allow the request (counted in `ratekeeper_store_error_fail_open`).
+    Open,
+    /// Refuse: OVER_LIMIT for every limited descriptor.
+    Closed,
+    /// Answer gRPC UNAVAILABLE (Envoy then applies its own `failure_mode_deny`).
+    Unavailable,
+    /// Enforce each limit divided by `--expected-replicas` in this replica's
+    /// memory until the store is back.
+    Local,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(arg: FailureModeArg) -> Self {
+        match arg {
+            FailureModeArg::Open => FailureMode::Open,
+            FailureModeArg::Closed => FailureMode::Closed,
+            FailureModeArg::Unavailable => FailureMode::Unavailable,
+            FailureModeArg::Local => FailureMode::Local,
+        }
+    }
+}
+
+/// `--redis-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TopologyArg {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+impl From<TopologyArg> for Topology {
+    fn from(arg: TopologyArg) -> Self {
+        match arg {
+            TopologyArg::Single => Topology::Single,
+            TopologyArg::Cluster => Topology::Cluster,
+            TopologyArg::Sentinel => Topology::Sentinel,
+        }
+    }
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> Self {
+        match arg {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
 }
 
 // The serving lanes run their own runtimes (see `ratekeeper::lanes`); this
@@ -215,7 +277,7 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format)?;
+    telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format.into())?;
     if cli.key_prefix.contains(['{', '}']) {
         return Err(Error::Startup(
             "the key prefix must not contain '{' or '}'".into(),
@@ -278,7 +340,7 @@ async fn run(cli: Cli) -> Result<()> {
             };
             let settings = RedisSettings {
                 tls,
-                topology: cli.redis_type,
+                topology: cli.redis_type.into(),
                 url: url.clone(),
                 auth,
                 connections: cli.redis_pool_size,
@@ -346,7 +408,7 @@ async fn run(cli: Cli) -> Result<()> {
         limiter: LimiterSettings {
             key_prefix: cli.key_prefix,
             headers,
-            failure_mode: cli.failure_mode,
+            failure_mode: cli.failure_mode.into(),
             expected_replicas: cli.expected_replicas,
             max_detailed_series: cli.max_detailed_metric_series,
             values: if cli.hash_descriptor_values {

@@ -107,18 +107,15 @@ impl Server {
         })?;
         let holds = Holds::new(self.store.clone());
         let refresher = tokio::spawn(holds.clone().refresh_forever());
-        let concurrency = ConcurrencyServiceServer::new(Concurrency::new(
+        let concurrency = Concurrency::new(
             self.config.clone(),
             self.store.clone(),
             self.limiter.key_prefix.clone(),
             self.limiter.values,
             holds.clone(),
-        ))
-        .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        );
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
-        let rls = RateLimitServiceServer::new(limiter.clone())
-            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
 
         let (reporter, health) = tonic_health::server::health_reporter();
         let readiness = Readiness::new(reporter);
@@ -148,19 +145,13 @@ impl Server {
                 .max_connection_age(age)
                 .max_connection_age_grace(limits.max_connection_age_grace);
         }
-        let router = builder
-            .add_service(health)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(rls)
-            .add_service(concurrency);
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
             let _ = stopping.wait_for(|stop| *stop).await;
         };
         let mut http_servers = Vec::new();
         if let Some(listener) = self.http.api {
-            let router = http::api::router(limiter, readiness.clone());
+            let router = http::api::router(limiter.clone(), readiness.clone());
             http_servers.push(tokio::spawn(http::serve(
                 listener,
                 limits.handshake_timeout,
@@ -179,10 +170,23 @@ impl Server {
         }
         let mut dealt = Vec::new();
         let mut serving = Vec::new();
-        for lane in lanes.handles() {
+        for (index, lane) in lanes.handles().iter().enumerate() {
             let (deal_to, connections) = mpsc::channel(64);
             dealt.push(deal_to);
-            let (router, stopping) = (router.clone(), stopped(stopping.clone()));
+            // Each lane serves its own copy of the services, bound to its
+            // own Redis connections (see `lanes`).
+            let rls = RateLimitServiceServer::new(limiter.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+            let concurrency = ConcurrencyServiceServer::new(concurrency.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+            let router = builder
+                .clone()
+                .add_service(health.clone())
+                .add_service(reflection_v1.clone())
+                .add_service(reflection_v1alpha.clone())
+                .add_service(rls)
+                .add_service(concurrency);
+            let stopping = stopped(stopping.clone());
             let (handshake_timeout, tls) = (limits.handshake_timeout, limits.tls.clone());
             serving.push(lane.spawn(async move {
                 router
@@ -307,15 +311,16 @@ async fn probe_store(
     }
 }
 
-/// Warms the store up on every lane: each lane has its own Redis
-/// connections, and a connection's reader runs where it was opened.
+/// Warms the store up on every lane, on that lane's thread: each lane has
+/// its own Redis connections, and a connection's reader runs where it was
+/// opened.
 async fn warm_up(store: &Store, lanes: &[Handle]) -> Result<()> {
     // The in-memory store is ready as it is: no need to wait for the lanes.
     if let Store::Memory(_) = store {
         return Ok(());
     }
-    let warming = lanes.iter().map(|lane| {
-        let store = store.clone();
+    let warming = lanes.iter().enumerate().map(|(index, lane)| {
+        let store = store.for_lane(index);
         lane.spawn(async move { store.warm_up().await })
     });
     for warmed in join_all(warming).await {
