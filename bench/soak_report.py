@@ -284,6 +284,16 @@ def metric(work, replica, name):
                    if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
+def generator_errors(work):
+    """The first distinct error texts ratekeeper-soak saw (its summary line)."""
+    path = os.path.join(work, "gen.out")
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    errors = json.loads(lines[-1]).get("errors", []) if lines else []
+    if not errors:
+        return ["The generator saw no errors."]
+    return ["The first distinct errors the generator saw:", ""] + [f"- `{e}`" for e in errors]
+
+
 def section(work, command, seconds, limit, deadline_ms):
     events = events_of(work)
     timeline = read_jsonl(os.path.join(work, "timeline.jsonl"))
@@ -350,6 +360,8 @@ def section(work, command, seconds, limit, deadline_ms):
         f"acknowledged the failover fence: {fence or '-'}. After the run, on the final "
         f"primary: {'; '.join(compared) or 'no audit counters'}. Config loads "
         f"(success / error counters, the first load included): {loads}.",
+        "",
+        *generator_errors(work),
         END,
     ]
     return "\n".join(out) + "\n"
