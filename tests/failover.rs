@@ -3,11 +3,14 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer};
+use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use ratekeeper::store::{RedisSettings, RedisStore, Store};
 
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
 
@@ -818,4 +821,207 @@ async fn after_the_cooldown_a_request_probes_redis_and_closes_the_circuit() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A TCP forwarder in front of Redis, as a cloud primary endpoint, a
+/// Kubernetes Service or a proxy: each new connection is piped to the
+/// current target; connections already open stay where they were.
+struct Forwarder {
+    port: u16,
+    target: Arc<AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(target: u16) -> Forwarder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Arc::new(AtomicU16::new(target));
+        let to = Arc::clone(&target);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut upstream) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        Forwarder { port, target, task }
+    }
+
+    /// Sends new connections to `port` from now on.
+    fn point_at(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Runs `redis-cli`-style commands on the server at `port`.
+fn redis_at(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// Waits until the replica at `port` has synced with its master.
+fn wait_synced(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut redis_at(port))
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never synced: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One answer under load: when it was sent, how long it took, whether it
+/// came from Redis (no degraded marker), and whether it was sent after the
+/// failover (its value then is `after`).
+#[derive(Clone, Copy)]
+struct Answer {
+    sent: Instant,
+    took: Duration,
+    from_redis: bool,
+    after: bool,
+}
+
+/// The most common production failover: one address that moves (a cloud
+/// primary endpoint, a Service in front of Sentinel-managed pods, a proxy).
+/// Connections open to the demoted primary stay open and answer `READONLY`;
+/// only new connections reach the new primary. ratekeeper must notice, and
+/// replace its connections, while requests keep arriving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_behind_one_address_reconnects_to_the_new_primary() {
+    let a = RedisServer::start();
+    let b_port = common::free_port();
+    let b = RedisServer::spawn(b_port, &["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    wait_synced(b.port);
+    let forwarder = Forwarder::start(a.port).await;
+
+    let deadline = Duration::from_millis(200);
+    let settings = RedisSettings {
+        url: format!("redis://127.0.0.1:{}", forwarder.port),
+        call_timeout: deadline,
+        connect_timeout: deadline,
+        ..a.settings(true)
+    };
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let server = TestServer::start(&[LIMITS], store).await;
+    server.serving().await;
+
+    let switched: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loaders = Vec::new();
+    for _ in 0..4 {
+        let (switched, stop) = (Arc::clone(&switched), Arc::clone(&stop));
+        let mut client = server.client().await;
+        loaders.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let sent = Instant::now();
+                let after = switched.lock().unwrap().is_some_and(|t| t <= sent);
+                let value = if after { "after" } else { "before" };
+                let r = client
+                    .should_rate_limit(request("d", vec![descriptor(&[("k", value)])]))
+                    .await
+                    .expect("every request gets an answer")
+                    .into_inner();
+                answers.push(Answer {
+                    sent,
+                    took: sent.elapsed(),
+                    from_redis: degraded(&r).is_none(),
+                    after,
+                });
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            answers
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Fail over: B becomes the primary, A its replica (read-only at once),
+    // and the address now leads to B.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut redis_at(b.port))
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut redis_at(a.port))
+        .unwrap();
+    forwarder.point_at(b.port);
+    let moved = Instant::now();
+    *switched.lock().unwrap() = Some(moved);
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut answers = Vec::new();
+    for loader in loaders {
+        answers.extend(loader.await.unwrap());
+    }
+    answers.sort_by_key(|a| a.sent);
+
+    let before: Vec<&Answer> = answers.iter().filter(|a| a.sent < moved).collect();
+    assert!(
+        before.iter().filter(|a| a.from_redis).count() > 20,
+        "answers came from Redis before the failover"
+    );
+    let after: Vec<&Answer> = answers.iter().filter(|a| a.after).collect();
+    let last_degraded = after
+        .iter()
+        .filter(|a| !a.from_redis)
+        .map(|a| a.sent - moved)
+        .max();
+    let from_redis = after.iter().filter(|a| a.from_redis).count();
+    println!(
+        "failover behind one address: {} answers after the move, {} from Redis, last fail-open answer sent {:?} after the move",
+        after.len(),
+        from_redis,
+        last_degraded
+    );
+    assert!(
+        after
+            .iter()
+            .any(|a| a.from_redis && a.sent - moved > Duration::from_secs(3)),
+        "no answer from Redis 3 s after the move"
+    );
+    assert!(
+        last_degraded.map_or(true, |t| t < Duration::from_secs(2)),
+        "answers still failed open {last_degraded:?} after the move"
+    );
+    let slowest = answers.iter().map(|a| a.took).max().unwrap();
+    assert!(
+        slowest < deadline + Duration::from_millis(150),
+        "an answer took {slowest:?} with a {deadline:?} deadline"
+    );
+    // Every answer from Redis after the move was counted once, on B.
+    let mut conn = redis_at(b.port);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*k=after*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let counted: u64 = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("c")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(counted, from_redis as u64, "counts on the new primary");
+    server.stop().await;
 }

@@ -1,12 +1,21 @@
 //! Connections to Redis in its three topologies, behind one handle.
 //!
-//! - **single**: redis-rs `ConnectionManager`s (multiplexed, reconnecting by
-//!   themselves), used round-robin.
+//! - **single**: redis-rs `ConnectionManager`s (multiplexed), used
+//!   round-robin.
 //! - **cluster**: one `ClusterConnection`, which routes each command by its
 //!   first key's slot and follows MOVED/ASK and topology changes.
 //! - **sentinel**: the master named by the sentinels, through
-//!   `ConnectionManager`s; on a connection error or `READONLY` (the old
-//!   master demoted) the master is looked up again, in the background.
+//!   `ConnectionManager`s.
+//!
+//! Single and sentinel share one rule for a connection gone stale: a reply
+//! that says the server behind it is no longer a usable primary
+//! (`READONLY`: demoted by a failover; `MASTERDOWN`; `LOADING`) or a
+//! connection lost, on any call, replaces the lane's connections in the
+//! background with new ones (sentinel: to the master the sentinels name
+//! now). Behind one address that moved (a cloud primary endpoint, a
+//! Kubernetes Service, a proxy) only new connections reach the new primary,
+//! while the open ones stay with the demoted server and would answer
+//! `READONLY` for ever.
 //!
 //! Every topology connects on first use (the warm-up, see `server`), in the
 //! background, so ratekeeper starts (and fails open) while Redis is
@@ -17,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::future::try_join_all;
 use tokio::sync::watch;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -274,22 +284,16 @@ impl Connections {
         self.failures.store(0, Ordering::Relaxed);
     }
 
-    /// Reacts to a failed call (`error` is `None` for a deadline): for
-    /// sentinel, a connection error or a `READONLY` reply means the master
-    /// moved, so look it up again; for cluster, failures in a row rebuild the
-    /// connection from the seeds.
+    /// Reacts to a failed call (`error` is `None` for a deadline): single
+    /// and sentinel replace their connections when the error shows them
+    /// stale ([`is_stale`]); a cluster is rebuilt from the seeds after
+    /// failures in a row.
     pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         match self.settings.topology {
-            Topology::Single => {}
-            Topology::Sentinel => {
-                let moved = error.is_some_and(|e| {
-                    e.is_io_error()
-                        || e.is_connection_refusal()
-                        || e.is_connection_dropped()
-                        || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-                });
-                if moved {
+            Topology::Single | Topology::Sentinel => {
+                if let Some(error) = error.filter(|e| is_stale(e)) {
+                    tracing::info!(%error, "Redis connection stale: replacing the lane's connections");
                     self.reconnect();
                 }
             }
@@ -327,11 +331,7 @@ impl Connections {
     async fn connect(&self) -> Result<Vec<Conn>> {
         let s = &self.settings;
         match s.topology {
-            Topology::Single => Ok(self
-                .current
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()),
+            Topology::Single => self.managers(s.client(s.node(&s.url)?)?).await,
             Topology::Cluster => {
                 let nodes = s
                     .addresses()?
@@ -383,19 +383,40 @@ impl Connections {
                     Some(node_info),
                     SentinelServerType::Master,
                 )?;
-                let client = sentinel.async_get_client().await?;
-                let config = s.manager_config();
-                let mut conns = Vec::new();
-                for _ in 0..s.connections.max(1) {
-                    conns.push(Conn::Managed(ConnectionManager::new_lazy_with_config(
-                        client.clone(),
-                        config.clone(),
-                    )?));
-                }
-                Ok(conns)
+                self.managers(sentinel.async_get_client().await?).await
             }
         }
     }
+
+    /// The pool's connections to the server `client` leads to, connected
+    /// before they are handed out: a replacement never swaps connections
+    /// for ones that cannot connect.
+    async fn managers(&self, client: redis::Client) -> Result<Vec<Conn>> {
+        let config = self.settings.manager_config();
+        let connecting = (0..self.settings.connections.max(1))
+            .map(|_| ConnectionManager::new_with_config(client.clone(), config.clone()));
+        Ok(try_join_all(connecting)
+            .await?
+            .into_iter()
+            .map(Conn::Managed)
+            .collect())
+    }
+}
+
+/// Whether `error` shows that the connection it came on leads nowhere
+/// useful any more, so that it must be replaced: the server was demoted to
+/// a replica (`READONLY`), lost its master (`MASTERDOWN`), is loading its
+/// data after a restart (`LOADING`), or the connection broke. Those replies
+/// come before a script runs, so nothing was counted. A timeout is not
+/// one: the server may just be slow, and new connections would only add to
+/// its load.
+fn is_stale(error: &RedisError) -> bool {
+    use redis::ServerErrorKind::{BusyLoading, MasterDown, ReadOnly};
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ReadOnly | MasterDown | BusyLoading)
+    ) || (error.is_io_error() && !error.is_timeout())
+        || error.is_connection_dropped()
 }
 
 impl RedisSettings {

@@ -321,16 +321,33 @@ impl RedisStore {
     /// reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
         self.ping().await?;
-        let loading = |what: &'static str| move |_| Error::Store(format!("{what} timed out"));
-        for mut conn in self.caller().connections.all() {
-            tokio::time::timeout(self.probe_timeout(), self.limiter.load(&mut conn))
-                .await
-                .map_err(loading("loading the limiter"))??;
-            tokio::time::timeout(self.probe_timeout(), self.leases.load_async(&mut conn))
-                .await
-                .map_err(loading("SCRIPT LOAD"))??;
+        let connections = &self.caller().connections;
+        for mut conn in connections.all() {
+            self.probe("loading the limiter", self.limiter.load(&mut conn))
+                .await?;
+            self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
+                .await?;
         }
         Ok(())
+    }
+
+    /// Runs a call of the warm-up or the health probe under the probe
+    /// timeout; an error that shows the connection stale (say `READONLY` on
+    /// loading the limiter into a demoted primary) replaces it, as on the
+    /// request path.
+    async fn probe<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.probe_timeout(), call).await {
+            Err(_) => Err(Error::Store(format!("{what} timed out"))),
+            Ok(Err(error)) => {
+                self.caller().connections.failed(Some(&error));
+                Err(error.into())
+            }
+            Ok(Ok(value)) => Ok(value),
+        }
     }
 
     /// Round trip to Redis, for the health probe. It bypasses the breaker,
@@ -340,16 +357,12 @@ impl RedisStore {
             let caller = self.caller();
             let mut conn = caller.connections.get(caller.call_timeout).await?;
             let cmd = redis::cmd("PING");
-            match tokio::time::timeout(self.probe_timeout(), cmd.query_async::<String>(&mut conn))
-                .await
+            match self
+                .probe("PING", cmd.query_async::<String>(&mut conn))
+                .await?
             {
-                Err(_) => Err(Error::Store("PING timed out".into())),
-                Ok(Err(error)) => {
-                    self.caller().connections.failed(Some(&error));
-                    Err(error.into())
-                }
-                Ok(Ok(pong)) if pong == "PONG" => Ok(()),
-                Ok(Ok(other)) => Err(Error::Store(format!("unexpected PING reply {other:?}"))),
+                pong if pong == "PONG" => Ok(()),
+                other => Err(Error::Store(format!("unexpected PING reply {other:?}"))),
             }
         }
         .await;
