@@ -61,6 +61,31 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// The lease script's answer to an acquire in one hash slot:
+/// `[granted, expired, retry_after_ms, active per key...]`.
+#[derive(Debug, PartialEq, Eq)]
+struct SlotAcquired {
+    granted: bool,
+    expired: u64,
+    retry_after_ms: u64,
+    active: Vec<u64>,
+}
+
+impl SlotAcquired {
+    /// Reads the reply for a slot of `keys` keys; any other shape is an error.
+    fn read(reply: &[i64], keys: usize) -> Result<SlotAcquired> {
+        match reply {
+            [granted, expired, retry, active @ ..] if active.len() == keys => Ok(SlotAcquired {
+                granted: *granted == 1,
+                expired: (*expired).max(0) as u64,
+                retry_after_ms: (*retry).max(0) as u64,
+                active: active.iter().map(|&n| n.max(0) as u64).collect(),
+            }),
+            _ => Err(Error::Store(format!("lease script returned {reply:?}"))),
+        }
+    }
+}
+
 impl RedisStore {
     /// Creates the store without waiting for Redis: connections are made on
     /// first use and re-made after failures, so ratekeeper starts (and can
@@ -214,26 +239,23 @@ impl RedisStore {
             for &i in &group {
                 invocation.key(&slots[i].key).arg(slots[i].limit);
             }
-            let reply: Vec<i64> = match self.caller().invoke(invocation).await {
+            // A reply that cannot be read fails like a call that failed:
+            // the places taken in earlier slots are given back either way.
+            let reply = self.caller().invoke::<Vec<i64>>(invocation).await;
+            let reply = match reply.and_then(|r| SlotAcquired::read(&r, group.len())) {
                 Ok(reply) => reply,
                 Err(error) => {
                     self.give_back(member, &taken).await;
                     return Err(error);
                 }
             };
-            let [granted, expired, retry, active @ ..] = reply.as_slice() else {
-                return Err(Error::Store(format!("lease script returned {reply:?}")));
-            };
-            if active.len() != group.len() {
-                return Err(Error::Store(format!("lease script returned {reply:?}")));
+            for (&i, &n) in group.iter().zip(&reply.active) {
+                total.active[i] = n;
             }
-            for (&i, &n) in group.iter().zip(active) {
-                total.active[i] = n.max(0) as u64;
-            }
-            total.expired += (*expired).max(0) as u64;
-            if *granted != 1 {
+            total.expired += reply.expired;
+            if !reply.granted {
                 total.granted = false;
-                total.retry_after_ms = (*retry).max(0) as u64;
+                total.retry_after_ms = reply.retry_after_ms;
                 self.give_back(member, &taken).await;
                 return Ok(total);
             }
@@ -242,6 +264,7 @@ impl RedisStore {
         Ok(total)
     }
 
+    /// Gives `member`'s places in `keys` back (a partial acquire).
     async fn give_back(&self, member: &str, keys: &[String]) {
         if keys.is_empty() {
             return;
@@ -370,5 +393,26 @@ impl RedisStore {
             self.caller().answered();
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_acquire_reply_of_another_shape_is_an_error() {
+        assert_eq!(
+            SlotAcquired::read(&[1, 2, 0, 3, 4], 2).ok(),
+            Some(SlotAcquired {
+                granted: true,
+                expired: 2,
+                retry_after_ms: 0,
+                active: vec![3, 4],
+            })
+        );
+        for reply in [&[][..], &[1, 0], &[1, 0, 0, 3], &[1, 0, 0, 3, 4, 5]] {
+            assert!(SlotAcquired::read(reply, 2).is_err(), "{reply:?}");
+        }
     }
 }
