@@ -1025,3 +1025,50 @@ async fn failover_behind_one_address_reconnects_to_the_new_primary() {
     assert_eq!(counted, from_redis as u64, "counts on the new primary");
     server.stop().await;
 }
+
+/// The over-limit cache answers a full counter without asking Redis. When
+/// Redis restarts empty the counter is gone and other replicas admit again,
+/// so this one must stop refusing too, long before the window ends.
+#[tokio::test]
+async fn a_redis_restart_drops_the_over_limit_cache() {
+    let mut redis = RedisServer::start();
+    let limits =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let server = TestServer::start(&[limits], redis.store(None)).await;
+    server.serving().await;
+    let client = server.client().await;
+    let ask = || {
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .expect("answer")
+                .into_inner()
+        }
+    };
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(ask().await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over, over], "full (then from the cache)");
+
+    redis.restart();
+    let restarted = Instant::now();
+    loop {
+        let r = ask().await;
+        if r.overall_code == ok && degraded(&r).is_none() {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(12),
+            "still refused 12 s after Redis restarted empty"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "over-limit cache dropped {:?} after the restart",
+        restarted.elapsed()
+    );
+}

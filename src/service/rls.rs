@@ -86,10 +86,10 @@ impl RateLimiter {
     pub fn new(config: SharedConfig, store: Store, settings: LimiterSettings) -> Self {
         RateLimiter {
             config,
+            over: Arc::new(OverCache::new(store.generation())),
             store,
             local: MemoryStore::new(Arc::new(SystemClock)),
             detailed: Arc::new(DetailedSeries::new(settings.max_detailed_series)),
-            over: Arc::new(OverCache::default()),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
             settings,
         }

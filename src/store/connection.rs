@@ -23,7 +23,7 @@
 //! their readers run on its thread (`crate::lanes`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
@@ -38,6 +38,7 @@ use redis::{
     TlsMode, Value,
 };
 
+use super::generation::Generation;
 use crate::{Error, Result};
 
 /// Which Redis deployment to talk to.
@@ -202,6 +203,11 @@ pub struct Connections {
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
     failures: AtomicUsize,
+    /// Bumped when replaced connections reach another server than before.
+    generation: Generation,
+    /// The `run_id` of the server the connections reached last (single and
+    /// sentinel; `None` until a replacement has asked).
+    run_id: Mutex<Option<String>>,
 }
 
 /// Failed calls in a row after which a cluster connection is rebuilt from
@@ -211,8 +217,9 @@ const CLUSTER_REBUILD_AFTER: usize = 3;
 
 impl Connections {
     /// Prepares the connections; they are made on first use. Never waits
-    /// for Redis.
-    pub fn new(mut settings: RedisSettings) -> Result<Arc<Self>> {
+    /// for Redis. `generation` is bumped when a replacement reaches a server
+    /// restarted or replaced since.
+    pub fn new(mut settings: RedisSettings, generation: Generation) -> Result<Arc<Self>> {
         if settings.url.starts_with("rediss://") && settings.tls.is_none() {
             settings.tls = Some(RedisTls::default());
         }
@@ -245,6 +252,8 @@ impl Connections {
             connecting: AtomicBool::new(false),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
+            generation,
+            run_id: Mutex::new(None),
         });
         Ok(connections)
     }
@@ -331,7 +340,13 @@ impl Connections {
     async fn connect(&self) -> Result<Vec<Conn>> {
         let s = &self.settings;
         match s.topology {
-            Topology::Single => self.managers(s.client(s.node(&s.url)?)?).await,
+            Topology::Single => {
+                let mut conns = self.managers(s.client(s.node(&s.url)?)?).await?;
+                if let Some(first) = conns.first_mut() {
+                    self.note_server(first).await;
+                }
+                Ok(conns)
+            }
             Topology::Cluster => {
                 let nodes = s
                     .addresses()?
@@ -383,8 +398,37 @@ impl Connections {
                     Some(node_info),
                     SentinelServerType::Master,
                 )?;
-                self.managers(sentinel.async_get_client().await?).await
+                let mut conns = self.managers(sentinel.async_get_client().await?).await?;
+                if let Some(first) = conns.first_mut() {
+                    self.note_server(first).await;
+                }
+                Ok(conns)
             }
+        }
+    }
+
+    /// Asks the server that replacement connections reached for its
+    /// `run_id`, and bumps the generation when it is not the one the
+    /// connections reached before (or that is unknown): a restart or
+    /// another server, which may not hold the data this one learnt from.
+    /// A server that denies `INFO` leaves the generation alone.
+    async fn note_server(&self, conn: &mut Conn) {
+        let Ok(info) = redis::cmd("INFO")
+            .arg("server")
+            .query_async::<String>(conn)
+            .await
+        else {
+            return;
+        };
+        let Some(run_id) = info.lines().find_map(|l| l.strip_prefix("run_id:")) else {
+            return;
+        };
+        let run_id = run_id.trim();
+        let mut last = self.run_id.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() != Some(run_id) {
+            self.generation
+                .bump("the connections reached a Redis restarted or replaced");
+            *last = Some(run_id.to_owned());
         }
     }
 

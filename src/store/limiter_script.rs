@@ -21,6 +21,7 @@ use redis::{
     ServerErrorKind, ToRedisArgs,
 };
 
+use super::generation::Generation;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
@@ -57,6 +58,8 @@ pub struct LimiterScript {
     /// 7.0, or the commands renamed away or denied by ACL); then by
     /// `EVALSHA` for good.
     functions: AtomicBool,
+    /// Bumped whenever Redis turns out to have lost the limiter.
+    generation: Generation,
 }
 
 impl LimiterScript {
@@ -77,7 +80,14 @@ impl LimiterScript {
             library,
             function,
             functions: AtomicBool::new(functions),
+            generation: Generation::default(),
         }
+    }
+
+    /// Bumped whenever a call found the limiter gone from Redis (so Redis
+    /// lost its data too, or is another server).
+    pub fn generation(&self) -> &Generation {
+        &self.generation
     }
 
     /// Whether calls go by `FCALL`.
@@ -121,7 +131,10 @@ impl LimiterScript {
             return self.call_script(conn, cmd).await;
         }
         match cmd.query_async(conn).await {
-            Err(error) if detail_has(&error, "Function not found") => self.load(conn).await?,
+            Err(error) if detail_has(&error, "Function not found") => {
+                self.generation.bump("the limiter function was gone");
+                self.load(conn).await?
+            }
             Err(error) if no_functions(&error) => self.fall_back(&error),
             result => return result,
         }
@@ -141,6 +154,7 @@ impl LimiterScript {
     ) -> RedisResult<T> {
         match cmd.query_async(conn).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.generation.bump("the limiter script was gone");
                 self.script.load_async(conn).await?;
                 cmd.query_async(conn).await
             }

@@ -5,6 +5,7 @@ pub mod batcher;
 pub mod breaker;
 pub mod caller;
 pub mod connection;
+pub mod generation;
 pub mod lease;
 pub mod limiter_script;
 pub mod memory;
@@ -16,6 +17,7 @@ use crate::limiter::{Check, Outcome};
 use crate::Result;
 
 pub use self::connection::{RedisSettings, RedisTls, Topology};
+pub use self::generation::Generation;
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
@@ -103,6 +105,15 @@ impl Store {
         match self {
             Store::Memory(store) => store.now_ms(),
             Store::Redis(store) => store.now_ms(),
+        }
+    }
+
+    /// Changes whenever the store may have lost its data (see
+    /// [`Generation`]); the in-memory store never does.
+    pub fn generation(&self) -> Generation {
+        match self {
+            Store::Memory(_) => Generation::default(),
+            Store::Redis(store) => store.generation(),
         }
     }
 

@@ -17,6 +17,7 @@ use redis::Script;
 use super::batcher::Batcher;
 use super::caller::Caller;
 use super::connection::{Connections, RedisSettings, Topology};
+use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use super::limiter_script::{self, LimiterScript};
 use crate::clock::Clock;
@@ -103,10 +104,13 @@ impl RedisStore {
         let lanes = (0..count)
             .map(|_| {
                 let caller = Arc::new(Caller::new(
-                    Connections::new(RedisSettings {
-                        connections: per_lane,
-                        ..settings.clone()
-                    })?,
+                    Connections::new(
+                        RedisSettings {
+                            connections: per_lane,
+                            ..settings.clone()
+                        },
+                        limiter.generation().clone(),
+                    )?,
                     breaker.clone(),
                     settings.call_timeout,
                 ));
@@ -128,6 +132,11 @@ impl RedisStore {
             leases: Script::new(include_str!("../../lua/leases.lua")),
             clock,
         })
+    }
+
+    /// Changes whenever Redis may have lost its data (see [`Generation`]).
+    pub fn generation(&self) -> Generation {
+        self.limiter.generation().clone()
     }
 
     /// The calling thread's lane (the first for threads outside the lanes).
