@@ -302,8 +302,9 @@ impl Connections {
         match self.settings.topology {
             Topology::Single | Topology::Sentinel => {
                 if let Some(error) = error.filter(|e| is_stale(e)) {
-                    tracing::info!(%error, "Redis connection stale: replacing the lane's connections");
-                    self.reconnect();
+                    if self.reconnect() {
+                        tracing::info!(%error, "Redis connections stale: replacing them");
+                    }
                 }
             }
             Topology::Cluster => {
@@ -315,10 +316,11 @@ impl Connections {
         }
     }
 
-    /// (Re)connects in the background, once at a time.
-    fn reconnect(self: &Arc<Self>) {
+    /// (Re)connects in the background, once at a time; returns whether this
+    /// call started it.
+    fn reconnect(self: &Arc<Self>) -> bool {
         if self.connecting.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         let this = self.clone();
         tokio::spawn(async move {
@@ -335,6 +337,7 @@ impl Connections {
             tokio::time::sleep(Duration::from_millis(200)).await;
             this.connecting.store(false, Ordering::Release);
         });
+        true
     }
 
     async fn connect(&self) -> Result<Vec<Conn>> {
