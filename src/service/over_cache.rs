@@ -65,7 +65,15 @@ impl OverCache {
             return false;
         }
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        if !entries.is_empty() {
+            tracing::info!(
+                keys = entries.len(),
+                "over-limit cache dropped: Redis may have lost its data"
+            );
+        }
         entries.clear();
+        // Under the write lock: `learn` sets it again only after this.
+        self.any.store(false, Ordering::Release);
         self.learnt_in.store(now, Ordering::Release);
         true
     }
@@ -204,7 +212,7 @@ mod tests {
         };
         cache.learn(&fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());
-        generation.bump("test");
+        generation.bump();
         assert!(cache.answer(&fw, 1_010).is_none(), "Redis lost the counter");
         cache.learn(&fw, &[full], 1_020);
         assert!(

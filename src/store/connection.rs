@@ -428,11 +428,14 @@ impl Connections {
         };
         let run_id = run_id.trim();
         let mut last = self.run_id.lock().unwrap_or_else(|p| p.into_inner());
-        if last.as_deref() != Some(run_id) {
-            self.generation
-                .bump("the connections reached a Redis restarted or replaced");
-            *last = Some(run_id.to_owned());
+        if last.as_deref() == Some(run_id) {
+            return;
         }
+        if last.is_some() {
+            tracing::info!("Redis restarted or replaced (another run_id)");
+        }
+        self.generation.bump();
+        *last = Some(run_id.to_owned());
     }
 
     /// The pool's connections to the server `client` leads to, connected
@@ -453,10 +456,10 @@ impl Connections {
 /// Whether `error` shows that the connection it came on leads nowhere
 /// useful any more, so that it must be replaced: the server was demoted to
 /// a replica (`READONLY`), lost its master (`MASTERDOWN`), is loading its
-/// data after a restart (`LOADING`), or the connection broke. Those replies
-/// come before a script runs, so nothing was counted. A timeout is not
-/// one: the server may just be slow, and new connections would only add to
-/// its load.
+/// data after a restart (`LOADING`), or the connection broke. (The three
+/// replies come before a script runs: nothing was counted.) A timeout is
+/// not one: the server may just be slow, and new connections would only
+/// add to its load.
 fn is_stale(error: &RedisError) -> bool {
     use redis::ServerErrorKind::{BusyLoading, MasterDown, ReadOnly};
     matches!(

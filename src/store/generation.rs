@@ -21,12 +21,8 @@ impl Generation {
         self.0.load(Ordering::Acquire)
     }
 
-    /// Records that Redis may have lost its data (`why`, for the log).
-    pub fn bump(&self, why: &str) {
+    /// Records that Redis may have lost its data (the caller logs why).
+    pub fn bump(&self) {
         self.0.fetch_add(1, Ordering::AcqRel);
-        tracing::info!(
-            why,
-            "Redis may have lost its data: over-limit cache dropped"
-        );
     }
 }

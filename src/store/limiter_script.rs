@@ -132,7 +132,8 @@ impl LimiterScript {
         }
         match cmd.query_async(conn).await {
             Err(error) if detail_has(&error, "Function not found") => {
-                self.generation.bump("the limiter function was gone");
+                tracing::info!("the limiter function was gone from Redis: loading it again");
+                self.generation.bump();
                 self.load(conn).await?
             }
             Err(error) if no_functions(&error) => self.fall_back(&error),
@@ -154,7 +155,8 @@ impl LimiterScript {
     ) -> RedisResult<T> {
         match cmd.query_async(conn).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.generation.bump("the limiter script was gone");
+                tracing::info!("the limiter script was gone from Redis: loading it again");
+                self.generation.bump();
                 self.script.load_async(conn).await?;
                 cmd.query_async(conn).await
             }
