@@ -1186,3 +1186,63 @@ async fn a_redis_restart_drops_the_over_limit_cache() {
         restarted.elapsed()
     );
 }
+
+/// A failover behind one address to a server without the data, while the
+/// only requests are for a key the over-limit cache refuses (so no request
+/// reaches Redis to meet `READONLY`): the health probe calls the limiter,
+/// meets `READONLY` on the demoted primary, the connections are replaced,
+/// the new server's `run_id` drops the cache, and the key is admitted again.
+#[tokio::test]
+async fn a_failover_to_an_empty_server_drops_the_over_limit_cache() {
+    let a = RedisServer::start();
+    let forwarder = Forwarder::start(a.port).await;
+    let url = format!("redis://127.0.0.1:{}", forwarder.port);
+    let settings = failover_settings(&a, Topology::Single, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let limits =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let server = TestServer::start(&[limits], store).await;
+    server.serving().await;
+    let client = server.client().await;
+    let ask = || {
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .expect("answer")
+                .into_inner()
+        }
+    };
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(ask().await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over, over], "full (then from the cache)");
+
+    let c = RedisServer::start();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(c.port)
+        .query(&mut redis_at(a.port))
+        .unwrap();
+    forwarder.point_at(c.port);
+    let moved = Instant::now();
+    loop {
+        let r = ask().await;
+        if r.overall_code == ok && degraded(&r).is_none() {
+            break;
+        }
+        assert!(
+            moved.elapsed() < Duration::from_secs(12),
+            "still refused 12 s after the failover to an empty server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "over-limit cache dropped {:?} after the failover",
+        moved.elapsed()
+    );
+    server.stop().await;
+}

@@ -352,15 +352,16 @@ impl RedisStore {
     /// milliseconds of deadline. Run on every lane before the service
     /// reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
-        self.ping().await?;
-        let connections = &self.caller().connections;
-        for mut conn in connections.all() {
+        let caller = self.caller();
+        // Cluster and sentinel make their connections on first use.
+        caller.connections.get(caller.call_timeout).await?;
+        for mut conn in caller.connections.all() {
             self.probe("loading the limiter", self.limiter.load(&mut conn))
                 .await?;
             self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
                 .await?;
         }
-        Ok(())
+        self.ping().await
     }
 
     /// Runs a call of the warm-up or the health probe under the probe
@@ -382,20 +383,28 @@ impl RedisStore {
         }
     }
 
-    /// Round trip to Redis, for the health probe. It bypasses the breaker,
-    /// and closes it when Redis answers.
+    /// Round trip to Redis, for the health probe: the limiter called with
+    /// no checks (it touches no key). Unlike a `PING`, it meets what
+    /// requests would: a server that no longer takes writes (a demoted
+    /// primary refuses a function call with `READONLY`, and the connections
+    /// are replaced), or a limiter gone (loaded again). So a replica whose
+    /// requests are all answered by the over-limit cache still notices a
+    /// failover. It bypasses the breaker, and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let result = async {
             let caller = self.caller();
             let mut conn = caller.connections.get(caller.call_timeout).await?;
-            let cmd = redis::cmd("PING");
-            match self
-                .probe("PING", cmd.query_async::<String>(&mut conn))
-                .await?
-            {
-                pong if pong == "PONG" => Ok(()),
-                other => Err(Error::Store(format!("unexpected PING reply {other:?}"))),
+            let no_checks = std::iter::empty::<(bool, std::slice::Iter<'_, Check>)>();
+            let cmd = self.limiter.command(&self.now_arg(), no_checks);
+            let reply: Vec<i64> = self
+                .probe("the health probe", self.limiter.call(&mut conn, &cmd))
+                .await?;
+            if !reply.is_empty() {
+                return Err(Error::Store(format!(
+                    "the limiter without checks returned {reply:?}"
+                )));
             }
+            Ok(())
         }
         .await;
         if result.is_ok() {
