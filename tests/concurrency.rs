@@ -498,3 +498,55 @@ async fn a_redis_restart_loses_leases_and_the_service_recovers() {
         }
     }
 }
+
+/// On a cluster a lease over two hash slots is taken slot by slot. When the
+/// later slot's call fails (its set is a string: `WRONGTYPE`), the place
+/// already taken in the earlier slot is given back. A reply of the wrong
+/// shape takes the same path (`SlotAcquired::read` in `src/store/redis.rs`);
+/// a real Redis cannot be made to send one.
+#[tokio::test]
+async fn a_lease_whose_later_slot_fails_gives_back_the_earlier_slot() {
+    use ratekeeper::store::LeaseSlot;
+    let cluster = common::RedisCluster::start(3, 0);
+    let (first, second) = ("rk:{lease-a}:c", "rk:{lease-b}:c");
+    assert_ne!(
+        ratekeeper::keys::cluster_slot(first),
+        ratekeeper::keys::cluster_slot(second)
+    );
+    // Each key is written on its owner: the node that does not answer MOVED.
+    let on_owner = |cmd: &redis::Cmd| -> i64 {
+        cluster
+            .nodes
+            .iter()
+            .find_map(|node| {
+                let mut conn = node.client().get_connection().ok()?;
+                cmd.query::<redis::Value>(&mut conn).ok().map(|v| match v {
+                    redis::Value::Int(n) => n,
+                    _ => 0,
+                })
+            })
+            .expect("a node owns the key")
+    };
+    on_owner(redis::cmd("SET").arg(second).arg("not a lease set"));
+    let store = cluster.store(None);
+    let slots = [
+        LeaseSlot {
+            key: first.into(),
+            limit: 5,
+        },
+        LeaseSlot {
+            key: second.into(),
+            limit: 5,
+        },
+    ];
+    let error = store
+        .acquire(&slots, "m1", 60_000)
+        .await
+        .expect_err("the second slot's set is a string");
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    assert_eq!(
+        on_owner(redis::cmd("ZCARD").arg(first)),
+        0,
+        "the place taken in the first slot was given back"
+    );
+}

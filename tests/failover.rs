@@ -3,11 +3,14 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer};
+use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
 
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
 
@@ -123,39 +126,8 @@ async fn sentinel_follows_the_new_master() {
         &["--replicaof", "127.0.0.1", &master.port.to_string()],
     );
     let dir = tempfile::tempdir().unwrap();
-    let sentinel_conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &sentinel_conf,
-        format!(
-            "sentinel monitor mymaster 127.0.0.1 {} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n",
-            master.port
-        ),
-    )
-    .unwrap();
-    let sentinel_port = common::free_port();
-    let mut sentinel = std::process::Command::new("redis-server")
-        .arg(&sentinel_conf)
-        .args([
-            "--sentinel",
-            "--port",
-            &sentinel_port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server --sentinel");
-    struct Kill<'a>(&'a mut std::process::Child);
-    impl Drop for Kill<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _sentinel = Kill(&mut sentinel);
-    // Let the replica sync and the sentinel find it.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let sentinel = Sentinel::start(master.port, dir.path());
+    let sentinel_port = sentinel.port;
 
     let url = format!("mymaster,127.0.0.1:{sentinel_port}");
     let server = Ratekeeper::start(
@@ -853,4 +825,459 @@ async fn the_local_failure_mode_follows_the_stores_clock() {
         [Code::Ok as i32, Code::OverLimit as i32, Code::Ok as i32],
         "the next minute of the pinned clock admits again"
     );
+}
+
+/// A TCP forwarder in front of Redis, as a cloud primary endpoint, a
+/// Kubernetes Service or a proxy: each new connection is piped to the
+/// current target; connections already open stay where they were.
+struct Forwarder {
+    port: u16,
+    target: Arc<AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(target: u16) -> Forwarder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Arc::new(AtomicU16::new(target));
+        let to = Arc::clone(&target);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut upstream) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        Forwarder { port, target, task }
+    }
+
+    /// Sends new connections to `port` from now on.
+    fn point_at(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Runs `redis-cli`-style commands on the server at `port`.
+fn redis_at(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// Waits until the replica at `port` has synced with its master.
+fn wait_synced(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut redis_at(port))
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never synced: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One answer under load: when it was sent, how long it took, whether it
+/// came from Redis (no degraded marker), and whether it was sent after the
+/// failover (its value then is `after`).
+#[derive(Clone, Copy)]
+struct Answer {
+    sent: Instant,
+    took: Duration,
+    from_redis: bool,
+    after: bool,
+}
+
+/// Request loops against an in-process server, from before a failover to
+/// after it: requests sent once [`Loops::moved`] was called ask for the
+/// value `after`, the others for `before`.
+struct Loops {
+    moved: Arc<std::sync::Mutex<Option<Instant>>>,
+    stop: Arc<AtomicBool>,
+    loops: Vec<tokio::task::JoinHandle<Vec<Answer>>>,
+}
+
+impl Loops {
+    async fn start(server: &TestServer, count: usize) -> Loops {
+        let moved: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut loops = Vec::new();
+        for _ in 0..count {
+            let (moved, stop) = (Arc::clone(&moved), Arc::clone(&stop));
+            let mut client = server.client().await;
+            loops.push(tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let sent = Instant::now();
+                    let after = moved.lock().unwrap().is_some_and(|t| t <= sent);
+                    let value = if after { "after" } else { "before" };
+                    let r = client
+                        .should_rate_limit(request("d", vec![descriptor(&[("k", value)])]))
+                        .await
+                        .expect("every request gets an answer")
+                        .into_inner();
+                    answers.push(Answer {
+                        sent,
+                        took: sent.elapsed(),
+                        from_redis: degraded(&r).is_none(),
+                        after,
+                    });
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                answers
+            }));
+        }
+        Loops { moved, stop, loops }
+    }
+
+    /// Marks the moment the primary moved; returns it.
+    fn moved(&self) -> Instant {
+        let now = Instant::now();
+        *self.moved.lock().unwrap() = Some(now);
+        now
+    }
+
+    /// Stops the loops; their answers, in the order sent.
+    async fn finish(self) -> Vec<Answer> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut answers = Vec::new();
+        for answers_of_one in self.loops {
+            answers.extend(answers_of_one.await.unwrap());
+        }
+        answers.sort_by_key(|a| a.sent);
+        answers
+    }
+}
+
+/// Checks the answers of a failover under load at `moved`: from Redis
+/// before; from Redis again within 2 s after (and still 3 s after); none
+/// later than `deadline` (plus slack for a shared CI machine). Returns how
+/// many answers to requests sent after the move came from Redis.
+fn assert_recovered(what: &str, answers: &[Answer], moved: Instant, deadline: Duration) -> u64 {
+    assert!(
+        answers
+            .iter()
+            .filter(|a| a.sent < moved && a.from_redis)
+            .count()
+            > 20,
+        "{what}: answers came from Redis before the failover"
+    );
+    let after: Vec<&Answer> = answers.iter().filter(|a| a.after).collect();
+    let last_degraded = after
+        .iter()
+        .filter(|a| !a.from_redis)
+        .map(|a| a.sent - moved)
+        .max();
+    let from_redis = after.iter().filter(|a| a.from_redis).count();
+    println!(
+        "{what}: {} answers after the move, {from_redis} from Redis, last fail-open answer sent {last_degraded:?} after the move",
+        after.len(),
+    );
+    assert!(
+        after
+            .iter()
+            .any(|a| a.from_redis && a.sent - moved > Duration::from_secs(3)),
+        "{what}: no answer from Redis 3 s after the move"
+    );
+    assert!(
+        last_degraded.map_or(true, |t| t < Duration::from_secs(2)),
+        "{what}: answers still failed open {last_degraded:?} after the move"
+    );
+    let slowest = answers.iter().map(|a| a.took).max().unwrap();
+    assert!(
+        slowest < deadline + Duration::from_millis(150),
+        "{what}: an answer took {slowest:?} with a {deadline:?} deadline"
+    );
+    from_redis as u64
+}
+
+/// The count of the fixed-window counter of value `after` on the server at
+/// `port`.
+fn counted_after(port: u16) -> u64 {
+    let mut conn = redis_at(port);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*k=after*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("c")
+        .query(&mut conn)
+        .unwrap()
+}
+
+/// The Redis settings of the failover tests: a 200 ms deadline.
+fn failover_settings(base: &RedisServer, topology: Topology, url: String) -> RedisSettings {
+    RedisSettings {
+        topology,
+        url,
+        call_timeout: FAILOVER_DEADLINE,
+        connect_timeout: FAILOVER_DEADLINE,
+        ..base.settings(true)
+    }
+}
+
+const FAILOVER_DEADLINE: Duration = Duration::from_millis(200);
+
+/// The most common production failover: one address that moves (a cloud
+/// primary endpoint, a Service in front of Sentinel-managed pods, a proxy).
+/// Connections open to the demoted primary stay open and answer `READONLY`;
+/// only new connections reach the new primary. ratekeeper must notice, and
+/// replace its connections, while requests keep arriving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_behind_one_address_reconnects_to_the_new_primary() {
+    let a = RedisServer::start();
+    let b_port = common::free_port();
+    let b = RedisServer::spawn(b_port, &["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    wait_synced(b.port);
+    let forwarder = Forwarder::start(a.port).await;
+    let url = format!("redis://127.0.0.1:{}", forwarder.port);
+    let settings = failover_settings(&a, Topology::Single, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let server = TestServer::start(&[LIMITS], store).await;
+    server.serving().await;
+
+    let loops = Loops::start(&server, 4).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Fail over: B becomes the primary, A its replica (read-only at once),
+    // and the address now leads to B.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut redis_at(b.port))
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut redis_at(a.port))
+        .unwrap();
+    forwarder.point_at(b.port);
+    let moved = loops.moved();
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let answers = loops.finish().await;
+
+    let from_redis = assert_recovered("behind one address", &answers, moved, FAILOVER_DEADLINE);
+    // Every answer from Redis after the move was counted once, on B: none
+    // admitted without being counted.
+    assert_eq!(
+        counted_after(b.port),
+        from_redis,
+        "counts on the new primary"
+    );
+    server.stop().await;
+}
+
+/// A Sentinel failover (`SENTINEL FAILOVER`, the old master kept running
+/// and demoted): the same rule replaces the connections, through the
+/// sentinels, within 2 s of the sentinels naming the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one() {
+    let a = RedisServer::start();
+    let b_port = common::free_port();
+    let _b = RedisServer::spawn(b_port, &["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    wait_synced(b_port);
+    let dir = tempfile::tempdir().unwrap();
+    let sentinel = Sentinel::start(a.port, dir.path());
+    let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
+    let settings = failover_settings(&a, Topology::Sentinel, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let server = TestServer::start(&[LIMITS], store).await;
+    server.serving().await;
+
+    let loops = Loops::start(&server, 4).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let mut to_sentinel = redis_at(sentinel.port);
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg("mymaster")
+        .query(&mut to_sentinel)
+        .unwrap();
+    let waited = Instant::now();
+    let moved = loop {
+        let master: Vec<String> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg("mymaster")
+            .query(&mut to_sentinel)
+            .unwrap();
+        if master.get(1) == Some(&b_port.to_string()) {
+            break loops.moved();
+        }
+        assert!(waited.elapsed() < Duration::from_secs(20), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let answers = loops.finish().await;
+    // No count check here: between B's promotion and A's demotion Sentinel
+    // leaves two masters, and what A admitted then is lost with A's data.
+    assert_recovered("sentinel", &answers, moved, FAILOVER_DEADLINE);
+    server.stop().await;
+}
+
+/// A `redis-server --sentinel` watching the master at `master_port` (named
+/// `mymaster`, quorum 1, down after 500 ms), stopped by PID when dropped.
+struct Sentinel {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Sentinel {
+    fn start(master_port: u16, dir: &std::path::Path) -> Sentinel {
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor mymaster 127.0.0.1 {master_port} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n"
+            ),
+        )
+        .unwrap();
+        let port = common::free_port();
+        let child = std::process::Command::new("redis-server")
+            .arg(&conf)
+            .args([
+                "--sentinel",
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let sentinel = Sentinel { child, port };
+        // Let the sentinel find the master and its replica.
+        std::thread::sleep(Duration::from_millis(1_500));
+        sentinel
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The over-limit cache answers a full counter without asking Redis. When
+/// Redis restarts empty the counter is gone and other replicas admit again,
+/// so this one must stop refusing too, long before the window ends.
+#[tokio::test]
+async fn a_redis_restart_drops_the_over_limit_cache() {
+    let mut redis = RedisServer::start();
+    let limits =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let server = TestServer::start(&[limits], redis.store(None)).await;
+    server.serving().await;
+    let client = server.client().await;
+    let ask = || {
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .expect("answer")
+                .into_inner()
+        }
+    };
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(ask().await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over, over], "full (then from the cache)");
+
+    redis.restart();
+    let restarted = Instant::now();
+    loop {
+        let r = ask().await;
+        if r.overall_code == ok && degraded(&r).is_none() {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(12),
+            "still refused 12 s after Redis restarted empty"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "over-limit cache dropped {:?} after the restart",
+        restarted.elapsed()
+    );
+}
+
+/// A failover behind one address to a server without the data, while the
+/// only requests are for a key the over-limit cache refuses (so no request
+/// reaches Redis to meet `READONLY`): the health probe calls the limiter,
+/// meets `READONLY` on the demoted primary, the connections are replaced,
+/// the new server's `run_id` drops the cache, and the key is admitted again.
+#[tokio::test]
+async fn a_failover_to_an_empty_server_drops_the_over_limit_cache() {
+    let a = RedisServer::start();
+    let forwarder = Forwarder::start(a.port).await;
+    let url = format!("redis://127.0.0.1:{}", forwarder.port);
+    let settings = failover_settings(&a, Topology::Single, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let limits =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let server = TestServer::start(&[limits], store).await;
+    server.serving().await;
+    let client = server.client().await;
+    let ask = || {
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .expect("answer")
+                .into_inner()
+        }
+    };
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(ask().await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over, over], "full (then from the cache)");
+
+    let c = RedisServer::start();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(c.port)
+        .query(&mut redis_at(a.port))
+        .unwrap();
+    forwarder.point_at(c.port);
+    let moved = Instant::now();
+    loop {
+        let r = ask().await;
+        if r.overall_code == ok && degraded(&r).is_none() {
+            break;
+        }
+        assert!(
+            moved.elapsed() < Duration::from_secs(12),
+            "still refused 12 s after the failover to an empty server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "over-limit cache dropped {:?} after the failover",
+        moved.elapsed()
+    );
+    server.stop().await;
 }

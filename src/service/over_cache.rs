@@ -6,12 +6,19 @@
 //! grows, so a counter at its limit refuses every request until the window
 //! ends, on every replica. Each entry remembers the limit it was seen with;
 //! a reload that changes the limit stops the entry from matching.
+//!
+//! Unless Redis lost the counter: after a restart or a failover to a server
+//! without the data, other replicas admit again while this one would keep
+//! refusing until the window ends. So the whole cache is dropped whenever
+//! the store's [`Generation`] changes (the next request that asks it after
+//! the change finds it empty).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use crate::limiter::{Algorithm, Check, Outcome};
+use crate::store::Generation;
 
 /// Most keys remembered; past it, expired entries are dropped first and new
 /// ones not added until there is room.
@@ -26,6 +33,9 @@ pub struct OverCache {
     entries: RwLock<HashMap<String, (u64, u64)>>,
     /// Whether `entries` may hold anything (set before the first insert).
     any: AtomicBool,
+    /// The store's generation, and the one `entries` were learnt in.
+    generation: Generation,
+    learnt_in: AtomicU64,
 }
 
 /// Whether `outcome` shows `check`'s counter full: at its limit, refusing
@@ -38,6 +48,36 @@ fn full(check: &Check, outcome: &Outcome) -> bool {
 }
 
 impl OverCache {
+    /// An empty cache, dropped whenever `generation` changes.
+    pub fn new(generation: Generation) -> Self {
+        OverCache {
+            learnt_in: AtomicU64::new(generation.current()),
+            generation,
+            ..OverCache::default()
+        }
+    }
+
+    /// Empties the cache if the store's generation moved since its entries
+    /// were learnt; returns whether it did.
+    fn drop_if_stale(&self) -> bool {
+        let now = self.generation.current();
+        if self.learnt_in.load(Ordering::Acquire) == now {
+            return false;
+        }
+        let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        if !entries.is_empty() {
+            tracing::info!(
+                keys = entries.len(),
+                "over-limit cache dropped: Redis may have lost its data"
+            );
+        }
+        entries.clear();
+        // Under the write lock: `learn` sets it again only after this.
+        self.any.store(false, Ordering::Release);
+        self.learnt_in.store(now, Ordering::Release);
+        true
+    }
+
     /// Remembers the checks the store found full (at the limit, refusing
     /// even one more hit, and enforced).
     /// `now_ms` is the store's clock (tests pin it).
@@ -45,6 +85,7 @@ impl OverCache {
         if !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
             return;
         }
+        self.drop_if_stale();
         let now = now_ms;
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         self.any.store(true, Ordering::Release);
@@ -66,7 +107,7 @@ impl OverCache {
     /// If every check is a remembered full counter, the outcomes the store
     /// would give (over, nothing remaining, the time left); else `None`.
     pub fn answer(&self, checks: &[Check], now_ms: u64) -> Option<Vec<Outcome>> {
-        if checks.is_empty() || !self.any.load(Ordering::Acquire) {
+        if checks.is_empty() || !self.any.load(Ordering::Acquire) || self.drop_if_stale() {
             return None;
         }
         let now = now_ms;
@@ -157,5 +198,26 @@ mod tests {
             "the limit changed"
         );
         assert!(cache.answer(&[fw], 1_050).is_none(), "the window ended");
+    }
+
+    #[test]
+    fn forgets_everything_when_the_store_generation_changes() {
+        let generation = Generation::default();
+        let cache = OverCache::new(generation.clone());
+        let fw = [check("a", Algorithm::FixedWindow, 3)];
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+        };
+        cache.learn(&fw, &[full], 1_000);
+        assert!(cache.answer(&fw, 1_010).is_some());
+        generation.bump();
+        assert!(cache.answer(&fw, 1_010).is_none(), "Redis lost the counter");
+        cache.learn(&fw, &[full], 1_020);
+        assert!(
+            cache.answer(&fw, 1_030).is_some(),
+            "learns again afterwards"
+        );
     }
 }

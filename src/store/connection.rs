@@ -1,12 +1,21 @@
 //! Connections to Redis in its three topologies, behind one handle.
 //!
-//! - **single**: redis-rs `ConnectionManager`s (multiplexed, reconnecting by
-//!   themselves), used round-robin.
+//! - **single**: redis-rs `ConnectionManager`s (multiplexed), used
+//!   round-robin.
 //! - **cluster**: one `ClusterConnection`, which routes each command by its
 //!   first key's slot and follows MOVED/ASK and topology changes.
 //! - **sentinel**: the master named by the sentinels, through
-//!   `ConnectionManager`s; on a connection error or `READONLY` (the old
-//!   master demoted) the master is looked up again, in the background.
+//!   `ConnectionManager`s.
+//!
+//! Single and sentinel share one rule for a connection gone stale: a reply
+//! that says the server behind it is no longer a usable primary
+//! (`READONLY`: demoted by a failover; `MASTERDOWN`; `LOADING`) or a
+//! connection lost, on any call, replaces the lane's connections in the
+//! background with new ones (sentinel: to the master the sentinels name
+//! now). Behind one address that moved (a cloud primary endpoint, a
+//! Kubernetes Service, a proxy) only new connections reach the new primary,
+//! while the open ones stay with the demoted server and would answer
+//! `READONLY` for ever.
 //!
 //! Every topology connects on first use (the warm-up, see `server`), in the
 //! background, so ratekeeper starts (and fails open) while Redis is
@@ -14,9 +23,10 @@
 //! their readers run on its thread (`crate::lanes`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use futures_util::future::try_join_all;
 use tokio::sync::watch;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -28,6 +38,7 @@ use redis::{
     TlsMode, Value,
 };
 
+use super::generation::Generation;
 use crate::vocab::Topology;
 use crate::{Error, Result};
 
@@ -185,6 +196,11 @@ pub struct Connections {
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
     failures: AtomicUsize,
+    /// Bumped when replaced connections reach another server than before.
+    generation: Generation,
+    /// The `run_id` of the server the connections reached last (single and
+    /// sentinel; `None` until a replacement has asked).
+    run_id: Mutex<Option<String>>,
 }
 
 /// Failed calls in a row after which a cluster connection is rebuilt from
@@ -194,8 +210,9 @@ const CLUSTER_REBUILD_AFTER: usize = 3;
 
 impl Connections {
     /// Prepares the connections; they are made on first use. Never waits
-    /// for Redis.
-    pub fn new(mut settings: RedisSettings) -> Result<Arc<Self>> {
+    /// for Redis. `generation` is bumped when a replacement reaches a server
+    /// restarted or replaced since.
+    pub fn new(mut settings: RedisSettings, generation: Generation) -> Result<Arc<Self>> {
         if settings.url.starts_with("rediss://") && settings.tls.is_none() {
             settings.tls = Some(RedisTls::default());
         }
@@ -228,6 +245,8 @@ impl Connections {
             connecting: AtomicBool::new(false),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
+            generation,
+            run_id: Mutex::new(None),
         });
         Ok(connections)
     }
@@ -267,23 +286,18 @@ impl Connections {
         self.failures.store(0, Ordering::Relaxed);
     }
 
-    /// Reacts to a failed call (`error` is `None` for a deadline): for
-    /// sentinel, a connection error or a `READONLY` reply means the master
-    /// moved, so look it up again; for cluster, failures in a row rebuild the
-    /// connection from the seeds.
+    /// Reacts to a failed call (`error` is `None` for a deadline): single
+    /// and sentinel replace their connections when the error shows them
+    /// stale ([`is_stale`]); a cluster is rebuilt from the seeds after
+    /// failures in a row.
     pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         match self.settings.topology {
-            Topology::Single => {}
-            Topology::Sentinel => {
-                let moved = error.is_some_and(|e| {
-                    e.is_io_error()
-                        || e.is_connection_refusal()
-                        || e.is_connection_dropped()
-                        || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-                });
-                if moved {
-                    self.reconnect();
+            Topology::Single | Topology::Sentinel => {
+                if let Some(error) = error.filter(|e| is_stale(e)) {
+                    if self.reconnect() {
+                        tracing::info!(%error, "Redis connections stale: replacing them");
+                    }
                 }
             }
             Topology::Cluster => {
@@ -295,10 +309,11 @@ impl Connections {
         }
     }
 
-    /// (Re)connects in the background, once at a time.
-    fn reconnect(self: &Arc<Self>) {
+    /// (Re)connects in the background, once at a time; returns whether this
+    /// call started it.
+    fn reconnect(self: &Arc<Self>) -> bool {
         if self.connecting.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         let this = self.clone();
         tokio::spawn(async move {
@@ -315,16 +330,19 @@ impl Connections {
             tokio::time::sleep(Duration::from_millis(200)).await;
             this.connecting.store(false, Ordering::Release);
         });
+        true
     }
 
     async fn connect(&self) -> Result<Vec<Conn>> {
         let s = &self.settings;
         match s.topology {
-            Topology::Single => Ok(self
-                .current
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()),
+            Topology::Single => {
+                let mut conns = self.managers(s.client(s.node(&s.url)?)?).await?;
+                if let Some(first) = conns.first_mut() {
+                    self.note_server(first).await;
+                }
+                Ok(conns)
+            }
             Topology::Cluster => {
                 let nodes = s
                     .addresses()?
@@ -376,19 +394,72 @@ impl Connections {
                     Some(node_info),
                     SentinelServerType::Master,
                 )?;
-                let client = sentinel.async_get_client().await?;
-                let config = s.manager_config();
-                let mut conns = Vec::new();
-                for _ in 0..s.connections.max(1) {
-                    conns.push(Conn::Managed(ConnectionManager::new_lazy_with_config(
-                        client.clone(),
-                        config.clone(),
-                    )?));
+                let mut conns = self.managers(sentinel.async_get_client().await?).await?;
+                if let Some(first) = conns.first_mut() {
+                    self.note_server(first).await;
                 }
                 Ok(conns)
             }
         }
     }
+
+    /// Asks the server that replacement connections reached for its
+    /// `run_id`, and bumps the generation when it is not the one the
+    /// connections reached before (or that is unknown): a restart or
+    /// another server, which may not hold the data this one learnt from.
+    /// A server that denies `INFO` leaves the generation alone.
+    async fn note_server(&self, conn: &mut Conn) {
+        let Ok(info) = redis::cmd("INFO")
+            .arg("server")
+            .query_async::<String>(conn)
+            .await
+        else {
+            return;
+        };
+        let Some(run_id) = info.lines().find_map(|l| l.strip_prefix("run_id:")) else {
+            return;
+        };
+        let run_id = run_id.trim();
+        let mut last = self.run_id.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() == Some(run_id) {
+            return;
+        }
+        if last.is_some() {
+            tracing::info!("Redis restarted or replaced (another run_id)");
+        }
+        self.generation.bump();
+        *last = Some(run_id.to_owned());
+    }
+
+    /// The pool's connections to the server `client` leads to, connected
+    /// before they are handed out: a replacement never swaps connections
+    /// for ones that cannot connect.
+    async fn managers(&self, client: redis::Client) -> Result<Vec<Conn>> {
+        let config = self.settings.manager_config();
+        let connecting = (0..self.settings.connections.max(1))
+            .map(|_| ConnectionManager::new_with_config(client.clone(), config.clone()));
+        Ok(try_join_all(connecting)
+            .await?
+            .into_iter()
+            .map(Conn::Managed)
+            .collect())
+    }
+}
+
+/// Whether `error` shows that the connection it came on leads nowhere
+/// useful any more, so that it must be replaced: the server was demoted to
+/// a replica (`READONLY`), lost its master (`MASTERDOWN`), is loading its
+/// data after a restart (`LOADING`), or the connection broke. (The three
+/// replies come before a script runs: nothing was counted.) A timeout is
+/// not one: the server may just be slow, and new connections would only
+/// add to its load.
+fn is_stale(error: &RedisError) -> bool {
+    use redis::ServerErrorKind::{BusyLoading, MasterDown, ReadOnly};
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ReadOnly | MasterDown | BusyLoading)
+    ) || (error.is_io_error() && !error.is_timeout())
+        || error.is_connection_dropped()
 }
 
 impl RedisSettings {

@@ -22,6 +22,7 @@ use redis::{
     ServerErrorKind, ToRedisArgs,
 };
 
+use super::generation::Generation;
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
@@ -60,6 +61,8 @@ pub struct LimiterScript {
     /// 7.0, or the commands renamed away or denied by ACL); then by
     /// `EVALSHA` for good.
     functions: AtomicBool,
+    /// Bumped whenever Redis turns out to have lost the limiter.
+    generation: Generation,
 }
 
 impl LimiterScript {
@@ -80,7 +83,14 @@ impl LimiterScript {
             library,
             function,
             functions: AtomicBool::new(functions),
+            generation: Generation::default(),
         }
+    }
+
+    /// Bumped whenever a call found the limiter gone from Redis (so Redis
+    /// lost its data too, or is another server).
+    pub fn generation(&self) -> &Generation {
+        &self.generation
     }
 
     /// Whether calls go by `FCALL`.
@@ -124,7 +134,11 @@ impl LimiterScript {
             return self.call_script(conn, cmd).await;
         }
         match cmd.query_async(conn).await {
-            Err(error) if detail_has(&error, "Function not found") => self.load(conn).await?,
+            Err(error) if detail_has(&error, "Function not found") => {
+                tracing::info!("the limiter function was gone from Redis: loading it again");
+                self.generation.bump();
+                self.load(conn).await?
+            }
             Err(error) if no_functions(&error) => self.fall_back(&error),
             result => return result,
         }
@@ -144,6 +158,8 @@ impl LimiterScript {
     ) -> RedisResult<T> {
         match cmd.query_async(conn).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::info!("the limiter script was gone from Redis: loading it again");
+                self.generation.bump();
                 self.script.load_async(conn).await?;
                 cmd.query_async(conn).await
             }

@@ -5,6 +5,7 @@ pub mod batcher;
 pub mod breaker;
 pub mod caller;
 pub mod connection;
+pub mod generation;
 pub mod lease;
 pub mod limiter_script;
 pub mod memory;
@@ -17,6 +18,7 @@ use crate::limiter::{Check, Outcome};
 use crate::Result;
 
 pub use self::connection::{RedisSettings, RedisTls};
+pub use self::generation::Generation;
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
@@ -125,6 +127,15 @@ impl Store {
         match self {
             Store::Memory(store) => store.clock(),
             Store::Redis(store) => store.clock(),
+        }
+    }
+
+    /// Changes whenever the store may have lost its data (see
+    /// [`Generation`]); the in-memory store never does.
+    pub fn generation(&self) -> Generation {
+        match self {
+            Store::Memory(_) => Generation::default(),
+            Store::Redis(store) => store.generation(),
         }
     }
 

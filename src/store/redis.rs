@@ -17,6 +17,7 @@ use redis::Script;
 use super::batcher::Batcher;
 use super::caller::Caller;
 use super::connection::{Connections, RedisSettings};
+use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use super::limiter_script::{self, script_now, LimiterScript};
 use crate::clock::Clock;
@@ -59,6 +60,31 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// The lease script's answer to an acquire in one hash slot:
+/// `[granted, expired, retry_after_ms, active per key...]`.
+#[derive(Debug, PartialEq, Eq)]
+struct SlotAcquired {
+    granted: bool,
+    expired: u64,
+    retry_after_ms: u64,
+    active: Vec<u64>,
+}
+
+impl SlotAcquired {
+    /// Reads the reply for a slot of `keys` keys; any other shape is an error.
+    fn read(reply: &[i64], keys: usize) -> Result<SlotAcquired> {
+        match reply {
+            [granted, expired, retry, active @ ..] if active.len() == keys => Ok(SlotAcquired {
+                granted: *granted == 1,
+                expired: (*expired).max(0) as u64,
+                retry_after_ms: (*retry).max(0) as u64,
+                active: active.iter().map(|&n| n.max(0) as u64).collect(),
+            }),
+            _ => Err(Error::Store(format!("lease script returned {reply:?}"))),
+        }
+    }
+}
+
 impl RedisStore {
     /// Creates the store without waiting for Redis: connections are made on
     /// first use and re-made after failures, so ratekeeper starts (and can
@@ -76,10 +102,13 @@ impl RedisStore {
         let lanes = (0..count)
             .map(|_| {
                 let caller = Arc::new(Caller::new(
-                    Connections::new(RedisSettings {
-                        connections: per_lane,
-                        ..settings.clone()
-                    })?,
+                    Connections::new(
+                        RedisSettings {
+                            connections: per_lane,
+                            ..settings.clone()
+                        },
+                        limiter.generation().clone(),
+                    )?,
                     breaker.clone(),
                     settings.call_timeout,
                 ));
@@ -115,6 +144,11 @@ impl RedisStore {
             leases: self.leases.clone(),
             clock: self.clock.clone(),
         }
+    }
+
+    /// Changes whenever Redis may have lost its data (see [`Generation`]).
+    pub fn generation(&self) -> Generation {
+        self.limiter.generation().clone()
     }
 
     fn lane(&self) -> &Lane {
@@ -232,26 +266,23 @@ impl RedisStore {
             for &i in &group {
                 invocation.key(&slots[i].key).arg(slots[i].limit);
             }
-            let reply: Vec<i64> = match self.caller().invoke(invocation).await {
+            // A reply that cannot be read fails like a call that failed:
+            // the places taken in earlier slots are given back either way.
+            let reply = self.caller().invoke::<Vec<i64>>(invocation).await;
+            let reply = match reply.and_then(|r| SlotAcquired::read(&r, group.len())) {
                 Ok(reply) => reply,
                 Err(error) => {
                     self.give_back(member, &taken).await;
                     return Err(error);
                 }
             };
-            let [granted, expired, retry, active @ ..] = reply.as_slice() else {
-                return Err(Error::Store(format!("lease script returned {reply:?}")));
-            };
-            if active.len() != group.len() {
-                return Err(Error::Store(format!("lease script returned {reply:?}")));
+            for (&i, &n) in group.iter().zip(&reply.active) {
+                total.active[i] = n;
             }
-            for (&i, &n) in group.iter().zip(active) {
-                total.active[i] = n.max(0) as u64;
-            }
-            total.expired += (*expired).max(0) as u64;
-            if *granted != 1 {
+            total.expired += reply.expired;
+            if !reply.granted {
                 total.granted = false;
-                total.retry_after_ms = (*retry).max(0) as u64;
+                total.retry_after_ms = reply.retry_after_ms;
                 self.give_back(member, &taken).await;
                 return Ok(total);
             }
@@ -260,6 +291,7 @@ impl RedisStore {
         Ok(total)
     }
 
+    /// Gives `member`'s places in `keys` back (a partial acquire).
     async fn give_back(&self, member: &str, keys: &[String]) {
         if keys.is_empty() {
             return;
@@ -338,42 +370,85 @@ impl RedisStore {
     /// milliseconds of deadline. Run on every lane before the service
     /// reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
-        self.ping().await?;
-        let loading = |what: &'static str| move |_| Error::Store(format!("{what} timed out"));
-        for mut conn in self.caller().connections.all() {
-            tokio::time::timeout(self.probe_timeout(), self.limiter.load(&mut conn))
-                .await
-                .map_err(loading("loading the limiter"))??;
-            tokio::time::timeout(self.probe_timeout(), self.leases.load_async(&mut conn))
-                .await
-                .map_err(loading("SCRIPT LOAD"))??;
+        let caller = self.caller();
+        // Cluster and sentinel make their connections on first use.
+        caller.connections.get(caller.call_timeout).await?;
+        for mut conn in caller.connections.all() {
+            self.probe("loading the limiter", self.limiter.load(&mut conn))
+                .await?;
+            self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
+                .await?;
         }
-        Ok(())
+        self.ping().await
     }
 
-    /// Round trip to Redis, for the health probe. It bypasses the breaker,
-    /// and closes it when Redis answers.
+    /// Runs a call of the warm-up or the health probe under the probe
+    /// timeout; an error that shows the connection stale (say `READONLY` on
+    /// loading the limiter into a demoted primary) replaces it, as on the
+    /// request path.
+    async fn probe<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.probe_timeout(), call).await {
+            Err(_) => Err(Error::Store(format!("{what} timed out"))),
+            Ok(Err(error)) => {
+                self.caller().connections.failed(Some(&error));
+                Err(error.into())
+            }
+            Ok(Ok(value)) => Ok(value),
+        }
+    }
+
+    /// Round trip to Redis, for the health probe: the limiter called with
+    /// no checks (it touches no key). Unlike a `PING`, it meets what
+    /// requests would: a server that no longer takes writes (a demoted
+    /// primary refuses a function call with `READONLY`, and the connections
+    /// are replaced), or a limiter gone (loaded again). So a replica whose
+    /// requests are all answered by the over-limit cache still notices a
+    /// failover. It bypasses the breaker, and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let result = async {
             let caller = self.caller();
             let mut conn = caller.connections.get(caller.call_timeout).await?;
-            let cmd = redis::cmd("PING");
-            match tokio::time::timeout(self.probe_timeout(), cmd.query_async::<String>(&mut conn))
-                .await
-            {
-                Err(_) => Err(Error::Store("PING timed out".into())),
-                Ok(Err(error)) => {
-                    self.caller().connections.failed(Some(&error));
-                    Err(error.into())
-                }
-                Ok(Ok(pong)) if pong == "PONG" => Ok(()),
-                Ok(Ok(other)) => Err(Error::Store(format!("unexpected PING reply {other:?}"))),
+            let no_checks = std::iter::empty::<(bool, std::slice::Iter<'_, Check>)>();
+            let cmd = self.limiter.command(&self.now_arg(), no_checks);
+            let reply: Vec<i64> = self
+                .probe("the health probe", self.limiter.call(&mut conn, &cmd))
+                .await?;
+            if !reply.is_empty() {
+                return Err(Error::Store(format!(
+                    "the limiter without checks returned {reply:?}"
+                )));
             }
+            Ok(())
         }
         .await;
         if result.is_ok() {
             self.caller().answered();
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_acquire_reply_of_another_shape_is_an_error() {
+        assert_eq!(
+            SlotAcquired::read(&[1, 2, 0, 3, 4], 2).ok(),
+            Some(SlotAcquired {
+                granted: true,
+                expired: 2,
+                retry_after_ms: 0,
+                active: vec![3, 4],
+            })
+        );
+        for reply in [&[][..], &[1, 0], &[1, 0, 0, 3], &[1, 0, 0, 3, 4, 5]] {
+            assert!(SlotAcquired::read(reply, 2).is_err(), "{reply:?}");
+        }
     }
 }

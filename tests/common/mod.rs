@@ -39,6 +39,9 @@ pub fn free_port() -> u16 {
 pub struct RedisServer {
     child: Child,
     pub port: u16,
+    /// Its working directory: a replica's synced RDB goes there, not into
+    /// the repository, and not where another test's replica renames its own.
+    _dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -53,8 +56,11 @@ impl RedisServer {
     /// Starts `redis-server` on `port` with extra arguments, and waits until
     /// it answers.
     pub fn spawn(port: u16, extra: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().expect("tempdir");
         let child = Command::new("redis-server")
             .args([
+                "--dir",
+                &dir.path().display().to_string(),
                 "--port",
                 &port.to_string(),
                 "--bind",
@@ -69,7 +75,11 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
-        let server = RedisServer { child, port };
+        let server = RedisServer {
+            child,
+            port,
+            _dir: dir,
+        };
         server.wait_ready();
         server
     }

@@ -80,12 +80,12 @@ impl RateLimiter {
         RateLimiter {
             config,
             local: Arc::new(LocalFallback::new(&store, settings.expected_replicas)),
+            over: Arc::new(OverCache::new(store.generation())),
             store,
             counters: Arc::new(RuleCounters::new(
                 settings.max_detailed_series,
                 settings.values,
             )),
-            over: Arc::new(OverCache::default()),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
             settings,
         }

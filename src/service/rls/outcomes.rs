@@ -33,7 +33,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::limiter::Algorithm;
-    use crate::store::MemoryStore;
+    use crate::store::{Generation, MemoryStore};
 
     fn check(algorithm: Algorithm) -> Check {
         Check {
@@ -53,7 +53,7 @@ mod tests {
         let store = Store::Memory(MemoryStore::new(clock.clone()));
         // A store that has never seen the key: it would admit.
         let fresh = Store::Memory(MemoryStore::new(clock.clone()));
-        let over = OverCache::default();
+        let over = OverCache::new(Generation::default());
         let fw = [check(Algorithm::FixedWindow)];
         let first = from_cache_or_store(&store, &over, &fw, true).await.unwrap();
         assert!(!first[0].over);
@@ -71,7 +71,7 @@ mod tests {
         let clock = Arc::new(ManualClock::new(60_000));
         let store = Store::Memory(MemoryStore::new(clock.clone()));
         let fresh = Store::Memory(MemoryStore::new(clock));
-        let over = OverCache::default();
+        let over = OverCache::new(Generation::default());
         let tb = [check(Algorithm::TokenBucket)];
         from_cache_or_store(&store, &over, &tb, true).await.unwrap();
         let full = from_cache_or_store(&store, &over, &tb, true).await.unwrap();
