@@ -647,42 +647,61 @@ async fn a_sliding_log_request_is_one_member_whatever_its_hits() {
 
 /// Aged-out entries are dropped at most 64 per call, so a key idle for a
 /// period after many requests never stalls Redis with one long removal; the
-/// ones left count for nothing, and running totals continue past them.
+/// ones left count for nothing, running totals continue past them, and the
+/// time until enough hits age out is still found among the ones in the
+/// period.
 #[tokio::test]
 async fn a_sliding_log_drops_aged_out_entries_a_few_at_a_time() {
     let redis = common::RedisServer::start();
     let start = 1_800_000_000_000u64;
     let store = redis.store(Some(Arc::new(ManualClock::new(start))));
     let mut conn = redis.client().get_connection().unwrap();
-    let check = ck(Algorithm::SlidingLog, "idle", 10, 1_000, 0, 1);
-    let mut seed = redis::cmd("ZADD");
-    seed.arg(&check.key);
-    for i in 1..=100u64 {
-        seed.arg(start - 5_000 + i).arg(format!("{i:016}:1"));
+    let sl = |key: &str, hits| ck(Algorithm::SlidingLog, key, 10, 1_000, 0, hits);
+    // 100 requests of one hit each, aged out; on `busy` one of 3 hits since.
+    for key in ["idle", "busy"] {
+        let mut seed = redis::cmd("ZADD");
+        seed.arg(sl(key, 1).key);
+        for i in 1..=100u64 {
+            seed.arg(start - 5_000 + i).arg(format!("{i:016}:1"));
+        }
+        if key == "busy" {
+            seed.arg(start - 500).arg("0000000000000103:3");
+        }
+        let _: u64 = seed.query(&mut conn).unwrap();
     }
-    let _: u64 = seed.query(&mut conn).unwrap();
-    let zcard = |conn: &mut redis::Connection| -> u64 {
-        redis::cmd("ZCARD").arg(&check.key).query(conn).unwrap()
+    let zcard = |conn: &mut redis::Connection, key: &str| -> u64 {
+        redis::cmd("ZCARD").arg(sl(key, 1).key).query(conn).unwrap()
     };
-    let got = store
-        .apply(std::slice::from_ref(&check), true)
-        .await
-        .unwrap();
+    let members = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg(sl(key, 1).key)
+            .arg(0)
+            .arg(-1)
+            .query(conn)
+            .unwrap()
+    };
+    // idle: all aged out.
+    let got = store.apply(&[sl("idle", 1)], true).await.unwrap();
     assert_eq!(got, vec![o(false, 9, 1000)]);
-    assert_eq!(zcard(&mut conn), 100 - 64 + 1);
-    let got = store
-        .apply(std::slice::from_ref(&check), true)
-        .await
-        .unwrap();
+    assert_eq!(zcard(&mut conn, "idle"), 100 - 64 + 1);
+    let got = store.apply(&[sl("idle", 1)], true).await.unwrap();
     assert_eq!(got, vec![o(false, 8, 1000)]);
-    assert_eq!(zcard(&mut conn), 2);
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&check.key)
-        .arg(0)
-        .arg(-1)
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(members, ["0000000000000101:1", "0000000000000102:1"]);
+    assert_eq!(
+        members(&mut conn, "idle"),
+        ["0000000000000101:1", "0000000000000102:1"]
+    );
+    // busy: over, 8 fit once the 3 has aged out (found past 36 aged out).
+    let got = store.apply(&[sl("busy", 8)], true).await.unwrap();
+    assert_eq!(got, vec![o(true, 7, 500)]);
+    assert_eq!(zcard(&mut conn, "busy"), 100 - 64 + 1);
+    let got = store.apply(&[sl("busy", 1)], true).await.unwrap();
+    assert_eq!(got, vec![o(false, 6, 1000)]);
+    assert_eq!(
+        members(&mut conn, "busy"),
+        ["0000000000000103:3", "0000000000000104:1"]
+    );
+    let got = store.apply(&[sl("busy", 7)], true).await.unwrap();
+    assert_eq!(got, vec![o(true, 6, 500)]);
 }
 
 /// Running totals near 2^52 are rebased before they could lose precision in
