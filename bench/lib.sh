@@ -47,8 +47,10 @@ LIMITER_CALL=(1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' '' '1 1' 'fw 100
 
 # write_limiter DIR: the limiter as ratekeeper loads it, DIR/script.lua
 # (EVALSHA) and DIR/library.lua (FCALL), written by ratekeeper-bench (built
-# by the caller) from the one joined text in src/store/limiter_script.rs.
+# by the caller; RATEKEEPER_BENCH names another build of it) from the one
+# joined text in src/store/limiter_script.rs.
 write_limiter() {
-    target/release/ratekeeper-bench --write-limiter-script "$1/script.lua" &&
-        target/release/ratekeeper-bench --write-limiter-library "$1/library.lua"
+    local gen=${RATEKEEPER_BENCH:-target/release/ratekeeper-bench}
+    "$gen" --write-limiter-script "$1/script.lua" &&
+        "$gen" --write-limiter-library "$1/library.lua"
 }
