@@ -52,7 +52,7 @@ call_args() {
 
 # sliding_log_args HITS: one sliding-log check on one of 1,000 keys.
 sliding_log_args() {
-    CALL=(1 'rk:{bench_sl|user_id=key__rand_int__}:sl.3600' '' '1 1' "sl 4000000000 3600000 0 $1 1")
+    CALL=(1 'rk:{bench_sl|user_id=key__rand_int__}:slw.3600' '' '1 1' "sl 4000000000 3600000 0 $1 1")
 }
 
 for script in "$@"; do
