@@ -47,9 +47,10 @@ LIMITER_CALL=(1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' '' '1 1' 'fw 100
 
 # write_limiter DIR: the limiter as ratekeeper loads it, DIR/script.lua
 # (EVALSHA) and DIR/library.lua (FCALL), written by the ratekeeper binary
-# (release, built by the caller; hidden flags) from the one joined text in
-# src/store/limiter_script.rs.
+# (release, built by the caller; RATEKEEPER_BIN names another build of it;
+# hidden flags) from the one joined text in src/store/limiter_script.rs.
 write_limiter() {
-    target/release/ratekeeper --write-limiter-script "$1/script.lua" \
+    local bin=${RATEKEEPER_BIN:-target/release/ratekeeper}
+    "$bin" --write-limiter-script "$1/script.lua" \
         --write-limiter-library "$1/library.lua"
 }

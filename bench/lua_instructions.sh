@@ -7,7 +7,10 @@
 #   distinct   23 requests per call, each on a new key (batched, as under
 #              load in `make bench`'s `redis` scenario)
 #   same key   23 requests per call on one key (batched, one hot counter)
-# Prints one line per script and shape.
+# and, with SHAPES="sl_1 sl_1m", lone one-check sliding_log requests of
+# hits_addend 1 and 1,000,000 over 1,000 keys (every call admitted: a limit
+# of 4,000,000,000 per hour). Prints one line per script and shape.
+# SHAPES (default "lone distinct same") picks the shapes.
 #
 #   bench/lua_instructions.sh                 the limiter as ratekeeper loads it:
 #                                             the joined script (EVALSHA) and the
@@ -27,7 +30,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/lua-instructions.XXXXXX")
 pid=
 trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null; rm -rf "$WORK"' EXIT
 if [ $# -eq 0 ]; then
-    cargo build --release --quiet --bin ratekeeper
+    [ -n "${RATEKEEPER_BIN:-}" ] || cargo build --release --quiet --bin ratekeeper
     write_limiter "$WORK"
     set -- "$WORK/script.lua" "$WORK/library.lua"
 fi
@@ -47,12 +50,21 @@ call_args() {
     CALL=("$requests" "${keys[@]}" "${args[@]}")
 }
 
+# sliding_log_args HITS: one sliding-log check on one of 1,000 keys.
+sliding_log_args() {
+    CALL=(1 'rk:{bench_sl|user_id=key__rand_int__}:slw.3600' '' '1 1' "sl 4000000000 3600000 0 $1 1")
+}
+
 for script in "$@"; do
-    for shape in lone distinct same; do
+    for shape in ${SHAPES:-lone distinct same}; do
+        range=100000000
         case $shape in
             lone) call_args 1 0; requests=1; label="lone request" ;;
             distinct) call_args $BATCH 0; requests=$BATCH; label="$BATCH requests, distinct keys" ;;
             same) call_args $BATCH 1; requests=$BATCH; label="$BATCH requests, one key" ;;
+            sl_1) sliding_log_args 1; requests=1; range=1000; label="sliding_log, hits 1" ;;
+            sl_1m) sliding_log_args 1000000; requests=1; range=1000; label="sliding_log, hits 1,000,000" ;;
+            *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac
         port=$(free_port)
         valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.out" \
@@ -64,9 +76,9 @@ for script in "$@"; do
         else
             invoke=(EVALSHA "$(redis-cli -p "$port" -x SCRIPT LOAD <"$script")")
         fi
-        redis-benchmark -p "$port" -c 10 -n 500 -r 100000000 -q "${invoke[@]}" "${CALL[@]}" >/dev/null
+        redis-benchmark -p "$port" -c 10 -n 500 -r "$range" -q "${invoke[@]}" "${CALL[@]}" >/dev/null
         callgrind_control -i on "$pid" >/dev/null
-        redis-benchmark -p "$port" -c 10 -n "$N" -r 100000000 -q "${invoke[@]}" "${CALL[@]}" >/dev/null
+        redis-benchmark -p "$port" -c 10 -n "$N" -r "$range" -q "${invoke[@]}" "${CALL[@]}" >/dev/null
         callgrind_control -i off "$pid" >/dev/null
         redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
         wait "$pid" || true

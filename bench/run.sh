@@ -7,7 +7,9 @@
 # rounds (each round runs every scenario once, so ratios are taken within a
 # round), plus redis-benchmark running the limiter alone, as a script by
 # EVALSHA and as a function by FCALL (as ratekeeper calls it on Redis 7), as
-# the Redis ceiling, a resident-memory measurement and a sweep check.
+# the Redis ceiling, what a sliding-log request's hits cost Redis
+# (bench/sliding_log_hits.sh), a resident-memory measurement and a sweep
+# check.
 # Results (one JSON object per run) go to target/bench/results.jsonl; the
 # report is made from them by bench/report.py.
 #
@@ -331,6 +333,10 @@ for round in $(seq "$RUNS"); do
     for command in EVALSHA FCALL; do redis_ceiling "$round" "$command" 1 $((SECS * 30000)); done
     for command in EVALSHA FCALL; do redis_ceiling "$round" "$command" 16 $((SECS * 100000)); done
 done
+
+# --- sliding log: what a request's hits cost Redis (issue 19) ----------------
+log "sliding log: hits_addend 1 against 1,000,000 (bench/sliding_log_hits.sh)"
+bench/sliding_log_hits.sh "$REDIS_PORT" "$FUNCTION" >>"$RESULTS" || die "bench/sliding_log_hits.sh failed"
 
 # --- where the time goes -----------------------------------------------------
 if [ "$PERF" = auto ]; then

@@ -1,64 +1,167 @@
--- sliding_log: the exact timestamps of admitted hits in the last period.
--- Twin of src/limiter/sliding_log.rs. Value: sorted set, score = timestamp in
--- ms, member = "<timestamp>.<position>" (unique: within one millisecond the
--- position only grows, as nothing expires in between).
--- State: n = entries stored (after trimming), added = entries this request
--- adds, all stamped now.
+-- sliding_log: the admitted requests of the last period, each with its time
+-- and its hits. Twin of src/limiter/sliding_log.rs. Value: one sorted set,
+-- score = time in ms, one member per call that admitted hits on the key:
+-- "<running total of hits through this entry, 16 digits>:<its hits>".
+-- A request of a million hits is one member, so no call's work or memory
+-- grows with its hits. The running total makes members unique (it only
+-- grows) and puts entries of one millisecond in the order they came (the
+-- zero padding makes the members' order the totals' order); the hits in the
+-- period are the newest entry's total minus the one before the oldest entry
+-- still in the period, so nothing is summed or scanned. Times never
+-- decrease: an entry is stamped no earlier than the newest one.
+-- State: g = entries aged out but not yet removed (they sit first; counted
+-- only when some are in the period), base = the running total before the
+-- oldest entry in the period, top = through the newest stored entry,
+-- total = hits stored in the period, last = the newest stored time (nil
+-- when empty), added = hits this call adds.
 
--- The k-th oldest timestamp (1-based) as the state sees it.
-local function sl_stamp(s, k, now)
-  if k > s.n then
+-- The helpers are made inside the builder, so that a script call using no
+-- sliding log does not make them (lua/prelude.lua).
+B.sl = function()
+  -- Aged-out entries removed per call at most: a key idle for a period after
+  -- a million requests then drops them over many calls rather than stalling
+  -- Redis in one. What is left counts for nothing (it lies before base) and
+  -- goes with the key's TTL at the latest.
+  local SL_TRIM = 64
+  -- Running totals are rebased (the entries in the period rewritten from 0)
+  -- before they would pass this, so that they stay exact in Lua's doubles:
+  -- at most once per 2^52 admitted hits, as a key's total is at most its
+  -- limit (< 2^32) just after a rebase.
+  local SL_REBASE = 2 ^ 52
+
+  -- A member's running total and hits, and its time.
+  local function sl_entry(r)
+    local m = r[1]
+    return tonumber(string.sub(m, 1, 16)), tonumber(string.sub(m, 18)), tonumber(r[2])
+  end
+
+  local function sl_member(total, hits)
+    return string.format('%016d:%d', total, hits)
+  end
+
+  -- When this call's entry is stamped.
+  local function sl_stamp(s, now)
+    if s.last ~= nil and s.last > now then
+      return s.last
+    end
     return now
   end
-  local r = redis.call('ZRANGE', s.key, k - 1, k - 1, 'WITHSCORES')
-  return tonumber(r[2])
-end
 
-B.sl = function() return {
-  load = function(key, c, now)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - c.period))
-    return { key = key, n = redis.call('ZCARD', key), added = 0 }
-  end,
-  is_over = function(s, c, now)
-    return s.n + s.added + c.need > c.limit
-  end,
-  apply = function(s, c, now)
-    s.added = s.added + math.min(c.hits, c.limit)
-  end,
-  report = function(s, c, over, applied, now)
-    local count = s.n + s.added
-    local stamp
-    if over and c.need <= c.limit then
-      -- The refused hits fit once k of the oldest have expired (or now, when
-      -- reporting a stored state they fit into).
-      local k = count + c.need - c.limit
-      if k < 1 then
-        return math.max(c.limit - count, 0), 0
+  -- The time of the oldest stored entry through which `excess` hits of the
+  -- period had been admitted, by bisection over the entries in the period.
+  local function sl_find(s, excess)
+    local lo, hi = s.g, redis.call('ZCARD', s.key) - 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      local total = sl_entry(redis.call('ZRANGE', s.key, mid, mid))
+      if total - s.base >= excess then
+        hi = mid
+      else
+        lo = mid + 1
       end
-      stamp = sl_stamp(s, k, now)
-    elseif count > 0 then
-      stamp = sl_stamp(s, count, now)
-    else
-      return c.limit, 0
     end
-    return math.max(c.limit - count, 0), stamp + c.period - now
-  end,
-  ttl = function(s, c, now)
-    return c.period
-  end,
-  save = function(key, s, c, now, ttl)
+    local _, _, t = sl_entry(redis.call('ZRANGE', s.key, lo, lo, 'WITHSCORES'))
+    return t
+  end
+
+  -- Rewrites the entries in the period with running totals from 0 and drops
+  -- the aged-out ones; returns the new top.
+  local function sl_rebase(s)
+    local live = {}
+    if s.total > 0 then
+      live = redis.call('ZRANGE', s.key, s.g, -1, 'WITHSCORES')
+    end
+    redis.call('DEL', s.key)
     local args = {}
-    for j = 1, s.added do
-      args[#args + 1] = int(now)
-      args[#args + 1] = int(now) .. '.' .. int(s.n + j)
+    for i = 1, #live, 2 do
+      local total, hits, t = sl_entry({ live[i], live[i + 1] })
+      args[#args + 1] = int(t)
+      args[#args + 1] = sl_member(total - s.base, hits)
       if #args >= 2000 then
-        redis.call('ZADD', key, unpack(args))
+        redis.call('ZADD', s.key, unpack(args))
         args = {}
       end
     end
     if #args > 0 then
-      redis.call('ZADD', key, unpack(args))
+      redis.call('ZADD', s.key, unpack(args))
     end
-    redis.call('PEXPIRE', key, int(ttl))
-  end,
-} end
+    return s.top - s.base
+  end
+
+  return {
+    load = function(key, c, now)
+      local s = { key = key, g = 0, base = 0, top = 0, total = 0, added = 0 }
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if newest[1] == nil then
+        return s
+      end
+      local top, _, last = sl_entry(newest)
+      s.top, s.base, s.last = top, top, last
+      local cutoff = now - c.period
+      if last <= cutoff then
+        -- All aged out: nothing in the period.
+        redis.call('ZREMRANGEBYRANK', key, 0, SL_TRIM - 1)
+        return s
+      end
+      local total, hits, t = sl_entry(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES'))
+      if t <= cutoff then
+        local first = total - hits
+        total, hits = sl_entry(redis.call('ZRANGEBYSCORE', key, '(' .. int(cutoff), '+inf',
+          'WITHSCORES', 'LIMIT', 0, 1))
+        -- Each entry holds at least one hit, so the hits that aged out bound
+        -- the entries to remove.
+        if total - hits - first <= SL_TRIM then
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
+        else
+          local g = redis.call('ZCOUNT', key, '-inf', int(cutoff))
+          local drop = math.min(g, SL_TRIM)
+          redis.call('ZREMRANGEBYRANK', key, 0, drop - 1)
+          s.g = g - drop
+        end
+      end
+      s.base = total - hits
+      s.total = top - s.base
+      return s
+    end,
+    is_over = function(s, c, now)
+      return s.total + s.added + c.need > c.limit
+    end,
+    apply = function(s, c, now)
+      s.added = s.added + math.min(c.hits, c.limit)
+    end,
+    report = function(s, c, over, applied, now)
+      local count = s.total + s.added
+      local stamp
+      if over and c.need <= c.limit then
+        -- The refused hits fit once `excess` of the oldest have aged out (or
+        -- now, when reporting a stored state they fit into).
+        local excess = count + c.need - c.limit
+        if excess < 1 then
+          return math.max(c.limit - count, 0), 0
+        elseif excess > s.total then
+          stamp = sl_stamp(s, now)
+        else
+          stamp = sl_find(s, excess)
+        end
+      elseif s.added > 0 then
+        stamp = sl_stamp(s, now)
+      elseif count > 0 then
+        stamp = s.last
+      else
+        return c.limit, 0
+      end
+      return math.max(c.limit - count, 0), stamp + c.period - now
+    end,
+    ttl = function(s, c, now)
+      return c.period
+    end,
+    save = function(key, s, c, now, ttl)
+      local top = s.top + s.added
+      if top > SL_REBASE then
+        top = sl_rebase(s) + s.added
+      end
+      redis.call('ZADD', key, int(sl_stamp(s, now)), sl_member(top, s.added))
+      redis.call('PEXPIRE', key, int(ttl))
+    end,
+  }
+end

@@ -40,7 +40,7 @@ impl Rate {
     /// The part of a counter key that identifies this rate's counter. Stable
     /// across reloads, so editing the number of requests keeps the counts.
     pub fn counter_id(&self) -> String {
-        format!("{}.{}", self.algorithm.key_tag(), self.unit.seconds())
+        format!("{}.{}", self.algorithm.counter_tag(), self.unit.seconds())
     }
 
     /// The burst the store applies (0 for algorithms without one).

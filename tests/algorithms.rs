@@ -370,3 +370,53 @@ descriptors:
     }
     server.stop().await;
 }
+
+/// The sliding log's weighted entries live under keys of their own
+/// (`…:slw.<seconds>`), so that the per-hit log an older version keeps
+/// under `…:sl.<seconds>` (side by side during a rolling upgrade, or left
+/// from before it) is never read as weighted entries: its members do not
+/// parse as such, and the limiter would fail the whole call.
+#[tokio::test]
+async fn a_sliding_log_leaves_the_older_per_hit_log_alone() {
+    const UPGRADE: &str = r#"
+domain: upgrade
+descriptors:
+  - key: sl
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_log}
+"#;
+    let redis = RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let (seconds, _): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let old_key = "rk:{upgrade|sl=x}:sl.3600";
+    let now_ms = seconds * 1_000;
+    let _: u64 = redis::cmd("ZADD")
+        .arg(old_key)
+        .arg(now_ms)
+        .arg(format!("{now_ms}.1"))
+        .arg(now_ms)
+        .arg(format!("{now_ms}.2"))
+        .query(&mut conn)
+        .unwrap();
+    let server = TestServer::start(&[UPGRADE], redis.store(None)).await;
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("upgrade", vec![descriptor(&[("sl", "x")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "counted apart from the old log"
+    );
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("rk:{upgrade|sl=x}:slw.3600")
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(members, ["0000000000000001:1"]);
+    let old: u64 = redis::cmd("ZCARD").arg(old_key).query(&mut conn).unwrap();
+    assert_eq!(old, 2, "the old log is left to expire");
+    server.stop().await;
+}

@@ -265,6 +265,8 @@ fn sliding_log() -> Vec<Step> {
     let sl = |hits| ck(Algorithm::SlidingLog, "sl", 3, 1_000, 0, hits);
     let sl2 = |hits| ck(Algorithm::SlidingLog, "sl2", 10, 1_000, 0, hits);
     let sl3 = |hits| ck(Algorithm::SlidingLog, "sl3", 3, 1_000, 0, hits);
+    let big = |hits| ck(Algorithm::SlidingLog, "big", 2_000_000, 3_600_000, 0, hits);
+    let mw = |hits| ck(Algorithm::SlidingLog, "mw", 10, 1_000, 0, hits);
     vec![
         s(0, vec![sl(1)], vec![o(false, 2, 1000)], "first hit"),
         s(100, vec![sl(1)], vec![o(false, 1, 1000)], "second"),
@@ -322,6 +324,89 @@ fn sliding_log() -> Vec<Step> {
             vec![sl3(2), sl3(2)],
             vec![o(false, 3, 0), o(true, 3, 0)],
             "same key twice, second over: nothing logged",
+        ),
+        // Requests of different weights ageing out one by one.
+        s(7000, vec![mw(4)], vec![o(false, 6, 1000)], "4 of 10"),
+        s(7200, vec![mw(1)], vec![o(false, 5, 1000)], "1 more"),
+        s(7400, vec![mw(3)], vec![o(false, 2, 1000)], "3 more"),
+        s(
+            7500,
+            vec![mw(4)],
+            vec![o(true, 2, 500)],
+            "4 fit once the oldest (4) has aged out",
+        ),
+        s(
+            7500,
+            vec![mw(7)],
+            vec![o(true, 2, 700)],
+            "7 fit once the two oldest (4 + 1) have aged out",
+        ),
+        s(
+            7500,
+            vec![mw(9)],
+            vec![o(true, 2, 900)],
+            "9 fit once all three (4 + 1 + 3) have aged out",
+        ),
+        s(
+            8000,
+            vec![mw(0)],
+            vec![o(false, 6, 400)],
+            "the 4 aged out: 4 left in the period",
+        ),
+        s(
+            8000,
+            vec![mw(7)],
+            vec![o(true, 6, 200)],
+            "7 fit once the 1 has aged out too",
+        ),
+        s(
+            8200,
+            vec![mw(7)],
+            vec![o(false, 0, 1000)],
+            "the 1 aged out: 7 fit exactly",
+        ),
+        s(
+            8200,
+            vec![mw(1)],
+            vec![o(true, 0, 200)],
+            "full: 1 fits once the 3 has aged out",
+        ),
+        s(
+            8400,
+            vec![mw(3)],
+            vec![o(false, 0, 1000)],
+            "the 3 aged out: 3 fit exactly",
+        ),
+        // hits_addend of a million (an LLM token budget): one entry each.
+        s(
+            10_000,
+            vec![big(1_000_000)],
+            vec![o(false, 1_000_000, 3_600_000)],
+            "a million hits in one request",
+        ),
+        s(
+            11_000,
+            vec![big(1_000_000)],
+            vec![o(false, 0, 3_600_000)],
+            "and another million",
+        ),
+        s(
+            12_000,
+            vec![big(1)],
+            vec![o(true, 0, 3_598_000)],
+            "one more: over until the first million ages out",
+        ),
+        s(
+            12_000,
+            vec![big(1_000_001)],
+            vec![o(true, 0, 3_599_000)],
+            "a million and one: over until both have aged out",
+        ),
+        s(
+            3_610_000,
+            vec![big(999_999)],
+            vec![o(false, 1, 3_600_000)],
+            "the first million aged out exactly now",
         ),
     ]
 }
@@ -519,6 +604,136 @@ async fn redis_window_counters_get_their_expiry_once_per_window() {
             "at +{at} ms: sw PTTL {sw}"
         );
     }
+}
+
+/// A sliding log stores one sorted-set member per call that admitted hits,
+/// whatever its hits: a limit of 3,000,000 per hour and three requests of a
+/// million hits each (plus one refused) leave 3 members and Redis's memory
+/// where it was (one member per hit, they left 3,000,000 members and some
+/// 300 MB, and each request blocked Redis for about half a second).
+#[tokio::test]
+async fn a_sliding_log_request_is_one_member_whatever_its_hits() {
+    let redis = common::RedisServer::start();
+    let start = 1_800_000_000_000;
+    let clock = Arc::new(ManualClock::new(start));
+    let store = redis.store(Some(clock.clone()));
+    let mut conn = redis.client().get_connection().unwrap();
+    let used_memory = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory in INFO memory")
+    };
+    let big = |hits| ck(Algorithm::SlidingLog, "llm", 3_000_000, 3_600_000, 0, hits);
+    // A first call loads the limiter, whose memory is not the log's.
+    store.apply(&[big(0)], true).await.unwrap();
+    let before = used_memory(&mut conn);
+    for (at, remaining) in [(0, 2_000_000), (1, 1_000_000), (2, 0)] {
+        clock.set(start + at);
+        let got = store.apply(&[big(1_000_000)], true).await.unwrap();
+        assert_eq!(got, vec![o(false, remaining, 3_600_000)], "at +{at} ms");
+    }
+    let got = store.apply(&[big(1_000_000)], true).await.unwrap();
+    assert_eq!(got, vec![o(true, 0, 3_599_998)]);
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(&big(1).key)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(members, 3);
+    let grown = used_memory(&mut conn).saturating_sub(before);
+    assert!(grown < 100_000, "Redis used {grown} bytes more");
+}
+
+/// Aged-out entries are dropped at most 64 per call, so a key idle for a
+/// period after many requests never stalls Redis with one long removal; the
+/// ones left count for nothing, running totals continue past them, and the
+/// time until enough hits age out is still found among the ones in the
+/// period.
+#[tokio::test]
+async fn a_sliding_log_drops_aged_out_entries_a_few_at_a_time() {
+    let redis = common::RedisServer::start();
+    let start = 1_800_000_000_000u64;
+    let store = redis.store(Some(Arc::new(ManualClock::new(start))));
+    let mut conn = redis.client().get_connection().unwrap();
+    let sl = |key: &str, hits| ck(Algorithm::SlidingLog, key, 10, 1_000, 0, hits);
+    // 100 requests of one hit each, aged out; on `busy` one of 3 hits since.
+    for key in ["idle", "busy"] {
+        let mut seed = redis::cmd("ZADD");
+        seed.arg(sl(key, 1).key);
+        for i in 1..=100u64 {
+            seed.arg(start - 5_000 + i).arg(format!("{i:016}:1"));
+        }
+        if key == "busy" {
+            seed.arg(start - 500).arg("0000000000000103:3");
+        }
+        let _: u64 = seed.query(&mut conn).unwrap();
+    }
+    let zcard = |conn: &mut redis::Connection, key: &str| -> u64 {
+        redis::cmd("ZCARD").arg(sl(key, 1).key).query(conn).unwrap()
+    };
+    let members = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg(sl(key, 1).key)
+            .arg(0)
+            .arg(-1)
+            .query(conn)
+            .unwrap()
+    };
+    // idle: all aged out.
+    let got = store.apply(&[sl("idle", 1)], true).await.unwrap();
+    assert_eq!(got, vec![o(false, 9, 1000)]);
+    assert_eq!(zcard(&mut conn, "idle"), 100 - 64 + 1);
+    let got = store.apply(&[sl("idle", 1)], true).await.unwrap();
+    assert_eq!(got, vec![o(false, 8, 1000)]);
+    assert_eq!(
+        members(&mut conn, "idle"),
+        ["0000000000000101:1", "0000000000000102:1"]
+    );
+    // busy: over, 8 fit once the 3 has aged out (found past 36 aged out).
+    let got = store.apply(&[sl("busy", 8)], true).await.unwrap();
+    assert_eq!(got, vec![o(true, 7, 500)]);
+    assert_eq!(zcard(&mut conn, "busy"), 100 - 64 + 1);
+    let got = store.apply(&[sl("busy", 1)], true).await.unwrap();
+    assert_eq!(got, vec![o(false, 6, 1000)]);
+    assert_eq!(
+        members(&mut conn, "busy"),
+        ["0000000000000103:3", "0000000000000104:1"]
+    );
+    let got = store.apply(&[sl("busy", 7)], true).await.unwrap();
+    assert_eq!(got, vec![o(true, 6, 500)]);
+}
+
+/// Running totals near 2^52 are rebased before they could lose precision in
+/// Lua's doubles: the entries in the period are rewritten from 0, and the
+/// decisions do not change.
+#[tokio::test]
+async fn a_sliding_log_rebases_running_totals_before_they_lose_precision() {
+    let redis = common::RedisServer::start();
+    let start = 1_800_000_000_000u64;
+    let store = redis.store(Some(Arc::new(ManualClock::new(start))));
+    let mut conn = redis.client().get_connection().unwrap();
+    let sl = |hits| ck(Algorithm::SlidingLog, "rebase", 10, 1_000, 0, hits);
+    let key = sl(1).key;
+    let _: u64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(start - 2_000)
+        .arg("4503599627370470:20")
+        .arg(start - 500)
+        .arg("4503599627370494:4")
+        .query(&mut conn)
+        .unwrap();
+    let got = store.apply(&[sl(5)], true).await.unwrap();
+    assert_eq!(got, vec![o(false, 1, 1000)]);
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(members, ["0000000000000004:4", "0000000000000009:5"]);
+    let got = store.apply(&[sl(2)], true).await.unwrap();
+    assert_eq!(got, vec![o(true, 1, 500)], "2 fit once the 4 aged out");
 }
 
 #[tokio::test]

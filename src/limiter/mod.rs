@@ -182,6 +182,18 @@ impl Algorithm {
         }
     }
 
+    /// The tag in counter keys: [`Algorithm::key_tag`], except where an
+    /// algorithm's stored state changed shape, so that a replica of another
+    /// version (side by side during a rolling upgrade) never reads a state
+    /// it would misparse: the sliding log's weighted entries live under
+    /// `slw` (the log of one member per hit, before, under `sl`).
+    pub fn counter_tag(self) -> &'static str {
+        match self {
+            Algorithm::SlidingLog => "slw",
+            other => other.key_tag(),
+        }
+    }
+
     /// Whether `burst` means something for this algorithm.
     pub fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)

@@ -1,6 +1,9 @@
-//! Sliding log: the exact timestamps of admitted hits within the last
-//! period, so any window of the period's length holds at most the limit.
-//! Memory grows with the limit. Twin: `lua/sliding_log.lua` (a sorted set).
+//! Sliding log: the admitted requests of the last period, each with its
+//! time and its hits, so any window of the period's length holds at most the
+//! limit, exactly. A request is one entry whatever its `hits_addend`, so
+//! the work and memory of a key grow with the requests it admitted in the
+//! period, never with their hits. Twin: `lua/sliding_log.lua` (a sorted set
+//! whose members carry the same running totals).
 
 use std::collections::VecDeque;
 
@@ -8,8 +11,29 @@ use super::{Check, Policy, State};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Log {
-    /// Timestamps in milliseconds, oldest first.
-    pub stamps: VecDeque<u64>,
+    /// Admitted requests still in the period, oldest first, as (time in ms,
+    /// running total of hits through this entry). Times never decrease (an
+    /// entry is stamped no earlier than the newest, should the clock step
+    /// back), so the oldest entries are the first to age out; requests
+    /// admitted in the same millisecond share an entry. Running totals,
+    /// rather than each entry's hits, let the time when enough hits have
+    /// aged out be found by bisection. They wrap around (only differences
+    /// are ever used), so they cannot overflow.
+    entries: VecDeque<(u64, u64)>,
+    /// The running total before the oldest entry.
+    base: u64,
+}
+
+impl Log {
+    /// The running total through the newest entry.
+    fn top(&self) -> u64 {
+        self.entries.back().map_or(self.base, |&(_, total)| total)
+    }
+
+    /// Hits admitted in the period.
+    fn count(&self) -> u64 {
+        self.top().wrapping_sub(self.base)
+    }
 }
 
 impl Policy for Log {
@@ -18,40 +42,49 @@ impl Policy for Log {
             Some(State::Log(log)) => *log,
             _ => Log::default(),
         };
-        while log
-            .stamps
-            .front()
-            .is_some_and(|&t| t + check.period_ms <= now_ms)
-        {
-            log.stamps.pop_front();
+        while let Some(&(t, total)) = log.entries.front() {
+            if t + check.period_ms > now_ms {
+                break;
+            }
+            log.base = total;
+            log.entries.pop_front();
         }
         log
     }
 
     fn is_over(&self, check: &Check, _now_ms: u64) -> bool {
-        self.stamps.len() as u64 + check.need() > check.limit
+        self.count() + check.need() > check.limit
     }
 
     fn apply(&mut self, check: &Check, now_ms: u64) {
         // Only hits that fit are applied, so this never exceeds the limit.
-        for _ in 0..check.hits.min(check.limit) {
-            self.stamps.push_back(now_ms);
+        let total = self.top().wrapping_add(check.hits.min(check.limit));
+        match self.entries.back_mut() {
+            Some(newest) if newest.0 >= now_ms => newest.1 = total,
+            _ => self.entries.push_back((now_ms, total)),
         }
     }
 
     fn report(&self, check: &Check, over: bool, _applied: bool, now_ms: u64) -> (u64, u64) {
-        let count = self.stamps.len() as u64;
+        let count = self.count();
         let remaining = check.limit.saturating_sub(count);
         let expiry = |t: u64| t + check.period_ms - now_ms;
         let reset = if over && check.need() <= check.limit {
-            // The refused hits fit once `k` of the oldest have expired (or
-            // now, when reporting a stored state they fit into).
+            // The refused hits fit once `excess` of the oldest have aged
+            // out (or now, when reporting a stored state they fit into):
+            // at the expiry of the oldest entry through which that many
+            // were admitted.
             match (count + check.need()).checked_sub(check.limit) {
-                Some(k) if k >= 1 => expiry(self.stamps[(k - 1) as usize]),
+                Some(excess) if excess >= 1 => {
+                    let i = self
+                        .entries
+                        .partition_point(|&(_, total)| total.wrapping_sub(self.base) < excess);
+                    self.entries.get(i).map_or(0, |&(t, _)| expiry(t))
+                }
                 _ => 0,
             }
         } else {
-            self.stamps.back().map_or(0, |&t| expiry(t))
+            self.entries.back().map_or(0, |&(t, _)| expiry(t))
         };
         (remaining, reset)
     }
@@ -62,5 +95,62 @@ impl Policy for Log {
 
     fn into_state(self) -> State {
         State::Log(Box::new(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+
+    fn check(hits: u64) -> Check {
+        Check {
+            key: "k".into(),
+            algorithm: Algorithm::SlidingLog,
+            limit: 1_000_000,
+            period_ms: 3_600_000,
+            burst: 0,
+            hits,
+            enforce: true,
+        }
+    }
+
+    #[test]
+    fn a_request_is_one_entry_whatever_its_hits() {
+        let mut log = Log::default();
+        for (i, now) in [0u64, 10, 20].into_iter().enumerate() {
+            let c = check(300_000);
+            assert!(!log.is_over(&c, now));
+            log.apply(&c, now);
+            assert_eq!(
+                (log.entries.len(), log.count()),
+                (i + 1, 300_000 * (i as u64 + 1))
+            );
+        }
+        // Over: 200,000 fit once the first entry's 300,000 have aged out.
+        let c = check(200_000);
+        assert!(log.is_over(&c, 30));
+        assert_eq!(log.report(&c, true, false, 30), (100_000, 3_600_000 - 30));
+        // Requests in one millisecond share an entry.
+        log.apply(&check(50_000), 30);
+        log.apply(&check(50_000), 30);
+        assert_eq!((log.entries.len(), log.count()), (4, 1_000_000));
+    }
+
+    #[test]
+    fn running_totals_wrap_without_changing_a_decision() {
+        let mut log = Log {
+            entries: VecDeque::from([(0, u64::MAX - 1)]),
+            base: u64::MAX - 3,
+        };
+        let c = Check {
+            limit: 10,
+            ..check(5)
+        };
+        log.apply(&c, 1);
+        assert_eq!(log.count(), 7);
+        assert!(log.is_over(&c, 2));
+        // The first entry's 2 age out at 3,600,000: 5 fit from then on.
+        assert_eq!(log.report(&c, true, false, 2).1, 3_600_000 - 2);
     }
 }
