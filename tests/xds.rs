@@ -976,3 +976,91 @@ async fn grpc_client_tls_cacert_and_san_require_a_matching_client_certificate() 
         "a certificate for another name"
     );
 }
+
+#[tokio::test]
+async fn health_waits_for_a_domain_with_healthy_with_at_least_one_config_loaded() {
+    let certs = Certs::make();
+    let root = tempfile::tempdir().expect("root");
+    let ads = Ads::new();
+    let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
+    let cert = |name: &str| certs.path(name).display().to_string();
+    let env = [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("localhost:{}", ads_server.port),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert("tls.crt")),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", cert("tls.key")),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", cert("ca.crt")),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ratekeeper = Ratekeeper::spawn_in(root.path(), &[], &env);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ratekeeper.channel().await);
+    let status =
+        |health: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>| {
+            let mut health = health.clone();
+            async move {
+                health
+                    .check(tonic_health::pb::HealthCheckRequest::default())
+                    .await
+                    .expect("health")
+                    .into_inner()
+                    .status
+            }
+        };
+    // The in-memory store is up at once: only the missing domain keeps it
+    // NOT_SERVING.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    assert_eq!(status(&mut health).await, not_serving);
+
+    ads.publish("1", vec![domain("d", "user", 5)]);
+    ads.acked("1").await;
+    common::until_serving(&mut health).await;
+
+    // An empty snapshot: no domain again.
+    ads.publish("2", Vec::new());
+    ads.acked("2").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(&mut health).await != not_serving {
+        assert!(Instant::now() < deadline, "still SERVING without a domain");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn the_image_runs_bin_ratelimit_as_65534_and_sets_no_environment() {
+    let dockerfile = std::fs::read_to_string("Dockerfile").expect("Dockerfile");
+    let runtime = dockerfile
+        .rsplit_once("\nFROM ")
+        .map(|(_, last)| last)
+        .expect("a runtime stage");
+    let instructions: Vec<&str> = runtime
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(
+        !instructions.iter().any(|l| l.starts_with("ENV ") || l.starts_with("ARG ")),
+        "the image must not set environment (it would shadow RUNTIME_ROOT, GRPC_PORT, ...): {instructions:?}"
+    );
+    assert!(
+        instructions.contains(&"USER 65534:65534"),
+        "{instructions:?}"
+    );
+    assert!(
+        instructions.contains(&"ENTRYPOINT [\"/bin/ratelimit\"]"),
+        "{instructions:?}"
+    );
+    assert!(
+        instructions
+            .iter()
+            .any(|l| l.starts_with("COPY --from=build") && l.ends_with(" /bin/ratelimit")),
+        "{instructions:?}"
+    );
+}
