@@ -17,7 +17,8 @@
 //! - [`service`] holds the gRPC services: [`service::rls`] validates a
 //!   request against [`service::caps`], matches its descriptors and answers.
 //! - [`config`] loads the limits: its sources (the YAML directory, reloaded
-//!   on change; xDS `RateLimitConfig` messages) translate into one
+//!   on change; xDS `RateLimitConfig` messages, pushed by an ADS server to
+//!   [`config::xds_client`]) translate into one
 //!   description that one compiler checks and builds; [`rules`] is the
 //!   compiled descriptor matcher.
 //! - [`headers`] computes the `RateLimit-*` response headers from the

@@ -923,6 +923,27 @@ async fn the_binary_under_envoy_gateways_environment_answers_over_tls_from_xds_l
         },
     };
     assert!(!refused.is_empty());
+
+    // Loads are counted as the file watcher counts them: one good snapshot,
+    // then a refused one (NACKed, the limits stay).
+    ads.publish("2", vec![domain("default/eg/http", "", 1)]);
+    ads.heard("a NACK", |r| r.error_detail.is_some()).await;
+    let metrics = ratekeeper.metrics();
+    for expected in [
+        "ratekeeper_config_load_success 1",
+        "ratekeeper_config_load_error 1",
+    ] {
+        assert!(metrics.contains(expected), "{expected} in {metrics}");
+    }
+    assert_eq!(
+        envoy
+            .should_rate_limit(ask())
+            .await
+            .expect("answer")
+            .into_inner()
+            .overall_code(),
+        Code::OverLimit
+    );
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@
 //! new stream asks for everything again (an empty version: the server's
 //! versions may have restarted with it).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
@@ -136,15 +137,14 @@ pub async fn run(settings: XdsSettings, shared: SharedConfig, loaded: watch::Sen
     let mut attempt = 0;
     loop {
         tracing::info!(server = %settings.server, node = %settings.node_id, "xDS: subscribing");
-        match subscribe(&settings, &shared, &loaded).await {
-            Ok(()) => tracing::warn!(server = %settings.server, "xDS: the server ended the stream"),
-            Err(Failure { error, answered }) => {
-                if answered {
-                    attempt = 0;
-                }
-                tracing::warn!(server = %settings.server, %error, "xDS: stream failed");
-            }
+        let Failure { error, answered } = match subscribe(&settings, &shared, &loaded).await {
+            Ok(never) => match never {},
+            Err(failure) => failure,
+        };
+        if answered {
+            attempt = 0;
         }
+        tracing::warn!(server = %settings.server, %error, "xDS: stream ended");
         let wait = settings.backoff.delay(attempt, random_unit());
         attempt = attempt.saturating_add(1);
         tracing::info!(?wait, "xDS: dialling again after a pause");
@@ -168,12 +168,13 @@ impl Failure {
     }
 }
 
-/// One stream: subscribe, then apply and answer every response.
+/// One stream: subscribe, then apply and answer every response, until the
+/// stream ends.
 async fn subscribe(
     settings: &XdsSettings,
     shared: &SharedConfig,
     loaded: &watch::Sender<bool>,
-) -> Result<(), Failure> {
+) -> Result<Infallible, Failure> {
     let channel = channel(&settings.server, settings.tls.clone())
         .await
         .map_err(Failure::new)?;
@@ -197,7 +198,7 @@ async fn subscribe(
     loop {
         let response = match responses.message().await {
             Ok(Some(response)) => response,
-            Ok(None) => return Ok(()),
+            Ok(None) => return fail("the server ended the stream".into(), answered),
             Err(status) => return fail(format!("{status}"), answered),
         };
         answered = true;
@@ -300,6 +301,12 @@ pub async fn channel(server: &str, tls: Option<ClientTls>) -> Result<Channel, St
     tonic::transport::Endpoint::from_shared(format!("http://{server}"))
         .map_err(|e| format!("bad server address {server:?}: {e}"))?
         .connect_timeout(Duration::from_secs(10))
+        // An xDS stream can stay silent for days: pings find a dead peer.
+        // grpc-go servers (Envoy Gateway's) refuse pings more often than
+        // every 5 minutes by default.
+        .http2_keep_alive_interval(Duration::from_secs(330))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
         .connect_with_connector(Connector { tls })
         .await
         .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))
