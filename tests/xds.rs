@@ -998,14 +998,10 @@ async fn grpc_client_tls_cacert_and_san_require_a_matching_client_certificate() 
     );
 }
 
-#[tokio::test]
-async fn health_waits_for_a_domain_with_healthy_with_at_least_one_config_loaded() {
-    let certs = Certs::make();
-    let root = tempfile::tempdir().expect("root");
-    let ads = Ads::new();
-    let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
+/// The xDS client's environment, mutual TLS to `ads_server`.
+fn xds_env(certs: &Certs, ads_server: &AdsServer) -> Vec<(&'static str, String)> {
     let cert = |name: &str| certs.path(name).display().to_string();
-    let env = [
+    vec![
         ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
         (
             "CONFIG_GRPC_XDS_SERVER_URL",
@@ -1016,9 +1012,43 @@ async fn health_waits_for_a_domain_with_healthy_with_at_least_one_config_loaded(
         ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert("tls.crt")),
         ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", cert("tls.key")),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", cert("ca.crt")),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
-        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into()),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn without_force_start_the_binary_serves_once_the_first_snapshot_is_in() {
+    let certs = Certs::make();
+    let root = tempfile::tempdir().expect("root");
+    let ads = Ads::new();
+    ads.publish("7", vec![domain("d", "user", 5)]);
+    let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
+    let env = xds_env(&certs, &ads_server);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // Returns once the binary says it listens: after the first snapshot.
+    let ratekeeper = Ratekeeper::spawn_in(root.path(), &[], &env);
+    let answer = ratekeeper
+        .client()
+        .await
+        .should_rate_limit(request("d", vec![descriptor(&[("user", "a")])]))
+        .await
+        .expect("answer")
+        .into_inner();
+    let limit = answer.statuses[0]
+        .current_limit
+        .as_ref()
+        .expect("the snapshot's rule");
+    assert_eq!(limit.requests_per_unit, 5);
+}
+
+#[tokio::test]
+async fn health_waits_for_a_domain_with_healthy_with_at_least_one_config_loaded() {
+    let certs = Certs::make();
+    let root = tempfile::tempdir().expect("root");
+    let ads = Ads::new();
+    let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
+    let mut env = xds_env(&certs, &ads_server);
+    env.push(("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()));
+    env.push(("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let ratekeeper = Ratekeeper::spawn_in(root.path(), &[], &env);
     let mut health = tonic_health::pb::health_client::HealthClient::new(ratekeeper.channel().await);
