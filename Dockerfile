@@ -3,10 +3,20 @@
 #   docker build -t ratekeeper:0.1.0 .
 #   docker run --rm -p 8081:8081 -p 9090:9090 ratekeeper:0.1.0
 #
-# The image serves the example limits in examples/config/ from
-# /etc/ratekeeper/limits; mount your own directory (or the Helm chart's
-# ConfigMap) there. Configure it with the env vars in the README's flags table
-# (e.g. -e REDIS_URL=redis://redis:6379).
+# The binary is /bin/ratelimit, where envoyproxy/ratelimit's image has its
+# own, so that deployments written for that image (Envoy Gateway's runs
+# `command: ["/bin/ratelimit"]` with its own environment) run ratekeeper
+# unchanged. The image sets no environment: every setting comes from the
+# deployment (the README's flags table), nothing here can shadow
+# RUNTIME_ROOT, GRPC_PORT or any other variable it sets.
+#
+# With no setting at all it serves the example limits in examples/config/,
+# from ./config under the working directory /etc/ratekeeper (the default
+# limits directory when RUNTIME_ROOT and CONFIG_DIR are unset). Mount your
+# own directory there, or point CONFIG_DIR or RUNTIME_ROOT elsewhere.
+#
+# It runs as uid/gid 65534 (nobody, as Envoy Gateway's Deployment asks) and
+# writes nothing to disk: a read-only root filesystem is fine.
 
 # --- build ---------------------------------------------------------------
 FROM rust:1-bookworm AS build
@@ -14,17 +24,15 @@ WORKDIR /src
 # protoc comes from the protoc-bin-vendored crate (build.rs): no apt packages needed.
 COPY . .
 RUN cargo build --release --locked --bin ratekeeper \
- && install -D -m 0755 target/release/ratekeeper /out/ratekeeper
+ && install -D -m 0755 target/release/ratekeeper /out/ratelimit
 
 # --- runtime -------------------------------------------------------------
-# glibc + libgcc, no shell, runs as uid/gid 65532 ("nonroot").
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /out/ratekeeper /usr/local/bin/ratekeeper
-COPY --chown=0:0 examples/config/ /etc/ratekeeper/limits/
-ENV CONFIG_DIR=/etc/ratekeeper/limits \
-    GRPC_ADDR=0.0.0.0:8081 \
-    METRICS_ADDR=0.0.0.0:9090
-USER 65532:65532
+# glibc + libgcc, no shell.
+FROM gcr.io/distroless/cc-debian12
+COPY --from=build /out/ratelimit /bin/ratelimit
+COPY --chown=0:0 examples/config/ /etc/ratekeeper/config/
+WORKDIR /etc/ratekeeper
+USER 65534:65534
 # 8081: gRPC (Envoy RLS v3, grpc.health.v1, reflection); 9090: GET /metrics.
 EXPOSE 8081 9090
-ENTRYPOINT ["/usr/local/bin/ratekeeper"]
+ENTRYPOINT ["/bin/ratelimit"]

@@ -24,7 +24,8 @@
 //!   the domain's failure mode if the store failed, and build the response.
 //!   [`service::concurrency`] leases places for concurrent connections.
 //! - [`config`] loads the limits: its sources (the YAML directory, reloaded
-//!   on change; xDS `RateLimitConfig` messages) translate into one
+//!   on change; xDS `RateLimitConfig` messages, pushed by an ADS server to
+//!   [`config::xds_client`]) translate into one
 //!   description that one compiler checks and builds; [`rules`] is the
 //!   compiled descriptor matcher.
 //! - [`headers`] writes the `RateLimit-*` response headers for the

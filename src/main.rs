@@ -18,10 +18,13 @@ use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store};
 use ratekeeper::telemetry::{self, LogFormat};
-use ratekeeper::tls::{ReloadingTls, TlsFiles};
+use ratekeeper::tls::ReloadingTls;
 use ratekeeper::vocab::{FailureMode, Topology};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
+
+mod envoy_settings;
+use envoy_settings::{ConfigType, EnvoySettings};
 
 // Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
 #[global_allocator]
@@ -159,13 +162,16 @@ struct Cli {
     #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 5_000)]
     shutdown_grace_ms: u64,
     /// PEM certificate chain for gRPC over TLS (reloaded when it changes).
-    #[arg(long, env = "GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    /// Also read from GRPC_SERVER_TLS_CERT (with GRPC_SERVER_USE_TLS=true).
+    #[arg(long, env = "GRPC_TLS_CERT")]
     grpc_tls_cert: Option<PathBuf>,
-    /// PEM private key for gRPC over TLS. Never logged.
-    #[arg(long, env = "GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    /// PEM private key for gRPC over TLS. Never logged. Also read from
+    /// GRPC_SERVER_TLS_KEY.
+    #[arg(long, env = "GRPC_TLS_KEY")]
     grpc_tls_key: Option<PathBuf>,
-    /// PEM CA: require client certificates signed by it (mutual TLS).
-    #[arg(long, env = "GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    /// PEM CA: require client certificates signed by it (mutual TLS). Also
+    /// read from GRPC_CLIENT_TLS_CACERT.
+    #[arg(long, env = "GRPC_TLS_CLIENT_CA")]
     grpc_tls_client_ca: Option<PathBuf>,
     /// Time a client has to send the HTTP/2 preface after connecting, in ms;
     /// also how long an HTTP/1 connection (/healthcheck, /json, /metrics)
@@ -185,6 +191,9 @@ struct Cli {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text)]
     log_format: LogFormatArg,
+    /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names.
+    #[command(flatten)]
+    envoy: EnvoySettings,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -313,10 +322,10 @@ async fn run(cli: Cli) -> Result<()> {
                     .join("config"),
                 None => PathBuf::from("config"),
             });
-    let config = Config::load_dir(&config_dir);
-    record_load(config.as_ref().map(|_| ()));
-    let config = config?;
-    tracing::info!(dir = %config_dir.display(), domains = ?config.domain_names(), "limits loaded");
+    let (config, config_dir) = match cli.envoy.config_type()? {
+        ConfigType::File => (load_files(&config_dir, &cli.envoy)?, Some(config_dir)),
+        ConfigType::GrpcXdsSotw => (subscribe_xds(&cli.envoy).await?, None),
+    };
 
     let lanes = cli
         .serving_threads
@@ -358,19 +367,16 @@ async fn run(cli: Cli) -> Result<()> {
         (None, Ok(port)) => format!("0.0.0.0:{port}"),
         (None, Err(_)) => "0.0.0.0:8081".into(),
     };
-    let tls = match (&cli.grpc_tls_cert, &cli.grpc_tls_key) {
-        (Some(cert), Some(key)) => {
-            let files = TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: cli.grpc_tls_client_ca.clone(),
-            };
-            Some(ReloadingTls::start(
-                files,
-                Duration::from_millis(cli.reload_interval_ms.max(50)),
-            )?)
-        }
-        _ => None,
+    let tls = match cli.envoy.grpc_tls(
+        cli.grpc_tls_cert.as_deref(),
+        cli.grpc_tls_key.as_deref(),
+        cli.grpc_tls_client_ca.as_deref(),
+    )? {
+        Some(files) => Some(ReloadingTls::start(
+            files,
+            Duration::from_millis(cli.reload_interval_ms.max(50)),
+        )?),
+        None => None,
     };
     let grpc = bind(&grpc_addr, "gRPC").await?;
     let grpc_addr = local_addr(&grpc)?;
@@ -402,8 +408,9 @@ async fn run(cli: Cli) -> Result<()> {
 
     Server {
         grpc,
-        config_dir: Some(config_dir),
-        config: SharedConfig::new(config),
+        config_dir,
+        config,
+        health_needs_domains: cli.envoy.healthy_with_at_least_one_config_loaded,
         store,
         limiter: LimiterSettings {
             key_prefix: cli.key_prefix,
@@ -431,6 +438,40 @@ async fn run(cli: Cli) -> Result<()> {
     }
     .run(shutdown_signal())
     .await
+}
+
+/// The limits directory's limits. With FORCE_START_WITHOUT_INITIAL_CONFIG a
+/// directory that cannot be loaded yet (missing, or a bad file) starts the
+/// server with no limits; the watcher loads it when it changes.
+fn load_files(dir: &std::path::Path, envoy: &EnvoySettings) -> Result<SharedConfig> {
+    let config = Config::load_dir(dir);
+    record_load(config.as_ref().map(|_| ()));
+    match config {
+        Ok(config) => {
+            tracing::info!(dir = %dir.display(), domains = ?config.domain_names(), "limits loaded");
+            Ok(SharedConfig::new(config))
+        }
+        Err(error) if envoy.force_start_without_initial_config => {
+            tracing::warn!(%error, "starting without limits (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+            Ok(SharedConfig::default())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Starts the xDS client; unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits
+/// for its first snapshot (as envoyproxy/ratelimit does, before serving).
+async fn subscribe_xds(envoy: &EnvoySettings) -> Result<SharedConfig> {
+    let shared = SharedConfig::default();
+    let mut loaded = ratekeeper::config::xds_client::spawn(envoy.xds()?, shared.clone());
+    if !envoy.force_start_without_initial_config {
+        tracing::info!("waiting for the first limits from the xDS server");
+        loaded
+            .wait_for(|loaded| *loaded)
+            .await
+            .map_err(|_| Error::Startup("the xDS client stopped".into()))?;
+    }
+    Ok(shared)
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h` (or seconds) for clap.

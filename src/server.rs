@@ -44,6 +44,9 @@ pub struct Server {
     pub config_dir: Option<PathBuf>,
     /// The config to start with.
     pub config: SharedConfig,
+    /// Health is NOT_SERVING while the config in force has no domain
+    /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub health_needs_domains: bool,
     pub store: Store,
     pub limiter: LimiterSettings,
     /// How often the limits directory is checked for changes.
@@ -204,6 +207,7 @@ impl Server {
             lanes.handles().to_vec(),
             readiness.clone(),
             serves_without_store,
+            self.health_needs_domains.then(|| self.config.clone()),
         ));
         let dealer = tokio::spawn(deal(self.grpc, dealt));
 
@@ -265,12 +269,14 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 /// a failure mode that serves without the store (`open`, `local`) it stays
 /// ready through an outage (a readiness probe must not pull every replica
 /// at once; `ratekeeper_store_up` and the logs show it); with `closed` or
-/// `unavailable` it is not ready while the store is unreachable.
+/// `unavailable` it is not ready while the store is unreachable. With
+/// `needs_domains`, it is also not ready while that config has no domain.
 async fn probe_store(
     store: Store,
     lanes: Vec<Handle>,
     readiness: Readiness,
     serves_without_store: bool,
+    needs_domains: Option<SharedConfig>,
 ) {
     readiness
         .reporter()
@@ -297,7 +303,10 @@ async fn probe_store(
         };
         ever_up |= up;
         metrics::gauge!("ratekeeper_store_up").set(if up { 1.0 } else { 0.0 });
-        let ready = up || (ever_up && serves_without_store);
+        let has_domains = needs_domains
+            .as_ref()
+            .map_or(true, |config| !config.current().is_empty());
+        let ready = (up || (ever_up && serves_without_store)) && has_domains;
         if ready != shown {
             readiness.set(ready).await;
             shown = ready;
@@ -306,7 +315,7 @@ async fn probe_store(
             tracing::info!(up, "store reachability changed");
         }
         was_up = Some(up);
-        let pause = if up { 5_000 } else { 500 };
+        let pause = if up && ready { 5_000 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }

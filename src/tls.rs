@@ -2,16 +2,22 @@
 //! certificate, key and (optional) client CA are read from files, and read
 //! again when any of them changes, without a restart. Each new connection
 //! uses the configuration current at its handshake; a bad new file is logged
-//! and the previous configuration stays.
+//! and the previous configuration stays. Also the client side of mutual TLS
+//! (the xDS client's), from the same kind of files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
 
 use crate::{Error, Result};
 
@@ -20,8 +26,14 @@ use crate::{Error, Result};
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// When set, clients must present a certificate signed by this CA.
+    /// When set, client certificates are checked against this CA.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: clients must present a certificate (mutual TLS);
+    /// otherwise one is asked for, and checked only when presented.
+    pub client_cert_required: bool,
+    /// With `client_ca`: a DNS name (or IP) the client certificate must be
+    /// valid for (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`).
+    pub client_san: Option<String>,
 }
 
 impl TlsFiles {
@@ -41,15 +53,8 @@ impl TlsFiles {
 
     /// Builds a rustls server configuration from the files.
     pub fn load(&self) -> Result<ServerConfig> {
-        let bad = |what: &PathBuf, e: &dyn std::fmt::Display| {
-            Error::Startup(format!("TLS: {}: {e}", what.display()))
-        };
-        let certs = CertificateDer::pem_file_iter(&self.cert)
-            .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
-            .map_err(|e| bad(&self.cert, &e))?;
-        // Never print the key or its parse error's contents: only the path.
-        let key = PrivateKeyDer::from_pem_file(&self.key)
-            .map_err(|_| bad(&self.key, &"not a PEM private key"))?;
+        let certs = read_certs(&self.cert)?;
+        let key = read_key(&self.key)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -57,17 +62,23 @@ impl TlsFiles {
         let builder = match &self.client_ca {
             None => builder.with_no_client_auth(),
             Some(ca) => {
-                let mut roots = RootCertStore::empty();
-                for cert in CertificateDer::pem_file_iter(ca).map_err(|e| bad(ca, &e))? {
-                    roots
-                        .add(cert.map_err(|e| bad(ca, &e))?)
-                        .map_err(|e| bad(ca, &e))?;
+                let roots = Arc::new(read_roots(ca)?);
+                let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
+                if !self.client_cert_required {
+                    verifier = verifier.allow_unauthenticated();
                 }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .build()
-                        .map_err(|e| bad(ca, &e))?;
-                builder.with_client_cert_verifier(verifier)
+                let verifier = verifier.build().map_err(|e| bad(ca, &e))?;
+                match &self.client_san {
+                    None => builder.with_client_cert_verifier(verifier),
+                    Some(san) => {
+                        let san = ServerName::try_from(san.clone())
+                            .map_err(|e| Error::Startup(format!("TLS: client SAN {san:?}: {e}")))?;
+                        builder.with_client_cert_verifier(Arc::new(SanVerifier {
+                            inner: verifier,
+                            san,
+                        }))
+                    }
+                }
             }
         };
         let mut config = builder
@@ -75,6 +86,118 @@ impl TlsFiles {
             .map_err(|e| bad(&self.cert, &e))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
+    }
+}
+
+/// A TLS client configuration: trusting the system's roots and `ca` (as
+/// envoyproxy/ratelimit adds its CA file to the system pool), presenting
+/// `identity` (certificate chain, key) when set. RSA keys may be PKCS#1
+/// (`RSA PRIVATE KEY`, as Envoy Gateway writes them), PKCS#8 or SEC1 EC
+/// keys. Speaks HTTP/2 (ALPN `h2`: gRPC servers refuse TLS clients that do
+/// not offer it).
+pub fn client_config(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Result<ClientConfig> {
+    let mut roots = match ca {
+        Some(ca) => read_roots(ca)?,
+        None => RootCertStore::empty(),
+    };
+    // Unreadable system roots only narrow what is trusted: not an error.
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Startup(format!("TLS: {e}")))?
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(read_certs(cert)?, read_key(key)?)
+            .map_err(|e| bad(cert, &e))?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+fn bad(what: &Path, e: &dyn std::fmt::Display) -> Error {
+    Error::Startup(format!("TLS: {}: {e}", what.display()))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| bad(path, &e))?;
+    if certs.is_empty() {
+        return Err(bad(path, &"no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+    // Never print the key or its parse error's contents: only the path.
+    PrivateKeyDer::from_pem_file(path).map_err(|_| bad(path, &"not a PEM private key"))
+}
+
+fn read_roots(path: &Path) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots.add(cert).map_err(|e| bad(path, &e))?;
+    }
+    Ok(roots)
+}
+
+/// Client certificates checked by the CA, then for one name
+/// (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`: a DNS or IP SAN).
+#[derive(Debug)]
+struct SanVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    san: ServerName<'static>,
+}
+
+impl ClientCertVerifier for SanVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> std::result::Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        rustls::client::verify_server_name(&ParsedCertificate::try_from(end_entity)?, &self.san)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 

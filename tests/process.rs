@@ -410,3 +410,70 @@ async fn serving_threads_follow_the_flag_and_the_environment() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--serving-threads"), "{stderr}");
 }
+
+#[tokio::test]
+async fn force_start_without_initial_config_serves_until_the_limits_directory_appears() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data/ratelimit/config");
+    let server = Ratekeeper::spawn_in(
+        root.path(),
+        &["--reload-interval-ms", "50"],
+        &[
+            (
+                "RUNTIME_ROOT",
+                &root.path().join("data").display().to_string(),
+            ),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+    );
+    let mut client = server.client().await;
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    assert!(answer.statuses[0].current_limit.is_none(), "no limits yet");
+
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("limits.yaml"), LIMITS).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
+        if answer.statuses[0].current_limit.is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the limits never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
+    let root = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .env("RUNTIME_ROOT", root.path().join("data"))
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env_remove("FORCE_START_WITHOUT_INITIAL_CONFIG")
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot read the limits directory"),
+        "{stderr}"
+    );
+
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .env("CONFIG_TYPE", "GRPC_XDS_DELTA")
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("CONFIG_TYPE \"GRPC_XDS_DELTA\" is not supported"),
+        "{stderr}"
+    );
+}

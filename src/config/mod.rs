@@ -11,6 +11,7 @@ pub mod description;
 pub mod file;
 pub mod watch;
 pub mod xds;
+pub mod xds_client;
 mod yaml_lines;
 
 use std::collections::HashMap;
@@ -101,6 +102,11 @@ impl Config {
 
     pub fn domain(&self, name: &str) -> Option<&DomainConfig> {
         self.domains.get(name)
+    }
+
+    /// Whether no domain is defined.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
     }
 
     /// Domain names, sorted.

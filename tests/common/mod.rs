@@ -285,6 +285,7 @@ impl TestServer {
             grpc,
             config_dir,
             config: config.clone(),
+            health_needs_domains: false,
             store,
             limiter: LimiterSettings {
                 key_prefix: ratekeeper::keys::DEFAULT_PREFIX.into(),
@@ -555,12 +556,30 @@ impl Ratekeeper {
         env: &[(&str, &str)],
         setup: impl FnOnce(&mut Command),
     ) -> Ratekeeper {
+        let dir = config_dir.display().to_string();
+        let args: Vec<&str> = ["--config-dir", dir.as_str()]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
         // Not a .yaml file: the limits loader skips it.
-        let log = config_dir.join(format!("ratekeeper-{}.log", free_port()));
+        Ratekeeper::launch(config_dir, &args, env, setup)
+    }
+
+    /// Starts the binary with only `args` and `env` (no limits directory
+    /// given), its log in `log_dir`.
+    pub fn spawn_in(log_dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Ratekeeper {
+        Ratekeeper::launch(log_dir, args, env, |_| {})
+    }
+
+    fn launch(
+        log_dir: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        setup: impl FnOnce(&mut Command),
+    ) -> Ratekeeper {
+        let log = log_dir.join(format!("ratekeeper-{}.log", free_port()));
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
         command
-            .arg("--config-dir")
-            .arg(config_dir)
             .args([
                 "--grpc-addr",
                 "127.0.0.1:0",

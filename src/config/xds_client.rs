@@ -1,0 +1,395 @@
+//! ratekeeper as an xDS client: limits delivered by an ADS server (Envoy
+//! Gateway's, or any go-control-plane server) over
+//! `AggregatedDiscoveryService/StreamAggregatedResources`, state of the
+//! world, subscribed to envoyproxy/ratelimit's `RateLimitConfig`, as
+//! envoyproxy/ratelimit's `CONFIG_TYPE=GRPC_XDS_SOTW` client is.
+//!
+//! Each response is every domain at once: compiled by [`super::xds::load`]
+//! (the files' compiler) and swapped into the [`SharedConfig`] whole, then
+//! ACKed (its version and nonce). One that does not compile is NACKed with
+//! the reason in `error_detail`, and the running limits stay. A broken
+//! stream is dialled again after a jittered exponential back-off, and the
+//! new stream asks for everything again (an empty version: the server's
+//! versions may have restarted with it).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use hyper_util::rt::TokioIo;
+use prost::Message;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tonic::codegen::http::Uri;
+use tonic::metadata::MetadataMap;
+use tonic::transport::Channel;
+
+use super::watch::{record_load, SharedConfig};
+use crate::pb::rls_conf::RateLimitConfig;
+
+/// The resource type asked for.
+pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// Where and how to subscribe.
+#[derive(Debug, Clone)]
+pub struct XdsSettings {
+    /// The server, `host:port` (`CONFIG_GRPC_XDS_SERVER_URL`).
+    pub server: String,
+    /// `Node.id`: the server keys its snapshots by it.
+    pub node_id: String,
+    /// `Node.metadata`, string fields.
+    pub node_metadata: Vec<(String, String)>,
+    /// gRPC metadata sent with the stream.
+    pub headers: MetadataMap,
+    /// Largest response accepted (gRPC's default, 4 MiB, when `None`).
+    pub max_message_bytes: Option<usize>,
+    pub backoff: Backoff,
+    /// TLS (mutual when the config presents a certificate); plain if `None`.
+    pub tls: Option<ClientTls>,
+}
+
+/// The xDS client's TLS: the configuration and the name the server's
+/// certificate must be valid for.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientTls({:?})", self.server_name)
+    }
+}
+
+/// The wait between two dials, as envoyproxy/ratelimit's (jpillora/backoff):
+/// `initial · factor^attempt`, capped at `max`; with `jitter`, a random
+/// point between `initial` and that. Their `XDS_CLIENT_BACKOFF_RANDOM_FACTOR`
+/// is this `factor`: with its default 0.5 every wait is `initial`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+    pub factor: f64,
+    pub jitter: bool,
+}
+
+impl Default for Backoff {
+    /// envoyproxy/ratelimit's defaults.
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(60),
+            factor: 0.5,
+            jitter: true,
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before dial number `attempt + 1`; `random` is in [0, 1).
+    pub fn delay(&self, attempt: u32, random: f64) -> Duration {
+        let initial = self.initial.as_secs_f64();
+        let mut wait = initial * self.factor.powi(attempt.min(1_000) as i32);
+        if self.jitter {
+            wait = random * (wait - initial) + initial;
+        }
+        if !wait.is_finite() || wait > self.max.as_secs_f64() {
+            return self.max;
+        }
+        Duration::from_secs_f64(wait.max(initial))
+    }
+}
+
+/// A number in [0, 1) for the jitter (std's random hash keys: no RNG crate
+/// for one number per reconnection).
+fn random_unit() -> f64 {
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Starts the client on the current runtime. The receiver turns `true`
+/// when the first snapshot has been applied.
+pub fn spawn(settings: XdsSettings, shared: SharedConfig) -> watch::Receiver<bool> {
+    let (loaded, receiver) = watch::channel(false);
+    tokio::spawn(run(settings, shared, loaded));
+    receiver
+}
+
+/// Subscribes forever: one stream at a time, re-dialled after a back-off.
+pub async fn run(settings: XdsSettings, shared: SharedConfig, loaded: watch::Sender<bool>) {
+    let mut attempt = 0;
+    loop {
+        tracing::info!(server = %settings.server, node = %settings.node_id, "xDS: subscribing");
+        let Failure { error, answered } = match subscribe(&settings, &shared, &loaded).await {
+            Ok(never) => match never {},
+            Err(failure) => failure,
+        };
+        if answered {
+            attempt = 0;
+        }
+        tracing::warn!(server = %settings.server, %error, "xDS: stream ended");
+        let wait = settings.backoff.delay(attempt, random_unit());
+        attempt = attempt.saturating_add(1);
+        tracing::info!(?wait, "xDS: dialling again after a pause");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Why a stream ended, and whether it had answered before (then the
+/// back-off starts over: the server was up).
+struct Failure {
+    error: String,
+    answered: bool,
+}
+
+impl Failure {
+    fn new(error: impl std::fmt::Display) -> Self {
+        Failure {
+            error: error.to_string(),
+            answered: false,
+        }
+    }
+}
+
+/// One stream: subscribe, then apply and answer every response, until the
+/// stream ends.
+async fn subscribe(
+    settings: &XdsSettings,
+    shared: &SharedConfig,
+    loaded: &watch::Sender<bool>,
+) -> Result<Infallible, Failure> {
+    let channel = channel(&settings.server, settings.tls.clone())
+        .await
+        .map_err(Failure::new)?;
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    if let Some(bytes) = settings.max_message_bytes {
+        client = client.max_decoding_message_size(bytes);
+    }
+    let (requests, outgoing) = mpsc::channel(4);
+    let _ = requests.try_send(request(settings, String::new(), String::new(), None));
+    let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outgoing));
+    *call.metadata_mut() = settings.headers.clone();
+    let mut responses = client
+        .stream_aggregated_resources(call)
+        .await
+        .map_err(|e| Failure::new(format!("subscribe: {e}")))?
+        .into_inner();
+    // The version of the snapshot in force from this stream (a NACK repeats it).
+    let mut accepted = String::new();
+    let mut answered = false;
+    let fail = |error: String, answered| Err(Failure { error, answered });
+    loop {
+        let response = match responses.message().await {
+            Ok(Some(response)) => response,
+            Ok(None) => return fail("the server ended the stream".into(), answered),
+            Err(status) => return fail(format!("{status}"), answered),
+        };
+        answered = true;
+        if response.type_url != TYPE_URL {
+            tracing::warn!(type_url = %response.type_url, "xDS: ignoring a response of another type");
+            continue;
+        }
+        let reply = match apply(&response, shared).await {
+            Ok(()) => {
+                accepted.clone_from(&response.version_info);
+                loaded.send_replace(true);
+                request(settings, accepted.clone(), response.nonce, None)
+            }
+            Err(reason) => request(settings, accepted.clone(), response.nonce, Some(reason)),
+        };
+        if requests.send(reply).await.is_err() {
+            return fail("the request stream closed".into(), answered);
+        }
+    }
+}
+
+/// Compiles one response and swaps it in; `Err` is the NACK's reason.
+async fn apply(response: &DiscoveryResponse, shared: &SharedConfig) -> Result<(), String> {
+    let version = response.version_info.clone();
+    let messages = decode(response)?;
+    // Off the runtime: a large snapshot takes a while to compile.
+    let compiled = tokio::task::spawn_blocking(move || super::xds::load(&messages))
+        .await
+        .map_err(|e| format!("compiling stopped: {e}"))?;
+    record_load(compiled.as_ref().map(|_| ()));
+    match compiled {
+        Ok(config) => {
+            tracing::info!(%version, domains = config.domain_names().len(), "xDS: limits applied");
+            shared.replace(config);
+            Ok(())
+        }
+        Err(error) => {
+            tracing::error!(%version, %error, "xDS: limits refused (NACK); keeping the running ones");
+            Err(error.to_string())
+        }
+    }
+}
+
+/// The response's resources as `RateLimitConfig` messages.
+fn decode(response: &DiscoveryResponse) -> Result<Vec<RateLimitConfig>, String> {
+    response
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, any)| {
+            if any.type_url != TYPE_URL {
+                return Err(format!(
+                    "resources[{i}]: type {:?}, expected {TYPE_URL}",
+                    any.type_url
+                ));
+            }
+            RateLimitConfig::decode(any.value.as_slice())
+                .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))
+        })
+        .collect()
+}
+
+/// A subscription request: the first one, an ACK, or (with `error`) a NACK.
+fn request(
+    settings: &XdsSettings,
+    version_info: String,
+    response_nonce: String,
+    error: Option<String>,
+) -> DiscoveryRequest {
+    let fields = settings
+        .node_metadata
+        .iter()
+        .map(|(k, v)| {
+            let value = Value {
+                kind: Some(Kind::StringValue(v.clone())),
+            };
+            (k.clone(), value)
+        })
+        .collect();
+    DiscoveryRequest {
+        version_info,
+        node: Some(Node {
+            id: settings.node_id.clone(),
+            metadata: Some(Struct { fields }),
+            ..Node::default()
+        }),
+        type_url: TYPE_URL.into(),
+        response_nonce,
+        error_detail: error.map(|message| RpcStatus {
+            code: INVALID_ARGUMENT,
+            message,
+            details: Vec::new(),
+        }),
+        ..DiscoveryRequest::default()
+    }
+}
+
+/// A gRPC channel to `server` (`host:port`), over TLS when `tls` is set.
+pub async fn channel(server: &str, tls: Option<ClientTls>) -> Result<Channel, String> {
+    tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+        .map_err(|e| format!("bad server address {server:?}: {e}"))?
+        .connect_timeout(Duration::from_secs(10))
+        // An xDS stream can stay silent for days: pings find a dead peer.
+        // grpc-go servers (Envoy Gateway's) refuse pings more often than
+        // every 5 minutes by default.
+        .http2_keep_alive_interval(Duration::from_secs(330))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .connect_with_connector(Connector { tls })
+        .await
+        .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))
+}
+
+/// A transport error with its causes (tonic's own says only "transport error").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Any connection the channel can speak HTTP/2 over.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Dials the server: TCP, then TLS when configured.
+#[derive(Clone)]
+struct Connector {
+    tls: Option<ClientTls>,
+}
+
+type Connecting = Pin<Box<dyn Future<Output = std::io::Result<TokioIo<Box<dyn Io>>>> + Send>>;
+
+impl tonic::codegen::Service<Uri> for Connector {
+    type Response = TokioIo<Box<dyn Io>>;
+    type Error = std::io::Error;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Connecting {
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+            let tcp = TcpStream::connect(authority.as_str()).await?;
+            let _ = tcp.set_nodelay(true);
+            let Some(tls) = tls else {
+                return Ok(TokioIo::new(Box::new(tcp) as Box<dyn Io>));
+            };
+            let connector = tokio_rustls::TlsConnector::from(tls.config);
+            let stream = connector.connect(tls.server_name, tcp).await?;
+            Ok(TokioIo::new(Box::new(stream) as Box<dyn Io>))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn the_back_off_grows_by_its_factor_up_to_its_cap_with_jitter_above_the_initial_wait() {
+        let growing = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            factor: 2.0,
+            jitter: false,
+        };
+        let waits: Vec<u128> = (0..6).map(|n| growing.delay(n, 0.5).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
+        let jittered = Backoff {
+            jitter: true,
+            ..growing
+        };
+        assert_eq!(jittered.delay(2, 0.0), Duration::from_millis(100));
+        assert_eq!(jittered.delay(2, 0.5), Duration::from_millis(250));
+        assert_eq!(jittered.delay(u32::MAX, 0.99), Duration::from_secs(1));
+        // envoyproxy/ratelimit's defaults: a factor below 1 keeps every wait
+        // at the initial one (10 s).
+        for n in 0..5 {
+            assert_eq!(Backoff::default().delay(n, 0.7), Duration::from_secs(10));
+        }
+    }
+}

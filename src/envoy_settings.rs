@@ -1,0 +1,287 @@
+//! The binary's reading of settings under envoyproxy/ratelimit's names, so
+//! that ratekeeper runs in its place unchanged (Envoy Gateway's Deployment
+//! sets only those): where the limits come from (`CONFIG_TYPE`, the xDS
+//! client's `CONFIG_GRPC_XDS_*` / `XDS_CLIENT_*`), start-up without limits,
+//! and the gRPC server's TLS (`GRPC_SERVER_*`, `GRPC_CLIENT_*`, aliases of
+//! ratekeeper's own `GRPC_TLS_*`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+use clap::ArgAction;
+use ratekeeper::config::xds_client::{Backoff, ClientTls, XdsSettings};
+use ratekeeper::tls::TlsFiles;
+use ratekeeper::{Error, Result};
+use rustls::pki_types::ServerName;
+use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
+
+/// Where the limits come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigType {
+    /// The limits directory (the default).
+    File,
+    /// An xDS server, state of the world.
+    GrpcXdsSotw,
+}
+
+/// envoyproxy/ratelimit's settings (flattened into the command line).
+#[derive(Debug, clap::Args)]
+pub struct EnvoySettings {
+    /// Where the limits come from: `FILE` (the limits directory) or
+    /// `GRPC_XDS_SOTW` (an xDS server; see `CONFIG_GRPC_XDS_*`).
+    #[arg(long, env = "CONFIG_TYPE", default_value = "FILE")]
+    config_type: String,
+    /// Start without limits when none can be loaded yet (a missing limits
+    /// directory, an xDS server not answering yet): every domain is unknown
+    /// (allowed) until the first limits arrive.
+    #[arg(long, env = "FORCE_START_WITHOUT_INITIAL_CONFIG", value_parser = BoolishValueParser::new())]
+    pub force_start_without_initial_config: bool,
+    /// Health says NOT_SERVING while the limits in force have no domain.
+    #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_parser = BoolishValueParser::new())]
+    pub healthy_with_at_least_one_config_loaded: bool,
+    /// xDS server, `host:port`.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_URL",
+        default_value = "localhost:18000"
+    )]
+    xds_server_url: String,
+    /// xDS node id (the server's snapshots are keyed by it).
+    #[arg(long, env = "CONFIG_GRPC_XDS_NODE_ID", default_value = "default")]
+    xds_node_id: String,
+    /// xDS node metadata, `k=v,k=v` (string fields).
+    #[arg(long, env = "CONFIG_GRPC_XDS_NODE_METADATA", default_value = "")]
+    xds_node_metadata: String,
+    /// gRPC metadata sent to the xDS server, `k1:v1,k2:v2`.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        default_value = ""
+    )]
+    xds_headers: String,
+    /// TLS to the xDS server.
+    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_USE_TLS", value_parser = BoolishValueParser::new())]
+    xds_use_tls: bool,
+    /// PEM client certificate presented to the xDS server.
+    #[arg(long, env = "CONFIG_GRPC_XDS_CLIENT_TLS_CERT")]
+    xds_client_cert: Option<PathBuf>,
+    /// PEM client key (PKCS#1, PKCS#8 or SEC1) for the xDS server.
+    #[arg(long, env = "CONFIG_GRPC_XDS_CLIENT_TLS_KEY")]
+    xds_client_key: Option<PathBuf>,
+    /// PEM CA trusted for the xDS server's certificate (besides the
+    /// system's roots).
+    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_TLS_CACERT")]
+    xds_server_ca: Option<PathBuf>,
+    /// The name the xDS server's certificate must be valid for (default:
+    /// the host of CONFIG_GRPC_XDS_SERVER_URL).
+    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN")]
+    xds_server_san: Option<String>,
+    /// First wait before dialling the xDS server again.
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", value_parser = super::duration, default_value = "10s")]
+    xds_backoff_initial: Duration,
+    /// Longest wait before dialling the xDS server again.
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_parser = super::duration, default_value = "60s")]
+    xds_backoff_max: Duration,
+    /// Multiplier of the wait at each failed dial (below 1: the wait stays
+    /// the initial one, as in envoyproxy/ratelimit).
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", default_value_t = 0.5)]
+    xds_backoff_factor: f64,
+    /// Randomise each wait between the initial one and its full length.
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_JITTER", value_parser = BoolishValueParser::new(), action = ArgAction::Set, default_value = "true")]
+    xds_backoff_jitter: bool,
+    /// Largest xDS response accepted, in bytes (0: gRPC's 4 MiB). Also read
+    /// from XDS_CLIENT_GRPC_OPTIONS_MAX_MSG_SIZE_IN_BYTES.
+    #[arg(long, env = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")]
+    xds_max_message_bytes: Option<usize>,
+    /// Serve gRPC over TLS (GRPC_SERVER_TLS_CERT / _KEY). Unset: TLS when
+    /// ratekeeper's GRPC_TLS_CERT is set.
+    #[arg(long, env = "GRPC_SERVER_USE_TLS", value_parser = BoolishValueParser::new())]
+    grpc_server_use_tls: Option<bool>,
+    /// The client certificate must be valid for this DNS name or IP.
+    #[arg(long, env = "GRPC_CLIENT_TLS_SAN")]
+    grpc_client_tls_san: Option<String>,
+}
+
+/// The value of the first of `names` set (and not empty) in the
+/// environment: a setting known under several names.
+pub fn first_env(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+}
+
+impl EnvoySettings {
+    pub fn config_type(&self) -> Result<ConfigType> {
+        match self.config_type.to_ascii_uppercase().as_str() {
+            "FILE" => Ok(ConfigType::File),
+            "GRPC_XDS_SOTW" => Ok(ConfigType::GrpcXdsSotw),
+            _ => Err(Error::Startup(format!(
+                "CONFIG_TYPE {:?} is not supported: FILE (limits files) or GRPC_XDS_SOTW (xDS, state of the world)",
+                self.config_type
+            ))),
+        }
+    }
+
+    /// The xDS client's settings.
+    pub fn xds(&self) -> Result<XdsSettings> {
+        let max_message_bytes = match self.xds_max_message_bytes {
+            Some(bytes) => Some(bytes),
+            None => first_env(&["XDS_CLIENT_GRPC_OPTIONS_MAX_MSG_SIZE_IN_BYTES"])
+                .map(|v| {
+                    v.trim().parse::<usize>().map_err(|_| {
+                        startup(format!("XDS_CLIENT_GRPC_OPTIONS_MAX_MSG_SIZE_IN_BYTES {v:?}: not a number of bytes"))
+                    })
+                })
+                .transpose()?,
+        };
+        Ok(XdsSettings {
+            server: self.xds_server_url.clone(),
+            node_id: self.xds_node_id.clone(),
+            node_metadata: node_metadata(&self.xds_node_metadata),
+            headers: headers(&self.xds_headers)?,
+            max_message_bytes: max_message_bytes.filter(|&b| b > 0),
+            backoff: Backoff {
+                initial: self.xds_backoff_initial,
+                max: self.xds_backoff_max,
+                factor: self.xds_backoff_factor,
+                jitter: self.xds_backoff_jitter,
+            },
+            tls: self.xds_tls()?,
+        })
+    }
+
+    fn xds_tls(&self) -> Result<Option<ClientTls>> {
+        if !self.xds_use_tls {
+            return Ok(None);
+        }
+        let identity = match (&self.xds_client_cert, &self.xds_client_key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            (None, None) => None,
+            _ => return Err(startup(
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together",
+            )),
+        };
+        let config = ratekeeper::tls::client_config(self.xds_server_ca.as_deref(), identity)?;
+        let name = match &self.xds_server_san {
+            Some(san) => san.clone(),
+            None => host(&self.xds_server_url).to_owned(),
+        };
+        let server_name = ServerName::try_from(name.clone()).map_err(|e| {
+            startup(format!(
+                "xDS server name {name:?} (CONFIG_GRPC_XDS_SERVER_TLS_SAN): {e}"
+            ))
+        })?;
+        Ok(Some(ClientTls {
+            config: Arc::new(config),
+            server_name,
+        }))
+    }
+
+    /// The gRPC server's TLS files: envoyproxy/ratelimit's names, or
+    /// ratekeeper's own (`own_*`, given first). `GRPC_CLIENT_TLS_CACERT`
+    /// requires client certificates; Envoy Gateway's
+    /// `GRPC_SERVER_TLS_CA_CERT` (a name envoyproxy/ratelimit does not read)
+    /// checks the certificates clients present without requiring one.
+    pub fn grpc_tls(
+        &self,
+        own_cert: Option<&Path>,
+        own_key: Option<&Path>,
+        own_client_ca: Option<&Path>,
+    ) -> Result<Option<TlsFiles>> {
+        let path = |own: Option<&Path>, name: &str| {
+            own.map(Path::to_path_buf)
+                .or_else(|| first_env(&[name]).map(PathBuf::from))
+        };
+        let cert = path(own_cert, "GRPC_SERVER_TLS_CERT");
+        let key = path(own_key, "GRPC_SERVER_TLS_KEY");
+        if !self.grpc_server_use_tls.unwrap_or(cert.is_some()) {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err(startup(
+                "gRPC TLS needs a certificate and a key: GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (or GRPC_TLS_CERT and GRPC_TLS_KEY)",
+            ));
+        };
+        let required = path(own_client_ca, "GRPC_CLIENT_TLS_CACERT");
+        let client_ca = required
+            .clone()
+            .or_else(|| first_env(&["GRPC_SERVER_TLS_CA_CERT"]).map(PathBuf::from));
+        if self.grpc_client_tls_san.is_some() && client_ca.is_none() {
+            return Err(startup(
+                "GRPC_CLIENT_TLS_SAN needs a CA to check client certificates: GRPC_CLIENT_TLS_CACERT",
+            ));
+        }
+        Ok(Some(TlsFiles {
+            cert,
+            key,
+            client_ca,
+            client_cert_required: required.is_some(),
+            client_san: self.grpc_client_tls_san.clone(),
+        }))
+    }
+}
+
+fn startup(message: impl Into<String>) -> Error {
+    Error::Startup(message.into())
+}
+
+/// The host of `host:port` (`[v6]:port` too).
+fn host(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// `k=v,k=v` pairs; entries without `=` are skipped, as envoyproxy/ratelimit
+/// does.
+fn node_metadata(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|entry| entry.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `k1:v1,k2:v2` as gRPC metadata (keys lower-cased, as Go's gRPC does).
+fn headers(text: &str) -> Result<MetadataMap> {
+    let mut map = MetadataMap::new();
+    for entry in text.split(',').filter(|e| !e.trim().is_empty()) {
+        let bad = || {
+            startup(format!(
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {entry:?} is not name:value (a header name and an ASCII value)"
+            ))
+        };
+        let (name, value) = entry.split_once(':').ok_or_else(bad)?;
+        let name = MetadataKey::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+            .map_err(|_| bad())?;
+        let value = MetadataValue::try_from(value.trim()).map_err(|_| bad())?;
+        map.append(name, value);
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{headers, host, node_metadata};
+
+    #[test]
+    fn their_list_formats_are_read_as_theirs() {
+        let map = headers("X-Team:rate, authorization:Bearer abc").expect("headers");
+        assert_eq!(
+            map.get("x-team").and_then(|v| v.to_str().ok()),
+            Some("rate")
+        );
+        assert_eq!(
+            map.get("authorization").and_then(|v| v.to_str().ok()),
+            Some("Bearer abc")
+        );
+        assert!(headers("").expect("empty").is_empty());
+        assert!(headers("no-colon").is_err());
+        assert_eq!(
+            node_metadata("a=1,b,c=x=y"),
+            [("a".into(), "1".into()), ("c".into(), "x=y".into())]
+        );
+        assert_eq!(host("envoy-gateway:18001"), "envoy-gateway");
+        assert_eq!(host("[::1]:18001"), "::1");
+    }
+}
