@@ -11,8 +11,11 @@ failures answered in each failure mode (a Redis that is not there).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import socket
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -315,3 +318,137 @@ def test_prometheus_rule_alerts_and_thresholds(chart):
     latency = rules["RatekeeperDecisionLatencyHigh"]
     assert latency["expr"].endswith("> 0.1") and latency["for"] == "3m"
     assert "threshold 0.1 s" in latency["annotations"]["description"]
+
+
+# --- the alerts fire when they should: Prometheus' own rule engine --------------
+#
+# promtool (`make promtool`, or $PROMTOOL) checks the rendered rules and runs
+# them over synthetic series of the release's namespace and job.
+
+SERIES = 'namespace="rate", job="rk-ratekeeper", pod="rk-0"'
+
+
+def promtool() -> str:
+    path = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    if not path or not Path(path).is_file():
+        pytest.fail("promtool not found: run `make promtool` (it sets $PROMTOOL for `make test`)")
+    return path
+
+
+@pytest.fixture
+def rules_file(chart, tmp_path) -> Path:
+    """The rendered PrometheusRule's groups as a Prometheus rules file."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(one(render(chart, ALL_ON), "PrometheusRule")["spec"]))
+    return path
+
+
+def run_promtool(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_accepts_the_rules(rules_file):
+    out = run_promtool("check", "rules", str(rules_file), cwd=rules_file.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "4 rules found" in out.stdout, out.stdout
+
+
+def alert(name: str, eval_time: str, annotations: dict | None = None, **labels) -> dict:
+    """An alert_rule_test: `name` firing with these labels and annotations at
+    eval_time (none if no labels)."""
+    expected = {"exp_labels": labels, "exp_annotations": annotations}
+    return {"eval_time": eval_time, "alertname": name, "exp_alerts": [expected] if labels else []}
+
+
+STORE_DOWN = {
+    "summary": "ratekeeper rk-0 cannot reach its store",
+    "description": "The store (Redis) of rate/rk-0 has not answered its health probe for 2m. "
+                   "Decisions follow the failure mode (default open: every request allowed)."}
+RELOAD_REFUSED = {
+    "summary": "ratekeeper rk-0 refused a limits change",
+    "description": "rate/rk-0 refused a change of its limits directory; the previous limits stay in force. "
+                   "Its log names the file, line and reason; `ratekeeper validate --config-dir DIR` checks a directory."}
+SURGE = {
+    "summary": "Many hits of rule a in domain d are over the limit",
+    "description": "80% of the hits of rule a in domain d (rate) are refused: a client flooding, or a limit set too low."}
+SLOW = {
+    "summary": "ratekeeper decisions are slow",
+    "description": "The 99th percentile of ratekeeper's decision latency in rate is 49.5ms (threshold 0.025 s): "
+                   "Envoy may time out and apply its own failure mode. Check the store's latency and the replicas' CPU."}
+
+
+def test_alerts_fire_on_their_conditions_and_not_before(rules_file):
+    tests = [
+        {   # Down from minute 2: pending for the 2m of `for`, then firing.
+            "interval": "1m",
+            "input_series": [{"series": f"ratekeeper_store_up{{{SERIES}}}", "values": "1 1 0x10"}]
+                            + [{"series": f'ratekeeper_store_up{{{SERIES.replace("rk-0", "rk-1")}}}',
+                                "values": "1x12"}],
+            "alert_rule_test": [
+                alert("RatekeeperStoreDown", "1m"),
+                alert("RatekeeperStoreDown", "3m"),
+                alert("RatekeeperStoreDown", "5m", STORE_DOWN, severity="critical", namespace="rate", pod="rk-0"),
+            ],
+        },
+        {   # The error counter appears at minute 5 with its first refusal
+            # (lazily registered: increase() alone would miss it), a second
+            # refusal at minute 40.
+            "interval": "1m",
+            "input_series": [{"series": f"ratekeeper_config_load_error{{{SERIES}}}",
+                              "values": "_x4 1x34 2x20"}],
+            "alert_rule_test": [
+                alert("RatekeeperConfigReloadFailing", "3m"),
+                alert("RatekeeperConfigReloadFailing", "6m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
+                alert("RatekeeperConfigReloadFailing", "18m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
+                alert("RatekeeperConfigReloadFailing", "30m"),
+                alert("RatekeeperConfigReloadFailing", "45m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
+            ],
+        },
+        {   # Rule a: 80% of 10 hits/s refused, for 20 minutes. Rule b: 90% of
+            # 0.5 hits/s (below minHitsPerSecond). Rule c: 10% of 10 hits/s.
+            "interval": "1m",
+            "input_series": [
+                {"series": f'ratekeeper_rate_limit_total_hits{{{SERIES}, domain="d", rule="{r}"}}',
+                 "values": f"0+{total}x30"} for r, total in (("a", 600), ("b", 30), ("c", 600))
+            ] + [
+                {"series": f'ratekeeper_rate_limit_over_limit{{{SERIES}, domain="d", rule="{r}"}}',
+                 "values": f"0+{over}x30"} for r, over in (("a", 480), ("b", 27), ("c", 60))
+            ],
+            "alert_rule_test": [
+                alert("RatekeeperOverLimitSurge", "8m"),
+                alert("RatekeeperOverLimitSurge", "20m", SURGE, severity="warning", namespace="rate",
+                      domain="d", rule="a"),
+            ],
+        },
+        {   # Half the decisions take 25-50 ms: p99 above 25 ms. Another
+            # namespace is not this release's.
+            "interval": "1m",
+            "input_series": [
+                {"series": f'ratekeeper_request_duration_seconds_bucket{{{SERIES}, le="{le}"}}',
+                 "values": f"0+{n}x30"} for le, n in (("0.01", 300), ("0.025", 300), ("0.05", 600), ("+Inf", 600))
+            ] + [
+                {"series": f'ratekeeper_request_duration_seconds_bucket{{namespace="other", job="rk-ratekeeper", '
+                           f'pod="x", le="{le}"}}', "values": "0+600x30"} for le in ("0.05", "+Inf")
+            ],
+            "alert_rule_test": [
+                alert("RatekeeperDecisionLatencyHigh", "5m"),
+                alert("RatekeeperDecisionLatencyHigh", "20m", SLOW, severity="warning", namespace="rate"),
+            ],
+        },
+    ]
+    (rules_file.parent / "tests.yaml").write_text(yaml.safe_dump(
+        {"rule_files": [rules_file.name], "evaluation_interval": "1m", "tests": tests}))
+    out = run_promtool("test", "rules", "tests.yaml", cwd=rules_file.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_test_can_fail(rules_file):
+    """The harness above notices an alert that does not fire."""
+    tests = [{"interval": "1m",
+              "input_series": [{"series": f"ratekeeper_store_up{{{SERIES}}}", "values": "1x10"}],
+              "alert_rule_test": [alert("RatekeeperStoreDown", "5m", STORE_DOWN, severity="critical",
+                                        namespace="rate", pod="rk-0")]}]
+    (rules_file.parent / "tests.yaml").write_text(yaml.safe_dump(
+        {"rule_files": [rules_file.name], "evaluation_interval": "1m", "tests": tests}))
+    out = run_promtool("test", "rules", "tests.yaml", cwd=rules_file.parent)
+    assert out.returncode != 0 and "RatekeeperStoreDown" in out.stdout + out.stderr, out
