@@ -2,7 +2,7 @@
 #
 #   make run                                  in-memory store, examples/config
 #   make run REDIS_URL=redis://127.0.0.1:6379  counters in Redis
-#   make test                                 installs redis-server and the Python
+#   make test                                 installs redis-server, promtool and the Python
 #                                             test tools if missing, runs all tests
 #   make lint                                 rustfmt + clippy -D warnings
 
