@@ -83,14 +83,14 @@ fn git_commit() -> Option<String> {
         return None;
     }
     // HEAD moves on checkout; the branch's ref (loose or packed) on commit.
-    for path in ["HEAD", "packed-refs"] {
+    // Only files that exist: cargo reruns the script on every build for a
+    // path that does not.
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    for path in ["HEAD", "packed-refs"].into_iter().chain(branch.as_deref()) {
         if let Some(file) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={file}");
-        }
-    }
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        if let Some(file) = git(&["rev-parse", "--git-path", &branch]) {
-            println!("cargo:rerun-if-changed={file}");
+            if std::path::Path::new(&file).exists() {
+                println!("cargo:rerun-if-changed={file}");
+            }
         }
     }
     git(&["rev-parse", "--short", "HEAD"])
