@@ -374,6 +374,14 @@ fn validate(dir: &Path) -> Result<()> {
     };
     let files = ratekeeper::config::limits_files(dir)?.len();
     let domains = config.domain_names();
+    if domains.is_empty() {
+        // Valid (the server starts, allowing everything), but in a CI job
+        // more likely a wrong path.
+        eprintln!(
+            "warning: {}: no domains: every request would be allowed",
+            dir.display()
+        );
+    }
     println!(
         "{}: ok, {files} limits file{}, {} domain{} ({})",
         dir.display(),

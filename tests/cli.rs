@@ -88,6 +88,23 @@ fn validate_of_a_good_directory_prints_one_summary_line() {
 }
 
 #[test]
+fn validate_warns_about_a_directory_without_domains() {
+    let dir = dir_with(&[("notes.txt", "not a limits file")]);
+    let d = dir.path().display().to_string();
+    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+    // The server would start with it, so it passes, with a warning.
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        text(&out.stdout),
+        format!("{d}: ok, 0 limits files, 0 domains ()\n")
+    );
+    assert_eq!(
+        text(&out.stderr),
+        format!("warning: {d}: no domains: every request would be allowed\n")
+    );
+}
+
+#[test]
 fn validate_finds_the_directory_as_the_server_does() {
     let good = dir_with(&[("web.yaml", GOOD)]);
     let bad = dir_with(&[("a.yaml", UNKNOWN_KEY)]);
