@@ -14,7 +14,7 @@ GRPC_ADDR ?= 0.0.0.0:8081
 METRICS_ADDR ?= 0.0.0.0:9090
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run build test test-rust test-python deps redis-server python-venv promtool lint fmt clean bench fuzz
+.PHONY: run build test test-rust test-python deps redis-server python-venv promtool lint fmt clean bench soak fuzz
 
 run:
 	$(CARGO) run --release --bin ratekeeper -- \
@@ -73,6 +73,15 @@ $(VENV)/.installed: tests/python/requirements.txt
 # bench/run.sh tune it.
 bench:
 	bench/run.sh
+
+# Not in CI: SOAK_SECONDS (default 600) of mixed load on two ratekeeper
+# replicas sharing one Redis (its own redis-server primary and replica
+# behind bench/forwarder.py), with a reload every 10 s, Redis killed and
+# restarted at 50% and failed over behind the address at 70%; writes the
+# "Soak run" section of BENCHMARKS.md (SOAK_OUT=- prints it only). The other
+# SOAK_* variables are in bench/soak.sh.
+soak:
+	bench/soak.sh
 
 # The no-panic property tests (limits parser, request path, random bytes on
 # the gRPC port, key injectivity) with many more cases than `make test`.

@@ -407,5 +407,11 @@ export BENCH_SECONDS=$SECS BENCH_WARMUP=$WARMUP BENCH_RUNS=$RUNS BENCH_CONCURREN
 export BENCH_H2LOAD_VERSION="$(h2load --version | sed -n 's/.*nghttp2\/\([^ ]*\).*/\1/p')"
 export BENCH_REDIS_VERSION="$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
 export BENCH_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
-python3 bench/report.py "$RESULTS" "$RESULTS_DIR" >"$OUT"
+python3 bench/report.py "$RESULTS" "$RESULTS_DIR" >"$WORK/report.md"
+# The soak run's section (`make soak`, bench/soak.sh) is carried over.
+if [ -f "$OUT" ] && grep -q '^<!-- soak:begin -->$' "$OUT"; then
+    printf '\n' >>"$WORK/report.md"
+    sed -n '/^<!-- soak:begin -->$/,/^<!-- soak:end -->$/p' "$OUT" >>"$WORK/report.md"
+fi
+mv "$WORK/report.md" "$OUT"
 log "wrote $OUT (raw results: $RESULTS)"

@@ -11,9 +11,6 @@ pub enum Error {
     /// The counter store failed or did not answer in time.
     #[error("store: {0}")]
     Store(String),
-    /// A request the service refuses to evaluate.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
     /// A setting the server cannot start with.
     #[error("{0}")]
     Startup(String),

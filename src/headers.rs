@@ -1,5 +1,6 @@
 //! `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` and
-//! `Retry-After` response headers, from the request's tightest limit.
+//! `Retry-After` response headers, from the request's tightest limit (which
+//! the decision picks: `service::rls`).
 //!
 //! Values are decimal integers only, so they can never carry CR, LF or NUL;
 //! names are checked once at start-up.
@@ -54,7 +55,8 @@ pub struct HeaderSettings {
     pub names: HeaderNames,
 }
 
-/// A limit's state as the headers describe it.
+/// A limit's state after a decision, as its status and the headers
+/// describe it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitState {
     /// The most hits the limit admits at once.
@@ -64,33 +66,6 @@ pub struct LimitState {
     pub reset_ms: u64,
     /// Over and enforced (shadow-mode limits never count as over).
     pub over: bool,
-}
-
-impl LimitState {
-    /// Over beats not over; among over, the longest wait; otherwise the
-    /// fewest remaining, then the longest reset.
-    pub fn is_tighter_than(&self, other: &LimitState) -> bool {
-        match (self.over, other.over) {
-            (true, false) => true,
-            (false, true) => false,
-            (true, true) => self.reset_ms > other.reset_ms,
-            (false, false) => {
-                self.remaining < other.remaining
-                    || (self.remaining == other.remaining && self.reset_ms > other.reset_ms)
-            }
-        }
-    }
-
-    /// The tightest of `states`, with its index.
-    pub fn tightest(states: impl IntoIterator<Item = LimitState>) -> Option<(usize, LimitState)> {
-        states
-            .into_iter()
-            .enumerate()
-            .fold(None, |best, (i, s)| match best {
-                Some((_, b)) if !s.is_tighter_than(&b) => best,
-                _ => Some((i, s)),
-            })
-    }
 }
 
 /// The headers for the request's tightest limit.
@@ -123,35 +98,6 @@ mod tests {
             reset_ms,
             over,
         }
-    }
-
-    #[test]
-    fn tightest_prefers_over_then_longest_wait_then_fewest_remaining() {
-        assert_eq!(
-            LimitState::tightest([s(5, 100, false), s(2, 50, false)])
-                .unwrap()
-                .0,
-            1
-        );
-        assert_eq!(
-            LimitState::tightest([s(2, 50, false), s(2, 70, false)])
-                .unwrap()
-                .0,
-            1
-        );
-        assert_eq!(
-            LimitState::tightest([s(0, 10, false), s(9, 5, true)])
-                .unwrap()
-                .0,
-            1
-        );
-        assert_eq!(
-            LimitState::tightest([s(0, 900, true), s(0, 100, true)])
-                .unwrap()
-                .0,
-            0
-        );
-        assert!(LimitState::tightest([]).is_none());
     }
 
     #[test]

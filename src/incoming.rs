@@ -4,10 +4,13 @@
 //! socket and a task forever. Once the preface is in, HTTP/2 keepalive pings
 //! (see `server`) take over the detection of stuck peers. With TLS the
 //! handshake happens here too, off the accept loop. One task accepts and
-//! deals the connections to the serving lanes (see `lanes`).
+//! deals the connections to the serving lanes (see `lanes`); its
+//! [`accept`], which pauses after a failed accept, serves the HTTP
+//! listeners too (`http`).
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -192,14 +195,7 @@ pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<Dealt>>) {
     let loads: Vec<Arc<AtomicUsize>> = lanes.iter().map(|_| Arc::default()).collect();
     let mut next = 0;
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, _) = accept(&listener).await;
         let _ = stream.set_nodelay(true);
         let stream = match stream.into_std() {
             Ok(stream) => stream,
@@ -226,6 +222,24 @@ pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<Dealt>>) {
         let _ = lanes[lane].send(dealt).await;
     }
 }
+
+/// The next connection on `listener`. A failed accept (out of file
+/// descriptors, EMFILE, most often) pauses before the next try: retrying at
+/// once would spin a core while nothing frees one.
+pub async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_BACK_OFF).await;
+            }
+        }
+    }
+}
+
+/// The pause after a failed accept.
+const ACCEPT_BACK_OFF: Duration = Duration::from_millis(50);
 
 /// The lane with the fewest open connections among those still serving
 /// (`None`: stopped), the first such from `start` on (so ties go in turn).

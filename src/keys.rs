@@ -1,4 +1,4 @@
-//! Counter-key encoding (DESIGN.md section 5).
+//! Counter-key encoding: one Redis key per (descriptor, limit).
 //!
 //! `rk:{<domain>|<key>=<value>|...}:<rule id>`
 //!
@@ -179,7 +179,7 @@ mod tests {
             cluster_slot("{user1000}.following"),
             cluster_slot("user1000")
         );
-        assert_eq!(cluster_slot("foo{}{bar}"), cluster_slot("foo{}{bar}"));
+        // An empty first tag: the whole key is hashed.
         assert_eq!(cluster_slot("foo{}{bar}"), 8_363);
         assert_eq!(cluster_slot("foo{{bar}}zap"), cluster_slot("{bar"));
         let k = key("api", &[("user", "a")]);

@@ -8,27 +8,18 @@
 //! allocated it. In a lane everything a request touches — its connection,
 //! its Redis batch (see `store::batcher`), the Redis connection that carries
 //! the batch and that connection's reader — lives on one thread, so a
-//! request never leaves it. Each accepted connection goes to the lane with
+//! request never leaves it: each lane serves its own copy of the services,
+//! holding the store as that lane sees it (`Store::for_lane`). Each accepted connection goes to the lane with
 //! the fewest open (`incoming::deal`); the work of one client connection
 //! stays on one core, which is how Envoy uses a rate limit service anyway (a
 //! connection per Envoy worker).
 
-use std::cell::Cell;
 use std::sync::mpsc;
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use crate::{Error, Result};
-
-thread_local! {
-    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// The lane the calling thread serves, if it is a lane's thread.
-pub fn current() -> Option<usize> {
-    CURRENT.with(Cell::get)
-}
 
 /// How many lanes to run when not told: one per core available to the
 /// process (cgroup CPU limits included).
@@ -75,7 +66,6 @@ impl Lanes {
                             return;
                         }
                     };
-                    CURRENT.with(|c| c.set(Some(index)));
                     let _ = started.send(Ok(runtime.handle().clone()));
                     runtime.block_on(async {
                         let _ = stopped.await;
@@ -125,12 +115,12 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn tasks_run_on_their_lane_and_know_it() {
+    async fn tasks_run_on_their_lane() {
         let lanes = Lanes::start(3).expect("lanes");
-        assert_eq!(current(), None);
+        let thread = || std::thread::current().name().map(str::to_owned);
         for (i, handle) in lanes.handles().iter().enumerate() {
-            let seen = handle.spawn(async { current() }).await.expect("task");
-            assert_eq!(seen, Some(i));
+            let seen = handle.spawn(async move { thread() }).await.expect("task");
+            assert_eq!(seen, Some(format!("rk-lane-{i}")));
         }
     }
 

@@ -11,16 +11,23 @@
 //!
 //! - [`server`] binds the gRPC server: the rate limit service, the
 //!   concurrency service, gRPC health, reflection, and the config watcher;
-//!   [`incoming`] accepts connections, guards them and deals them to the
-//!   [`lanes`], one single-threaded runtime per core, each serving its
-//!   connections start to finish.
-//! - [`service`] holds the gRPC services: [`service::rls`] validates a
-//!   request against [`service::caps`], matches its descriptors and answers.
+//!   [`incoming`] accepts connections (over [`tls`] when configured), guards
+//!   them and deals them to the [`lanes`], one single-threaded runtime per
+//!   core, each serving its connections start to finish with its own copy
+//!   of the services, bound to its own store connections.
+//! - [`service`] holds the gRPC services. [`service::rls`] decides a
+//!   `ShouldRateLimit` in four steps, one module each: plan the checks
+//!   (validate against [`service::caps`], match the rules, apply overrides
+//!   and `replaces`), get their outcomes — from the over-limit cache
+//!   ([`service::over_cache`]: fixed-window keys known to be full until
+//!   their window ends cost no store call), else from the store — apply
+//!   the domain's failure mode if the store failed, and build the response.
+//!   [`service::concurrency`] leases places for concurrent connections.
 //! - [`config`] loads the limits: its sources (the YAML directory, reloaded
 //!   on change; xDS `RateLimitConfig` messages) translate into one
 //!   description that one compiler checks and builds; [`rules`] is the
 //!   compiled descriptor matcher.
-//! - [`headers`] computes the `RateLimit-*` response headers from the
+//! - [`headers`] writes the `RateLimit-*` response headers for the
 //!   request's tightest limit.
 //! - [`keys`] turns a descriptor into its counter key (injective, with a
 //!   Redis Cluster hash tag).
@@ -30,8 +37,18 @@
 //!   [`store::limiter_script`]: a function on Redis 7, else a script) that
 //!   [`store::batcher`] shares among the requests in flight, each call made
 //!   by [`store::caller`] under a deadline and a circuit breaker.
-//! - [`telemetry`] sets up logs and the Prometheus endpoint; [`clock`] is the
-//!   time source tests can pin; [`duration`] reads durations written as text.
+//! - [`http`] serves the HTTP listeners on one axum server:
+//!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
+//!   and `/metrics`; [`health`] is the readiness gRPC health and
+//!   `/healthcheck` both report.
+//! - [`telemetry`] sets up logs and the Prometheus recorder; [`clock`] is the
+//!   time source tests can pin; [`duration`] reads durations written as
+//!   text; [`vocab`] holds the words several layers share (failure mode,
+//!   Redis topology); [`error`] the error type; [`pb`] ratekeeper's own
+//!   protos and envoyproxy/ratelimit's `RateLimitConfig`.
+//!
+//! No module imports one that imports it back, directly or around a loop
+//! (`tests/module_graph.rs` checks).
 //!
 //! `main.rs` only parses flags and calls into these.
 
@@ -40,6 +57,8 @@ pub mod config;
 pub mod duration;
 pub mod error;
 pub mod headers;
+pub mod health;
+pub mod http;
 pub mod incoming;
 pub mod keys;
 pub mod lanes;
@@ -51,5 +70,6 @@ pub mod service;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod vocab;
 
 pub use error::{ConfigError, Error, Result};

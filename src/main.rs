@@ -7,18 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
+use ratekeeper::http;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
-use ratekeeper::service::failure::FailureMode;
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store, Topology};
+use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::tls::{ReloadingTls, TlsFiles};
+use ratekeeper::vocab::{FailureMode, Topology};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
@@ -51,17 +52,38 @@ struct Cli {
     /// set (envoyproxy/ratelimit's name), else `0.0.0.0:8081`.
     #[arg(long, env = "GRPC_ADDR")]
     grpc_addr: Option<SocketAddr>,
-    /// Prometheus `/metrics` listen address, or `off`.
-    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
-    metrics_addr: String,
+    /// Prometheus metrics listen address, or `off`. Default `0.0.0.0:9090`;
+    /// with USE_PROMETHEUS=true, PROMETHEUS_ADDR replaces it.
+    #[arg(long, env = "METRICS_ADDR")]
+    metrics_addr: Option<String>,
+    /// envoyproxy/ratelimit's switch: take the metrics address from
+    /// PROMETHEUS_ADDR. (Metrics are on without it; METRICS_ADDR=off stops them.)
+    #[arg(long, env = "USE_PROMETHEUS", value_parser = BoolishValueParser::new())]
+    use_prometheus: bool,
+    /// The metrics address when USE_PROMETHEUS=true (default `:9090`); a
+    /// host-less `:PORT` listens on every interface.
+    #[arg(long, env = "PROMETHEUS_ADDR")]
+    prometheus_addr: Option<String>,
+    /// The path metrics are served at.
+    #[arg(long, env = "PROMETHEUS_PATH", default_value = "/metrics")]
+    metrics_path: String,
+    /// HTTP listen address for `/healthcheck` and `/json`, or `off`. Default
+    /// `$HOST:$PORT` (envoyproxy/ratelimit's names), each defaulting to
+    /// `0.0.0.0` and `8080`.
+    #[arg(long, env = "HTTP_ADDR")]
+    http_addr: Option<String>,
+    /// Debug HTTP listen address for `/rlconfig`, or `off`. Default
+    /// `$DEBUG_HOST:$DEBUG_PORT`, each defaulting to `0.0.0.0` and `6070`.
+    #[arg(long, env = "DEBUG_ADDR")]
+    debug_addr: Option<String>,
     /// Redis: single `redis://[user:pass@]host:port[/db]` or `host:port`;
     /// cluster `host:port,host:port,...`; sentinel `mastername,host:port,...`.
     /// Absent: counters are kept in memory (one replica only).
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
     /// Redis topology.
-    #[arg(long, env = "REDIS_TYPE", value_enum, ignore_case = true, default_value_t = Topology::Single)]
-    redis_type: Topology,
+    #[arg(long, env = "REDIS_TYPE", value_enum, ignore_case = true, default_value_t = TopologyArg::Single)]
+    redis_type: TopologyArg,
     /// Redis password, or `user:password` for an ACL user. Never logged.
     #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
     redis_auth: Option<String>,
@@ -85,8 +107,8 @@ struct Cli {
     /// The answer while Redis fails: open (allow), closed (OVER_LIMIT),
     /// unavailable (gRPC UNAVAILABLE), local (limit / --expected-replicas in
     /// memory). Domains can override with `failure_mode:`.
-    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
-    failure_mode: FailureMode,
+    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureModeArg::Open)]
+    failure_mode: FailureModeArg,
     /// Most distinct `detailed_metric` label values kept in /metrics; past
     /// it new values are counted under `overflow`.
     #[arg(long, env = "MAX_DETAILED_METRIC_SERIES", default_value_t = 10_000)]
@@ -157,7 +179,9 @@ struct Cli {
     /// PEM CA: require client certificates signed by it (mutual TLS).
     #[arg(long, env = "GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     grpc_tls_client_ca: Option<PathBuf>,
-    /// Time a client has to send the HTTP/2 preface after connecting, in ms.
+    /// Time a client has to send the HTTP/2 preface after connecting, in ms;
+    /// also how long an HTTP/1 connection (/healthcheck, /json, /metrics)
+    /// may stay silent.
     #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
     /// Close client connections this old (e.g. `1h`), so clients rebalance
@@ -171,8 +195,8 @@ struct Cli {
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     log_level: String,
     /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -200,6 +224,68 @@ enum Command {
     },
 }
 
+// The library's value types know nothing of clap: these mirror them for the
+// flags, and map onto them.
+
+/// `--failure-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FailureModeArg {
+    /// Allow the request (counted in `ratekeeper_store_error_fail_open`).
+    Open,
+    /// Refuse: OVER_LIMIT for every limited descriptor.
+    Closed,
+    /// Answer gRPC UNAVAILABLE (Envoy then applies its own `failure_mode_deny`).
+    Unavailable,
+    /// Enforce each limit divided by `--expected-replicas` in this replica's
+    /// memory until the store is back.
+    Local,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(arg: FailureModeArg) -> Self {
+        match arg {
+            FailureModeArg::Open => FailureMode::Open,
+            FailureModeArg::Closed => FailureMode::Closed,
+            FailureModeArg::Unavailable => FailureMode::Unavailable,
+            FailureModeArg::Local => FailureMode::Local,
+        }
+    }
+}
+
+/// `--redis-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TopologyArg {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+impl From<TopologyArg> for Topology {
+    fn from(arg: TopologyArg) -> Self {
+        match arg {
+            TopologyArg::Single => Topology::Single,
+            TopologyArg::Cluster => Topology::Cluster,
+            TopologyArg::Sentinel => Topology::Sentinel,
+        }
+    }
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> Self {
+        match arg {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
 // The serving lanes run their own runtimes (see `ratekeeper::lanes`); this
 // one only accepts connections and runs the background tasks.
 #[tokio::main(flavor = "current_thread")]
@@ -219,7 +305,7 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format)?;
+    telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format.into())?;
     if cli.key_prefix.contains(['{', '}']) {
         return Err(Error::Startup(
             "the key prefix must not contain '{' or '}'".into(),
@@ -235,7 +321,13 @@ async fn run(cli: Cli) -> Result<()> {
         },
     };
     headers.names.validate()?;
-    let metrics = match cli.metrics_addr.as_str() {
+    let metrics = match metrics_addr(
+        cli.use_prometheus,
+        cli.metrics_addr.as_deref(),
+        cli.prometheus_addr.as_deref(),
+    )
+    .as_str()
+    {
         "off" | "" => None,
         addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
     };
@@ -268,7 +360,7 @@ async fn run(cli: Cli) -> Result<()> {
             };
             let settings = RedisSettings {
                 tls,
-                topology: cli.redis_type,
+                topology: cli.redis_type.into(),
                 url: url.clone(),
                 auth,
                 connections: cli.redis_pool_size,
@@ -305,13 +397,28 @@ async fn run(cli: Cli) -> Result<()> {
     let metrics_addr = match metrics {
         Some((listener, handle)) => {
             let addr = local_addr(&listener)?;
-            tokio::spawn(telemetry::serve_metrics(listener, handle));
+            let router = http::metrics::router(&cli.metrics_path, handle)?;
+            let idle = Duration::from_millis(cli.handshake_timeout_ms);
+            tokio::spawn(http::serve(listener, idle, router, std::future::pending()));
             addr.to_string()
         }
         None => "off".into(),
     };
+    let (api_addr, asked) = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
+    let api = bind_http(&api_addr, "HTTP", asked).await?;
+    let (debug_addr, asked) =
+        listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
+    let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
+    let shown = |listener: &Option<TcpListener>| match listener {
+        Some(listener) => local_addr(listener).map(|a| a.to_string()),
+        None => Ok("off".to_owned()),
+    };
     // One plain line on stdout for scripts and tests that start us on port 0.
-    println!("listening grpc={grpc_addr} metrics={metrics_addr}");
+    println!(
+        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={}",
+        shown(&api)?,
+        shown(&debug)?
+    );
 
     Server {
         grpc,
@@ -321,7 +428,7 @@ async fn run(cli: Cli) -> Result<()> {
         limiter: LimiterSettings {
             key_prefix: cli.key_prefix,
             headers,
-            failure_mode: cli.failure_mode,
+            failure_mode: cli.failure_mode.into(),
             expected_replicas: cli.expected_replicas,
             max_detailed_series: cli.max_detailed_metric_series,
             values: if cli.hash_descriptor_values {
@@ -340,6 +447,7 @@ async fn run(cli: Cli) -> Result<()> {
             ..ConnectionLimits::default()
         },
         lanes,
+        http: http::Listeners { api, debug },
     }
     .run(shutdown_signal())
     .await
@@ -397,6 +505,71 @@ fn validate(dir: &Path) -> Result<()> {
 fn duration(text: &str) -> std::result::Result<Duration, String> {
     ratekeeper::duration::parse_duration(text)
         .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 2m, 1h"))
+}
+
+/// The metrics listener's address: METRICS_ADDR, or with USE_PROMETHEUS=true
+/// PROMETHEUS_ADDR (envoyproxy/ratelimit's setting wins when asked for: it
+/// is what their deployments scrape). There is one metrics listener.
+fn metrics_addr(use_prometheus: bool, metrics: Option<&str>, prometheus: Option<&str>) -> String {
+    if !use_prometheus {
+        if let Some(ignored) = prometheus {
+            tracing::warn!(%ignored, "PROMETHEUS_ADDR is only used with USE_PROMETHEUS=true");
+        }
+        return metrics.unwrap_or("0.0.0.0:9090").to_owned();
+    }
+    let addr = prometheus.unwrap_or(":9090");
+    // Go's host-less `:PORT` listens on every interface.
+    let addr = match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_owned(),
+    };
+    if let Some(ignored) = metrics.filter(|m| *m != addr) {
+        tracing::warn!(%ignored, used = %addr, "USE_PROMETHEUS=true: metrics listen on PROMETHEUS_ADDR, not METRICS_ADDR");
+    }
+    addr
+}
+
+/// A listener's address: `flag`, else `$host_var:$port_var` (defaults
+/// `0.0.0.0` and `default_port`). Also whether it was asked for (flag or
+/// variables set) rather than defaulted.
+fn listen_addr(
+    flag: Option<&str>,
+    host_var: &str,
+    port_var: &str,
+    default_port: u16,
+) -> (String, bool) {
+    if let Some(addr) = flag {
+        return (addr.to_owned(), true);
+    }
+    let host = std::env::var(host_var).ok();
+    let port = std::env::var(port_var).ok();
+    let asked = host.is_some() || port.is_some();
+    let host = host.unwrap_or_else(|| "0.0.0.0".into());
+    let port = port.unwrap_or_else(|| default_port.to_string());
+    // An IPv6 host needs brackets before the port (Go's JoinHostPort).
+    let addr = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    (addr, asked)
+}
+
+/// Binds an HTTP listener unless `off`. A failure is fatal when the address
+/// was asked for; on a default address it is a warning, so that replicas
+/// sharing a host (tests, benchmarks) start without naming every port.
+async fn bind_http(addr: &str, what: &str, asked: bool) -> Result<Option<TcpListener>> {
+    if addr == "off" || addr.is_empty() {
+        return Ok(None);
+    }
+    match bind(addr, what).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(error) if !asked => {
+            tracing::warn!(%error, "serving without it");
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {

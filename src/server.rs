@@ -1,5 +1,6 @@
-//! Assembles the gRPC server: the rate limit service, health, reflection,
-//! config hot reload and the store health probe, with graceful shutdown.
+//! Assembles the server: gRPC (the rate limit service, health, reflection),
+//! the HTTP listeners ([`crate::http`]), config hot reload and the store
+//! health probe, with graceful shutdown.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -11,10 +12,11 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
+use crate::health::Readiness;
+use crate::http;
 use crate::incoming::{deal, incoming};
 use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
@@ -28,8 +30,6 @@ use crate::{Error, Result};
 /// Descriptor set of Envoy's rate limit service, for reflection (build.rs).
 pub const ENVOY_RLS_DESCRIPTOR: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/envoy_rls_descriptor.bin"));
-
-const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 /// The health service name that only says the process is up (for a
 /// liveness probe): always SERVING.
@@ -55,6 +55,8 @@ pub struct Server {
     /// Serving threads (at least one), each with its own runtime (see
     /// [`crate::lanes`]; `lanes::default_count()` is one per core).
     pub lanes: usize,
+    /// The HTTP listeners besides gRPC (`/healthcheck`, `/json`, `/rlconfig`).
+    pub http: http::Listeners,
 }
 
 /// What one client connection may hold, so slow or stuck clients cannot
@@ -105,20 +107,18 @@ impl Server {
         })?;
         let holds = Holds::new(self.store.clone());
         let refresher = tokio::spawn(holds.clone().refresh_forever());
-        let concurrency = ConcurrencyServiceServer::new(Concurrency::new(
+        let concurrency = Concurrency::new(
             self.config.clone(),
             self.store.clone(),
             self.limiter.key_prefix.clone(),
             self.limiter.values,
             holds.clone(),
-        ))
-        .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        );
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
-        let rls =
-            RateLimitServiceServer::new(limiter).max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
 
         let (reporter, health) = tonic_health::server::health_reporter();
+        let readiness = Readiness::new(reporter);
         let watcher = self
             .config_dir
             .map(|dir| tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval)));
@@ -145,27 +145,54 @@ impl Server {
                 .max_connection_age(age)
                 .max_connection_age_grace(limits.max_connection_age_grace);
         }
-        let router = builder
-            .add_service(health)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(rls)
-            .add_service(concurrency);
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        };
+        let mut http_servers = Vec::new();
+        if let Some(listener) = self.http.api {
+            let router = http::api::router(limiter.clone(), readiness.clone());
+            http_servers.push(tokio::spawn(http::serve(
+                listener,
+                limits.handshake_timeout,
+                router,
+                stopped(stopping.clone()),
+            )));
+        }
+        if let Some(listener) = self.http.debug {
+            let router = http::debug_router(self.config.clone());
+            http_servers.push(tokio::spawn(http::serve(
+                listener,
+                limits.handshake_timeout,
+                router,
+                stopped(stopping.clone()),
+            )));
+        }
         let mut dealt = Vec::new();
         let mut serving = Vec::new();
-        for lane in lanes.handles() {
+        for (index, lane) in lanes.handles().iter().enumerate() {
             let (deal_to, connections) = mpsc::channel(64);
             dealt.push(deal_to);
-            let (router, mut stopping) = (router.clone(), stopping.clone());
+            // Each lane serves its own copy of the services, bound to its
+            // own Redis connections (see `lanes`).
+            let rls = RateLimitServiceServer::new(limiter.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+            let concurrency = ConcurrencyServiceServer::new(concurrency.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+            let router = builder
+                .clone()
+                .add_service(health.clone())
+                .add_service(reflection_v1.clone())
+                .add_service(reflection_v1alpha.clone())
+                .add_service(rls)
+                .add_service(concurrency);
+            let stopping = stopped(stopping.clone());
             let (handshake_timeout, tls) = (limits.handshake_timeout, limits.tls.clone());
             serving.push(lane.spawn(async move {
                 router
                     .serve_with_incoming_shutdown(
                         incoming(connections, handshake_timeout, tls),
-                        async move {
-                            let _ = stopping.wait_for(|stop| *stop).await;
-                        },
+                        stopping,
                     )
                     .await
             }));
@@ -175,7 +202,7 @@ impl Server {
         let probe = tokio::spawn(probe_store(
             self.store.clone(),
             lanes.handles().to_vec(),
-            reporter,
+            readiness.clone(),
             serves_without_store,
         ));
         let dealer = tokio::spawn(deal(self.grpc, dealt));
@@ -188,9 +215,17 @@ impl Server {
             dealer.abort();
             let _ = stop.send(true);
         };
+        let drained = async {
+            let served = join_all(serving.iter_mut()).await;
+            // The HTTP servers stop with gRPC (also after a lane failed) and
+            // finish their requests in flight within the same grace.
+            let _ = stop.send(true);
+            join_all(http_servers.iter_mut()).await;
+            served
+        };
         let grace = self.shutdown_grace;
         let served = tokio::select! {
-            served = join_all(serving.iter_mut()) => Some(served),
+            served = drained => Some(served),
             () = async { asked.await; tokio::time::sleep(grace).await } => None,
         };
         let served = served.unwrap_or_else(|| {
@@ -199,6 +234,7 @@ impl Server {
                 "connections still open after the shutdown grace; closing them"
             );
             serving.iter().for_each(JoinHandle::abort);
+            http_servers.iter().for_each(JoinHandle::abort);
             Vec::new()
         });
         probe.abort();
@@ -224,24 +260,24 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
-/// Keeps gRPC health in step with the store. `""` and the rate limit
-/// service turn SERVING once the store has answered. After that, with a
-/// failure mode that serves without the store (`open`, `local`) they stay
-/// SERVING through an outage (a readiness probe must not pull every replica
+/// Keeps readiness ([`Readiness`]: gRPC health, HTTP `/healthcheck`) in
+/// step with the store: ready once the store has answered. After that, with
+/// a failure mode that serves without the store (`open`, `local`) it stays
+/// ready through an outage (a readiness probe must not pull every replica
 /// at once; `ratekeeper_store_up` and the logs show it); with `closed` or
-/// `unavailable` they are NOT_SERVING while the store is unreachable.
+/// `unavailable` it is not ready while the store is unreachable.
 async fn probe_store(
     store: Store,
     lanes: Vec<Handle>,
-    reporter: HealthReporter,
+    readiness: Readiness,
     serves_without_store: bool,
 ) {
-    reporter
+    readiness
+        .reporter()
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
-    let mut shown = ServingStatus::NotServing;
-    reporter.set_service_status("", shown).await;
-    reporter.set_service_status(RLS_SERVICE, shown).await;
+    let mut shown = false;
+    readiness.set(shown).await;
     let mut ever_up = false;
     let mut was_up = None;
     loop {
@@ -261,15 +297,10 @@ async fn probe_store(
         };
         ever_up |= up;
         metrics::gauge!("ratekeeper_store_up").set(if up { 1.0 } else { 0.0 });
-        let status = if up || (ever_up && serves_without_store) {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        if status != shown {
-            reporter.set_service_status("", status).await;
-            reporter.set_service_status(RLS_SERVICE, status).await;
-            shown = status;
+        let ready = up || (ever_up && serves_without_store);
+        if ready != shown {
+            readiness.set(ready).await;
+            shown = ready;
         }
         if was_up.is_some_and(|was| was != up) {
             tracing::info!(up, "store reachability changed");
@@ -280,15 +311,16 @@ async fn probe_store(
     }
 }
 
-/// Warms the store up on every lane: each lane has its own Redis
-/// connections, and a connection's reader runs where it was opened.
+/// Warms the store up on every lane, on that lane's thread: each lane has
+/// its own Redis connections, and a connection's reader runs where it was
+/// opened.
 async fn warm_up(store: &Store, lanes: &[Handle]) -> Result<()> {
     // The in-memory store is ready as it is: no need to wait for the lanes.
     if let Store::Memory(_) = store {
         return Ok(());
     }
-    let warming = lanes.iter().map(|lane| {
-        let store = store.clone();
+    let warming = lanes.iter().enumerate().map(|(index, lane)| {
+        let store = store.for_lane(index);
         lane.spawn(async move { store.warm_up().await })
     });
     for warmed in join_all(warming).await {

@@ -819,3 +819,38 @@ async fn after_the_cooldown_a_request_probes_redis_and_closes_the_circuit() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `failure_mode: local` counts on the store's clock, like the store it
+/// stands in for: with time pinned (as tests pin it), the local window ends
+/// when the pinned clock says so, not the machine's.
+#[tokio::test]
+async fn the_local_failure_mode_follows_the_stores_clock() {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use ratekeeper::clock::ManualClock;
+    use ratekeeper::config::watch::SharedConfig;
+    use ratekeeper::config::Config;
+    use ratekeeper::service::rls::{LimiterSettings, RateLimiter};
+
+    let mut redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(3_600_000));
+    let store = redis.store(Some(clock.clone()));
+    redis.kill();
+    let limits = "domain: l\nfailure_mode: local\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let config = Config::from_files([(Path::new("l.yaml"), limits)]).unwrap();
+    let limiter = RateLimiter::new(SharedConfig::new(config), store, LimiterSettings::default());
+    let ask = request("l", vec![descriptor(&[("k", "x")])]);
+    let mut codes = Vec::new();
+    for advance in [0, 0, 60_000] {
+        clock.advance(advance);
+        let r = limiter.decide(&ask).await.unwrap();
+        assert_eq!(degraded(&r).as_deref(), Some("local"));
+        codes.push(r.overall_code);
+    }
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::OverLimit as i32, Code::Ok as i32],
+        "the next minute of the pinned clock admits again"
+    );
+}

@@ -106,3 +106,82 @@ async fn open_loop_threads_share_the_schedule() {
     assert_eq!(report.errors, 0, "{report:?}");
     server.stop().await;
 }
+
+// The soak load's domains: audit values admit 3 a minute; one lease user
+// holds at most 1 lease.
+const SOAK_LIMITS: [&str; 3] = [
+    "domain: soak\ndescriptors:\n  - key: user_id\n    value: hot\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: user_id\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n",
+    "domain: soak_audit\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+    "domain: soak_lease\nconcurrency:\n  - key: user_id\n    max_connections: 1\n    lease_ttl: 3s\n",
+];
+
+#[tokio::test]
+async fn soak_load_counts_each_call_once_and_audits_admissions_per_window() {
+    use ratekeeper_bench::soak::{self, SoakArgs};
+
+    let store = Store::Memory(MemoryStore::new(Arc::new(SystemClock)));
+    let server = TestServer::start(&SOAK_LIMITS, store).await;
+    server.serving().await;
+    let addr = server.addr.to_string();
+    let args = SoakArgs::parse_from([
+        "ratekeeper-soak",
+        "--addr",
+        &addr,
+        "--addr",
+        &addr,
+        "--duration",
+        "2",
+        "--distinct-rate",
+        "50",
+        "--hot-rate",
+        "50",
+        "--audit-rate",
+        "20",
+        "--audit-keys",
+        "2",
+        "--lease-clients",
+        "4",
+        "--lease-users",
+        "1",
+        "--heartbeat-ms",
+        "100",
+        "--deadline-ms",
+        "1000",
+    ]);
+    args.validate().expect("valid flags");
+    let record = tokio::task::spawn_blocking(move || soak::run(&args))
+        .await
+        .expect("soak thread")
+        .expect("soak run");
+    let total = record.timeline.total();
+    assert_eq!(total.errors + total.lease_errors, 0, "{:?}", record.errors);
+    // Every due call sent and counted once: 100 + 100 + 40 ticks in 2 s (the
+    // last one may fall just past the end).
+    let calls = total.store_ok + total.store_over + total.skipped;
+    assert!((237..=240).contains(&calls), "{total:?}");
+    assert_eq!(total.without_store, 0, "the in-memory store always answers");
+    // The one lease user is contended by four clients.
+    assert!(
+        total.lease_granted > 0 && total.lease_refused > 0,
+        "{total:?}"
+    );
+    // Audit admissions: all decided by the store, each naming its window,
+    // at most the limit per value and window, and the limit reached.
+    let mut per_window = std::collections::BTreeMap::new();
+    for a in &record.admissions {
+        assert!(a.from_store, "{a:?}");
+        let end = a.window_end_ms.expect("an admission names its window");
+        let window = (end + 30_000) / 60_000;
+        *per_window.entry((a.value.clone(), window)).or_insert(0) += 1;
+    }
+    assert!(per_window.values().all(|&n| n <= 3), "{per_window:?}");
+    for value in ["a0", "a1"] {
+        let admitted: u32 = per_window
+            .iter()
+            .filter(|((v, _), _)| v == value)
+            .map(|(_, n)| n)
+            .sum();
+        assert!(admitted >= 3, "{value}: {per_window:?}");
+    }
+    server.stop().await;
+}

@@ -63,7 +63,7 @@ impl Rng {
     }
 
     /// Uniform in `[0, n)` (n > 0; the modulo bias is negligible here).
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
 }

@@ -36,6 +36,9 @@
 //! - [`report`]: the human summary and the JSON line.
 //!
 //! `main.rs` parses the flags and calls into these.
+//!
+//! [`soak`] is a second workload, for the `ratekeeper-soak` binary: long,
+//! mixed load (ShouldRateLimit and lease churn) on several replicas.
 
 pub mod args;
 pub mod keys;
@@ -44,6 +47,7 @@ pub mod report;
 pub mod request;
 pub mod run;
 pub mod schedule;
+pub mod soak;
 pub mod tally;
 pub mod tasks;
 

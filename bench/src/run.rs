@@ -258,7 +258,7 @@ async fn load(args: &Args, part: ThreadShare, timing: Timing) -> Result<Tally, S
 }
 
 /// Opens `count` HTTP/2 channels to `addr`.
-async fn connect(addr: &str, count: usize) -> Result<Vec<Channel>, String> {
+pub async fn connect(addr: &str, count: usize) -> Result<Vec<Channel>, String> {
     let uri = if addr.contains("://") {
         addr.to_owned()
     } else {

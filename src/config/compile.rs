@@ -260,8 +260,10 @@ fn check_rate(rate: &Rate) -> Result<(), String> {
         return Err("burst must be positive".into());
     }
     if algorithm.has_burst() {
-        let emission_us =
-            (rate.unit.seconds() * 1_000_000).div_ceil(u64::from(rate.requests_per_unit));
+        let emission_us = gcra::emission_interval_us(
+            rate.unit.seconds() * 1_000,
+            u64::from(rate.requests_per_unit),
+        );
         if rate.effective_burst().saturating_mul(emission_us) > gcra::MAX_BURST_SPAN_US {
             return Err(format!(
                 "burst {} at {} per {} spans more than 2^52 microseconds",

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use crate::limiter::{Algorithm, Unit};
-use crate::service::failure::FailureMode;
+use crate::vocab::FailureMode;
 
 /// One domain as a source describes it.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -18,7 +18,7 @@ use super::DomainConfig;
 use crate::duration::parse_duration;
 use crate::error::ConfigError;
 use crate::limiter::{Algorithm, Unit};
-use crate::service::failure::FailureMode;
+use crate::vocab::FailureMode;
 
 // src/service/ reads the lease TTL bounds from here.
 pub use super::compile::{DEFAULT_LEASE_TTL, LEASE_TTL_RANGE};

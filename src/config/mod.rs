@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::ConfigError;
 use crate::rules::{ConcurrencyRule, RuleTree};
-use crate::service::failure::FailureMode;
+use crate::vocab::FailureMode;
 
 /// Per-domain settings (ratekeeper's additions to the format).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,7 @@
 //! is reported from the stored state; otherwise (Envoy's behaviour) the
 //! checks that fit are consumed even when another refuses the request.
 
-use super::{fixed_window::Window, gcra::Gcra, sliding_log::Log, sliding_window::Sliding};
-use super::{Algorithm, Check, Outcome, Policy, State};
+use super::{dispatch, Check, Outcome, Policy, State};
 
 /// What a table of states must offer the evaluator.
 pub trait Table {
@@ -17,28 +16,6 @@ pub trait Table {
     fn read(&mut self, key: &str, now_ms: u64) -> Option<State>;
     /// Stores `state` under `key`, expiring at `expires_at_ms`.
     fn write(&mut self, key: &str, state: State, expires_at_ms: u64);
-}
-
-macro_rules! dispatch {
-    ($state:expr, $s:ident => $body:expr) => {
-        match $state {
-            State::Window($s) => $body,
-            State::Sliding($s) => $body,
-            State::Log($s) => $body,
-            State::Gcra($s) => $body,
-        }
-    };
-}
-
-fn load(stored: Option<State>, check: &Check, now: u64) -> State {
-    match check.algorithm {
-        Algorithm::FixedWindow => Window::load(stored, check, now).into_state(),
-        Algorithm::SlidingWindow => Sliding::load(stored, check, now).into_state(),
-        Algorithm::SlidingLog => Log::load(stored, check, now).into_state(),
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-            Gcra::load(stored, check, now).into_state()
-        }
-    }
 }
 
 struct KeyState<'a> {
@@ -63,7 +40,7 @@ pub fn evaluate(
         let at = match keys.iter().position(|k| k.key == check.key) {
             Some(at) => at,
             None => {
-                let stored = load(table.read(&check.key, now_ms), check, now_ms);
+                let stored = State::load(table.read(&check.key, now_ms), check, now_ms);
                 keys.push(KeyState {
                     key: &check.key,
                     live: stored.clone(),

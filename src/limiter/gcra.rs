@@ -25,7 +25,12 @@ pub struct Gcra {
 
 /// Microseconds between two hits at the limit's rate (rounded up).
 pub fn emission_us(check: &Check) -> u64 {
-    (check.period_ms * 1_000).div_ceil(check.limit.max(1))
+    emission_interval_us(check.period_ms, check.limit)
+}
+
+/// Microseconds between two hits at `limit` per `period_ms` (rounded up).
+pub fn emission_interval_us(period_ms: u64, limit: u64) -> u64 {
+    (period_ms * 1_000).div_ceil(limit.max(1))
 }
 
 impl Gcra {

@@ -4,6 +4,11 @@
 //! The policy math lives here once, in Rust, for the in-memory store; each
 //! algorithm's Redis twin is a Lua script in `lua/` with the same semantics,
 //! and the conformance tests run one table against both.
+//!
+//! Every list of the algorithms is in this file — [`Algorithm`], [`State`],
+//! how a state is loaded and reached ([`State::load`], `dispatch!`), and
+//! the Lua twins (`lua_twins!`) — so an algorithm is added here, in its own
+//! module, and in its own Lua file.
 
 pub mod batch;
 pub mod fixed_window;
@@ -12,6 +17,33 @@ pub mod sliding_log;
 pub mod sliding_window;
 
 use std::fmt;
+
+/// The algorithms' Lua twins, joined in the order the limiter script loads
+/// them (see `store::limiter_script`). A macro, for `concat!`.
+macro_rules! lua_twins {
+    () => {
+        concat!(
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_window.lua"),
+            include_str!("../../lua/sliding_log.lua"),
+            include_str!("../../lua/gcra.lua"),
+        )
+    };
+}
+pub(crate) use lua_twins;
+
+/// Runs `$body` with `$s` bound to the [`Policy`] inside a [`State`].
+macro_rules! dispatch {
+    ($state:expr, $s:ident => $body:expr) => {
+        match $state {
+            $crate::limiter::State::Window($s) => $body,
+            $crate::limiter::State::Sliding($s) => $body,
+            $crate::limiter::State::Log($s) => $body,
+            $crate::limiter::State::Gcra($s) => $body,
+        }
+    };
+}
+pub(crate) use dispatch;
 
 /// A rate limit's time unit, as in envoyproxy/ratelimit's limits files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -212,6 +244,24 @@ pub enum State {
     // `State` per key.
     Log(Box<sliding_log::Log>),
     Gcra(gcra::Gcra),
+}
+
+impl State {
+    /// `check`'s state as of `now_ms`, from what the store holds (if anything).
+    pub fn load(stored: Option<State>, check: &Check, now_ms: u64) -> State {
+        match check.algorithm {
+            Algorithm::FixedWindow => {
+                fixed_window::Window::load(stored, check, now_ms).into_state()
+            }
+            Algorithm::SlidingWindow => {
+                sliding_window::Sliding::load(stored, check, now_ms).into_state()
+            }
+            Algorithm::SlidingLog => sliding_log::Log::load(stored, check, now_ms).into_state(),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                gcra::Gcra::load(stored, check, now_ms).into_state()
+            }
+        }
+    }
 }
 
 /// One algorithm's state machine; the Lua twin in `lua/` has the same five

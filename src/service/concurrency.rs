@@ -1,7 +1,7 @@
 //! `ratekeeper.v1.ConcurrencyService`: concurrent-connection limits.
 //!
-//! A connection holds a lease in one set per limited entity (DESIGN.md
-//! section 6). `AcquireConnection` matches the request's descriptors against
+//! A connection holds a lease in one set per limited entity: a sorted set of
+//! lease ids scored by expiry (`lua/leases.lua`). `AcquireConnection` matches the request's descriptors against
 //! the domain's `concurrency:` rules and takes a lease in every matched set,
 //! or in none, in one atomic store call. `Heartbeat` and `Release` take lease
 //! ids only: the ids carry their sets (see `lease_id`). `Hold` does the same
@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 use super::caps;
 use super::holds::Holds;
 use super::lease_id::{LeaseId, SET_SUFFIX};
+use super::wire::{duration, Entries};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::config::watch::SharedConfig;
 use crate::keys::{counter_key, Values};
@@ -58,12 +59,20 @@ impl Concurrency {
         }
     }
 
+    /// The same service, using serving lane `lane`'s store connections.
+    pub fn for_lane(&self, lane: usize) -> Self {
+        Concurrency {
+            store: self.store.for_lane(lane),
+            ..self.clone()
+        }
+    }
+
     /// Acquires for `request`: the answer, and the lease when one was taken.
     async fn acquire(
         &self,
         request: &AcquireRequest,
     ) -> Result<(AcquireResponse, Option<LeaseId>), Status> {
-        validate(request)?;
+        caps::validate(&request.domain, &request.descriptors)?;
         let requested_ttl = match &request.lease_ttl {
             None => None,
             Some(d) => {
@@ -82,10 +91,7 @@ impl Concurrency {
         let mut matched: Vec<(LeaseSlot, &ConcurrencyRule)> = Vec::new();
         if let Some(domain) = config.domain(&request.domain) {
             for descriptor in &request.descriptors {
-                let entries = descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()));
+                let entries = descriptor.entries();
                 let Some(rule) = domain.concurrency.find(entries.clone()) else {
                     continue;
                 };
@@ -186,63 +192,12 @@ impl Concurrency {
 }
 
 fn refs(leases: &[LeaseId]) -> Vec<LeaseRef<'_>> {
-    leases
-        .iter()
-        .map(|l| LeaseRef {
-            member: &l.member,
-            ttl_ms: l.ttl_ms,
-            keys: &l.keys,
-        })
-        .collect()
-}
-
-fn duration(ms: u64) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: (ms / 1_000) as i64,
-        nanos: ((ms % 1_000) * 1_000_000) as i32,
-    }
+    leases.iter().map(LeaseId::lease_ref).collect()
 }
 
 fn store_failed(error: crate::Error) -> Status {
     tracing::warn!(%error, "lease store call failed");
     Status::unavailable(format!("the lease store failed: {error}"))
-}
-
-fn validate(request: &AcquireRequest) -> Result<(), Status> {
-    let invalid = |m: String| Err(Status::invalid_argument(m));
-    if request.domain.is_empty() || request.domain.len() > caps::MAX_DOMAIN_BYTES {
-        return invalid(format!(
-            "the domain must be 1 to {} bytes",
-            caps::MAX_DOMAIN_BYTES
-        ));
-    }
-    if request.descriptors.is_empty() || request.descriptors.len() > caps::MAX_DESCRIPTORS {
-        return invalid(format!(
-            "1 to {} descriptors are accepted",
-            caps::MAX_DESCRIPTORS
-        ));
-    }
-    for (i, d) in request.descriptors.iter().enumerate() {
-        if d.entries.is_empty() || d.entries.len() > caps::MAX_ENTRIES {
-            return invalid(format!(
-                "descriptors[{i}] must have 1 to {} entries",
-                caps::MAX_ENTRIES
-            ));
-        }
-        for (j, e) in d.entries.iter().enumerate() {
-            if e.key.is_empty()
-                || e.key.len() > caps::MAX_KEY_BYTES
-                || e.value.len() > caps::MAX_VALUE_BYTES
-            {
-                return invalid(format!(
-                    "descriptors[{i}].entries[{j}]: the key must be 1 to {} bytes and the value at most {}",
-                    caps::MAX_KEY_BYTES,
-                    caps::MAX_VALUE_BYTES
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 #[tonic::async_trait]

@@ -89,12 +89,7 @@ impl Holds {
     /// Stops refreshing `id` and gives the lease back (the stream ended).
     pub async fn release(&self, id: &str) {
         let Some(held) = self.forget(id) else { return };
-        let lease = LeaseRef {
-            member: &held.lease.member,
-            ttl_ms: held.lease.ttl_ms,
-            keys: &held.lease.keys,
-        };
-        if let Err(error) = self.store.release(&[lease]).await {
+        if let Err(error) = self.store.release(&[held.lease.lease_ref()]).await {
             tracing::warn!(%error, "could not release a held lease; it expires with its TTL");
         }
     }
@@ -111,14 +106,7 @@ impl Holds {
         for h in &held {
             Self::gauge(&h.domain, -1.0);
         }
-        let leases: Vec<LeaseRef<'_>> = held
-            .iter()
-            .map(|h| LeaseRef {
-                member: &h.lease.member,
-                ttl_ms: h.lease.ttl_ms,
-                keys: &h.lease.keys,
-            })
-            .collect();
+        let leases: Vec<LeaseRef<'_>> = held.iter().map(|h| h.lease.lease_ref()).collect();
         if let Err(error) = self.store.release(&leases).await {
             tracing::warn!(%error, leases = leases.len(), "could not release held leases at shutdown");
         }
@@ -156,14 +144,7 @@ impl Holds {
         if snapshot.is_empty() {
             return;
         }
-        let leases: Vec<LeaseRef<'_>> = snapshot
-            .iter()
-            .map(|(_, l)| LeaseRef {
-                member: &l.member,
-                ttl_ms: l.ttl_ms,
-                keys: &l.keys,
-            })
-            .collect();
+        let leases: Vec<LeaseRef<'_>> = snapshot.iter().map(|(_, l)| l.lease_ref()).collect();
         match self.store.heartbeat(&leases).await {
             Ok(alive) => {
                 for ((id, _), alive) in snapshot.iter().zip(alive) {

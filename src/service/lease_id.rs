@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::file::LEASE_TTL_RANGE;
+use crate::store::LeaseRef;
 
 /// The suffix of every lease set key (see `keys::counter_key`).
 pub const SET_SUFFIX: &str = ":conn";
@@ -35,6 +36,15 @@ impl LeaseId {
             member: random_member(),
             ttl_ms,
             keys,
+        }
+    }
+
+    /// The lease as the store takes it.
+    pub fn lease_ref(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            member: &self.member,
+            ttl_ms: self.ttl_ms,
+            keys: &self.keys,
         }
     }
 

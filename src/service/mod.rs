@@ -3,11 +3,11 @@
 
 pub mod caps;
 pub mod concurrency;
-pub mod failure;
 pub mod holds;
 pub mod lease_id;
 pub mod over_cache;
 pub mod rls;
+pub mod wire;
 
 pub use self::concurrency::Concurrency;
 pub use self::rls::RateLimiter;

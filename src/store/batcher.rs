@@ -30,8 +30,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::caller::Caller;
-use super::limiter_script::{self, LimiterScript};
-use super::redis::script_now;
+use super::limiter_script::{self, script_now, LimiterScript};
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};

@@ -28,15 +28,8 @@ use redis::{
     TlsMode, Value,
 };
 
+use crate::vocab::Topology;
 use crate::{Error, Result};
-
-/// Which Redis deployment to talk to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Topology {
-    Single,
-    Cluster,
-    Sentinel,
-}
 
 /// Where and how to connect.
 #[derive(Clone)]

@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use redis::aio::ConnectionLike;
 use redis::{
@@ -21,6 +22,7 @@ use redis::{
     ServerErrorKind, ToRedisArgs,
 };
 
+use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
@@ -30,12 +32,7 @@ macro_rules! lua {
         include_str!("../../lua/prelude.lua")
     };
     (algorithms) => {
-        concat!(
-            include_str!("../../lua/fixed_window.lua"),
-            include_str!("../../lua/sliding_window.lua"),
-            include_str!("../../lua/sliding_log.lua"),
-            include_str!("../../lua/gcra.lua"),
-        )
+        crate::limiter::lua_twins!()
     };
     (batch) => {
         include_str!("../../lua/batch.lua")
@@ -44,6 +41,12 @@ macro_rules! lua {
 
 /// The one limiter script: helpers, every algorithm, then the batch driver.
 pub const TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(batch));
+
+/// The time argument both scripts (this one and `lua/leases.lua`) take: the
+/// pinned clock's ms, or `""` for the Redis server's `TIME`.
+pub fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
+    clock.map(|c| c.now_ms().to_string()).unwrap_or_default()
+}
 
 /// The limiter in both forms, and which one this Redis runs.
 #[derive(Debug)]

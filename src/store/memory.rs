@@ -216,6 +216,11 @@ impl MemoryStore {
         self.clock.now_ms()
     }
 
+    /// The clock this store decides by.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
     /// Number of live (unexpired or not yet swept) counters.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| Self::lock(s).len()).sum()

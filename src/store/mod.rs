@@ -12,13 +12,15 @@ pub mod redis;
 
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
-pub use self::connection::{RedisSettings, RedisTls, Topology};
+pub use self::connection::{RedisSettings, RedisTls};
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use crate::vocab::Topology;
 
 /// A counter store. An enum rather than a trait object: there are two, and
 /// static dispatch keeps the hot path free of boxing.
@@ -103,6 +105,26 @@ impl Store {
         match self {
             Store::Memory(store) => store.now_ms(),
             Store::Redis(store) => store.now_ms(),
+        }
+    }
+
+    /// The same store as used by serving lane `lane` (see [`crate::lanes`]):
+    /// its Redis calls go on that lane's connections, whose readers run on
+    /// that lane's thread. The in-memory store has no lanes.
+    pub fn for_lane(&self, lane: usize) -> Store {
+        match self {
+            Store::Memory(store) => Store::Memory(Arc::clone(store)),
+            Store::Redis(store) => Store::Redis(Arc::new(store.for_lane(lane))),
+        }
+    }
+
+    /// The clock the store's decisions follow, for counters kept beside it
+    /// (a Redis store without a pinned clock follows the Redis server's;
+    /// the system clock stands in for it here).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        match self {
+            Store::Memory(store) => store.clock(),
+            Store::Redis(store) => store.clock(),
         }
     }
 

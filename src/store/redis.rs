@@ -16,26 +16,24 @@ use redis::Script;
 
 use super::batcher::Batcher;
 use super::caller::Caller;
-use super::connection::{Connections, RedisSettings, Topology};
+use super::connection::{Connections, RedisSettings};
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
-use super::limiter_script::{self, LimiterScript};
+use super::limiter_script::{self, script_now, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
-use crate::lanes;
 use crate::limiter::{Check, Outcome};
+use crate::vocab::Topology;
 use crate::{Error, Result};
 
-/// The time argument both scripts take: the pinned clock's ms, or `""` for
-/// the Redis server's `TIME`.
-pub(super) fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
-    clock.map(|c| c.now_ms().to_string()).unwrap_or_default()
-}
-
-/// Counters and leases kept in Redis.
+/// Counters and leases kept in Redis, as seen from one serving lane.
 pub struct RedisStore {
     /// One per serving lane (see [`crate::lanes`]), so that a request's
-    /// Redis call is batched, sent and answered on its own thread.
-    lanes: Vec<Lane>,
+    /// Redis call is batched, sent and answered on its own thread; shared
+    /// by the lanes' views ([`RedisStore::for_lane`]).
+    lanes: Arc<[Lane]>,
+    /// The lane whose connections this view uses: lane 0 unless made by
+    /// [`RedisStore::for_lane`].
+    lane: usize,
     topology: Topology,
     limiter: Arc<LimiterScript>,
     leases: Script,
@@ -95,9 +93,10 @@ impl RedisStore {
                 });
                 Ok(Lane { caller, batcher })
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Arc<[_]>>>()?;
         Ok(RedisStore {
             lanes,
+            lane: 0,
             topology: settings.topology,
             limiter,
             leases: Script::new(include_str!("../../lua/leases.lua")),
@@ -105,13 +104,32 @@ impl RedisStore {
         })
     }
 
-    /// The calling thread's lane (the first for threads outside the lanes).
+    /// The same store, using serving lane `lane`'s connections and batcher:
+    /// for the services that lane runs, made once when it starts.
+    pub fn for_lane(&self, lane: usize) -> RedisStore {
+        RedisStore {
+            lanes: Arc::clone(&self.lanes),
+            lane: lane % self.lanes.len(),
+            topology: self.topology,
+            limiter: Arc::clone(&self.limiter),
+            leases: self.leases.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
     fn lane(&self) -> &Lane {
-        &self.lanes[lanes::current().unwrap_or(0) % self.lanes.len()]
+        &self.lanes[self.lane]
     }
 
     fn caller(&self) -> &Caller {
         &self.lane().caller
+    }
+
+    /// The pinned clock, or the system's.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::clock::SystemClock))
     }
 
     /// The pinned clock, or the system's.

@@ -229,6 +229,10 @@ impl Backend {
 /// A ratekeeper server running in this process.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The HTTP listener (`/healthcheck`, `/json`).
+    pub http: SocketAddr,
+    /// The debug HTTP listener (`/rlconfig`).
+    pub debug: SocketAddr,
     pub config: SharedConfig,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<ratekeeper::Result<()>>>,
@@ -255,6 +259,16 @@ impl TestServer {
             .await
             .expect("bind");
         let addr = grpc.local_addr().expect("addr");
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let debug = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let (http_addr, debug_addr) = (
+            http.local_addr().expect("addr"),
+            debug.local_addr().expect("addr"),
+        );
         let config = SharedConfig::new(config);
         let (tx, rx) = oneshot::channel();
         let server = Server {
@@ -277,12 +291,18 @@ impl TestServer {
                 ..ConnectionLimits::default()
             },
             lanes: 2,
+            http: ratekeeper::http::Listeners {
+                api: Some(http),
+                debug: Some(debug),
+            },
         };
         let task = tokio::spawn(server.run(async {
             let _ = rx.await;
         }));
         TestServer {
             addr,
+            http: http_addr,
+            debug: debug_addr,
             config,
             shutdown: Some(tx),
             task: Some(task),
@@ -488,6 +508,9 @@ pub struct Ratekeeper {
     child: Child,
     pub grpc: String,
     pub metrics: String,
+    /// The HTTP and debug HTTP listeners (`off` when off).
+    pub http: String,
+    pub debug: String,
     pub log: PathBuf,
 }
 
@@ -511,9 +534,21 @@ impl Ratekeeper {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Ratekeeper {
+        Ratekeeper::spawn_command(config_dir, args, env, |_| {})
+    }
+
+    /// As [`Ratekeeper::spawn_with_env`], with `setup` applied to the
+    /// command last (e.g. resource limits).
+    pub fn spawn_command(
+        config_dir: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        setup: impl FnOnce(&mut Command),
+    ) -> Ratekeeper {
         // Not a .yaml file: the limits loader skips it.
         let log = config_dir.join(format!("ratekeeper-{}.log", free_port()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+        command
             .arg("--config-dir")
             .arg(config_dir)
             .args([
@@ -521,14 +556,18 @@ impl Ratekeeper {
                 "127.0.0.1:0",
                 "--metrics-addr",
                 "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--debug-addr",
+                "127.0.0.1:0",
             ])
             .args(args)
             .env_remove("REDIS_URL")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn ratekeeper");
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        setup(&mut command);
+        let mut child = command.spawn().expect("spawn ratekeeper");
         let mut line = String::new();
         use std::io::BufRead;
         std::io::BufReader::new(child.stdout.take().expect("stdout"))
@@ -543,6 +582,8 @@ impl Ratekeeper {
         Ratekeeper {
             grpc: field("grpc="),
             metrics: field("metrics="),
+            http: field("http="),
+            debug: field("debug="),
             child,
             log,
         }
@@ -565,14 +606,7 @@ impl Ratekeeper {
 
     /// The body of `GET /metrics`, with the status line.
     pub fn metrics(&self) -> String {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&self.metrics).expect("metrics port");
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-            .expect("request");
-        let mut body = String::new();
-        stream.read_to_string(&mut body).expect("response");
-        body
+        http_exchange(&self.metrics, "GET", "/metrics", "")
     }
 
     pub fn logs(&self) -> String {
@@ -611,4 +645,53 @@ impl Drop for Ratekeeper {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// One HTTP/1.1 request to `addr` on a connection of its own; the whole
+/// response (status line, headers, body) as text.
+pub fn http_exchange(addr: &str, method: &str, path: &str, body: &str) -> String {
+    try_http_exchange(addr, method, path, body)
+        .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// As [`http_exchange`], failing with the I/O error.
+pub fn try_http_exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// An HTTP answer: its status code and body.
+#[derive(Debug)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub body: String,
+}
+
+/// As [`http_exchange`], split into status code and body.
+pub fn http_call(addr: &str, method: &str, path: &str, body: &str) -> HttpAnswer {
+    let response = http_exchange(addr, method, path, body);
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    HttpAnswer { status, body }
 }

@@ -3,7 +3,7 @@
 The binary is `$RATEKEEPER_BIN`, by default target/debug/ratekeeper of this
 repository (build it first with `cargo build`). Started with port 0 it prints
 one line on stdout once it listens:
-    listening grpc=127.0.0.1:PORT metrics=127.0.0.1:PORT
+    listening grpc=127.0.0.1:PORT metrics=127.0.0.1:PORT http=127.0.0.1:PORT debug=127.0.0.1:PORT
 Every server started here is stopped with SIGTERM (SIGKILL after 5 s) at
 teardown, and on Linux also dies with the test process.
 """
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_BIN = REPO / "target" / "debug" / "ratekeeper"
 STARTUP_TIMEOUT_S = 20
 STOP_TIMEOUT_S = 5
-LISTENING = re.compile(r"^listening grpc=(\S+) metrics=(\S+)$")
+LISTENING = re.compile(r"^listening grpc=(\S+) metrics=(\S+)(?: \S+)*$")
 
 DOMAIN = "compat"
 
@@ -153,6 +153,8 @@ def run_server(config_dir: Path, log_path: Path, *extra_args: str):
         "--config-dir", str(config_dir),
         "--grpc-addr", "127.0.0.1:0",
         "--metrics-addr", "127.0.0.1:0",
+        "--http-addr", "127.0.0.1:0",
+        "--debug-addr", "127.0.0.1:0",
         *extra_args,
     ]
     env = {**os.environ, "LOG_FORMAT": "text", "NO_COLOR": "1"}

@@ -612,7 +612,7 @@ def pod_environment(objects, root: Path, certs) -> dict[str, str]:
                     value = str(target) + value[len(mount_path):]
         env[e["name"]] = value
     assert "$(" not in "".join(env.values()), env
-    env["GRPC_ADDR"] = env["METRICS_ADDR"] = "127.0.0.1:0"
+    env["GRPC_ADDR"] = env["METRICS_ADDR"] = env["HTTP_ADDR"] = env["DEBUG_ADDR"] = "127.0.0.1:0"
     return env
 
 

@@ -1,11 +1,15 @@
-//! What `ShouldRateLimit` answers when the store fails (error, deadline, or
-//! open circuit): the failure mode, set per domain (`failure_mode:` in its
-//! limits file) with a server-wide default (`--failure-mode`).
+//! Shared vocabulary: small value types that the config, the store and the
+//! services all speak, kept below all of them so that none has to import
+//! another for a word (the time [`crate::limiter::Unit`] and
+//! [`crate::limiter::Algorithm`] live in `limiter`, which is below them too).
+//! Command-line parsing of these is `main.rs`'s business.
 
 use std::fmt;
 
-/// The answer while the store fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// What `ShouldRateLimit` answers when the store fails (error, deadline, or
+/// open circuit), set per domain (`failure_mode:` in its limits file) with a
+/// server-wide default (`--failure-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
     /// Allow the request (counted in `ratekeeper_store_error_fail_open`).
     #[default]
@@ -50,4 +54,12 @@ impl fmt::Display for FailureMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// Which Redis deployment to talk to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    Single,
+    Cluster,
+    Sentinel,
 }

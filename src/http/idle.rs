@@ -1,0 +1,79 @@
+//! HTTP/1 connections that go silent are closed: a client that connects
+//! and sends nothing (or stops half-way) would otherwise hold a socket and
+//! a task for good, and enough of them exhaust the file descriptors. The
+//! clock restarts with every byte read or written.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+/// An accepted connection that fails its pending read once it has been
+/// idle for `timeout`.
+pub struct Idle {
+    inner: TcpStream,
+    timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl Idle {
+    pub fn new(inner: TcpStream, timeout: Duration) -> Self {
+        Idle {
+            inner,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    fn active(&mut self) {
+        let next = Instant::now() + self.timeout;
+        self.deadline.as_mut().reset(next);
+    }
+}
+
+impl AsyncRead for Idle {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Pending if this.deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(
+                io::Error::new(io::ErrorKind::TimedOut, "HTTP connection idle"),
+            )),
+            Poll::Pending => Poll::Pending,
+            ready => {
+                this.active();
+                ready
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Idle {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write(cx, data);
+        if written.is_ready() {
+            self.active();
+        }
+        written
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

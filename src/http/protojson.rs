@@ -1,0 +1,426 @@
+//! The protobuf JSON mapping (as Go's `protojson` does it) of the two
+//! messages `POST /json` carries: `RateLimitRequest` in, `RateLimitResponse`
+//! out. envoy-types' prost messages have no serde, so the mapping is written
+//! out here, for these messages only.
+//!
+//! In: field names in lowerCamelCase or as in the proto, integers as JSON
+//! numbers or strings, enums by name or number, `null` for "not set";
+//! unknown fields are refused, as protojson does. Out: lowerCamelCase,
+//! enums by name, durations as `"1.500s"`, default values left out.
+//! `raw_body` and `quota`, which ratekeeper never sets, are not mapped.
+
+use std::fmt;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, Duration, Struct, UInt64Value};
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+/// Reads a `RateLimitRequest`; `Err` says what is wrong with the body.
+pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
+    let raw: JsonRequest =
+        serde_json::from_slice(body).map_err(|e| format!("bad RateLimitRequest JSON: {e}"))?;
+    raw.into_request()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    domain: Option<String>,
+    descriptors: Option<Vec<JsonDescriptor>>,
+    #[serde(rename = "hitsAddend", alias = "hits_addend")]
+    hits_addend: Option<Integer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    entries: Option<Vec<JsonEntry>>,
+    limit: Option<JsonOverride>,
+    /// A `google.protobuf.UInt64Value`: its JSON is the bare number.
+    #[serde(rename = "hitsAddend", alias = "hits_addend")]
+    hits_addend: Option<Integer>,
+    #[serde(rename = "isNegativeHits", alias = "is_negative_hits")]
+    is_negative_hits: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: Option<String>,
+    value: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(rename = "requestsPerUnit", alias = "requests_per_unit")]
+    requests_per_unit: Option<Integer>,
+    unit: Option<EnumValue>,
+}
+
+impl JsonRequest {
+    fn into_request(self) -> Result<RateLimitRequest, String> {
+        let descriptors = self.descriptors.unwrap_or_default();
+        let descriptors = descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| d.into_descriptor(&format!("descriptors[{i}]")))
+            .collect::<Result<_, _>>()?;
+        Ok(RateLimitRequest {
+            domain: self.domain.unwrap_or_default(),
+            descriptors,
+            hits_addend: uint32(self.hits_addend, "hitsAddend")?,
+        })
+    }
+}
+
+impl JsonDescriptor {
+    fn into_descriptor(self, at: &str) -> Result<RateLimitDescriptor, String> {
+        let limit = match self.limit {
+            None => None,
+            Some(limit) => Some(RateLimitOverride {
+                requests_per_unit: uint32(
+                    limit.requests_per_unit,
+                    &format!("{at}.limit.requestsPerUnit"),
+                )?,
+                unit: match limit.unit {
+                    None => 0,
+                    Some(EnumValue::Number(n)) => n,
+                    Some(EnumValue::Name(name)) => Unit::from_str_name(&name)
+                        .ok_or_else(|| format!("{at}.limit.unit: no rate limit unit {name:?}"))?
+                        as i32,
+                },
+            }),
+        };
+        Ok(RateLimitDescriptor {
+            entries: (self.entries.unwrap_or_default().into_iter())
+                .map(|e| Entry {
+                    key: e.key.unwrap_or_default(),
+                    value: e.value.unwrap_or_default(),
+                })
+                .collect(),
+            limit,
+            hits_addend: self.hits_addend.map(|n| UInt64Value { value: n.0 }),
+            is_negative_hits: self.is_negative_hits.unwrap_or_default(),
+        })
+    }
+}
+
+fn uint32(value: Option<Integer>, field: &str) -> Result<u32, String> {
+    let value = value.map_or(0, |n| n.0);
+    u32::try_from(value).map_err(|_| format!("{field}: {value} does not fit in a uint32"))
+}
+
+/// An unsigned integer, as protojson reads one: a JSON number (`3`, `3.0`,
+/// `3e0`) or a string of digits.
+struct Integer(u64);
+
+impl<'de> Deserialize<'de> for Integer {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IntegerVisitor)
+    }
+}
+
+struct IntegerVisitor;
+
+impl Visitor<'_> for IntegerVisitor {
+    type Value = Integer;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an unsigned integer (a number or a string of digits)")
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Integer, E> {
+        Ok(Integer(n))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Integer, E> {
+        u64::try_from(n)
+            .map(Integer)
+            .map_err(|_| E::custom(format!("{n} is negative")))
+    }
+
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Integer, E> {
+        // Exactly representable integers only: 2^64 itself rounds into range.
+        if n.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&n) {
+            Ok(Integer(n as u64))
+        } else {
+            Err(E::custom(format!("{n} is not an unsigned integer")))
+        }
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Integer, E> {
+        text.parse()
+            .map(Integer)
+            .map_err(|_| E::custom(format!("{text:?} is not an unsigned integer")))
+    }
+}
+
+/// An enum value: its name or its number.
+enum EnumValue {
+    Name(String),
+    Number(i32),
+}
+
+impl<'de> Deserialize<'de> for EnumValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(EnumVisitor)
+    }
+}
+
+struct EnumVisitor;
+
+impl Visitor<'_> for EnumVisitor {
+    type Value = EnumValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an enum name or number")
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<EnumValue, E> {
+        Ok(EnumValue::Name(name.to_owned()))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<EnumValue, E> {
+        i32::try_from(n)
+            .map(EnumValue::Number)
+            .map_err(|_| E::custom(format!("{n} is out of range for an enum")))
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<EnumValue, E> {
+        i32::try_from(n)
+            .map(EnumValue::Number)
+            .map_err(|_| E::custom(format!("{n} is out of range for an enum")))
+    }
+}
+
+/// Writes a `RateLimitResponse` as protojson does (compact).
+pub fn response_json(response: &RateLimitResponse) -> Value {
+    let mut out = Map::new();
+    if response.overall_code != 0 {
+        out.insert("overallCode".into(), code(response.overall_code));
+    }
+    if !response.statuses.is_empty() {
+        let statuses = response.statuses.iter().map(status).collect();
+        out.insert("statuses".into(), Value::Array(statuses));
+    }
+    for (name, headers) in [
+        ("responseHeadersToAdd", &response.response_headers_to_add),
+        ("requestHeadersToAdd", &response.request_headers_to_add),
+    ] {
+        if !headers.is_empty() {
+            let headers = headers
+                .iter()
+                .map(|h| {
+                    let mut header = Map::new();
+                    put_string(&mut header, "key", &h.key);
+                    put_string(&mut header, "value", &h.value);
+                    Value::Object(header)
+                })
+                .collect();
+            out.insert(name.into(), Value::Array(headers));
+        }
+    }
+    if let Some(metadata) = &response.dynamic_metadata {
+        out.insert("dynamicMetadata".into(), struct_json(metadata));
+    }
+    Value::Object(out)
+}
+
+fn status(status: &DescriptorStatus) -> Value {
+    let mut out = Map::new();
+    if status.code != 0 {
+        out.insert("code".into(), code(status.code));
+    }
+    if let Some(limit) = &status.current_limit {
+        out.insert("currentLimit".into(), rate_limit(limit));
+    }
+    if status.limit_remaining != 0 {
+        out.insert("limitRemaining".into(), json!(status.limit_remaining));
+    }
+    if let Some(duration) = &status.duration_until_reset {
+        out.insert("durationUntilReset".into(), duration_json(duration));
+    }
+    Value::Object(out)
+}
+
+fn rate_limit(limit: &RateLimit) -> Value {
+    let mut out = Map::new();
+    put_string(&mut out, "name", &limit.name);
+    if limit.requests_per_unit != 0 {
+        out.insert("requestsPerUnit".into(), json!(limit.requests_per_unit));
+    }
+    if limit.unit != 0 {
+        let unit = Unit::try_from(limit.unit).map_or(json!(limit.unit), |u| json!(u.as_str_name()));
+        out.insert("unit".into(), unit);
+    }
+    Value::Object(out)
+}
+
+fn code(code: i32) -> Value {
+    Code::try_from(code).map_or(json!(code), |c| json!(c.as_str_name()))
+}
+
+fn put_string(out: &mut Map<String, Value>, name: &str, value: &str) {
+    if !value.is_empty() {
+        out.insert(name.into(), json!(value));
+    }
+}
+
+/// `1.5 s` -> `"1.500s"`: 0, 3, 6 or 9 fractional digits, as protojson.
+pub fn duration_json(duration: &Duration) -> Value {
+    let negative = duration.seconds < 0 || duration.nanos < 0;
+    let (seconds, nanos) = (
+        duration.seconds.unsigned_abs(),
+        duration.nanos.unsigned_abs(),
+    );
+    let mut text = format!("{}{seconds}.{nanos:09}", if negative { "-" } else { "" });
+    for _ in 0..2 {
+        if text.ends_with("000") {
+            text.truncate(text.len() - 3);
+        }
+    }
+    if let Some(whole) = text.strip_suffix(".000") {
+        text.truncate(whole.len());
+    }
+    json!(format!("{text}s"))
+}
+
+/// A `google.protobuf.Struct` is its JSON object.
+fn struct_json(value: &Struct) -> Value {
+    let fields = value
+        .fields
+        .iter()
+        .map(|(name, value)| (name.clone(), value_json(value.kind.as_ref())))
+        .collect();
+    Value::Object(fields)
+}
+
+fn value_json(kind: Option<&Kind>) -> Value {
+    match kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::NumberValue(n)) if n.is_finite() => json!(n),
+        // JSON has no NaN or infinities: protojson writes them as strings.
+        Some(Kind::NumberValue(n)) if n.is_nan() => json!("NaN"),
+        Some(Kind::NumberValue(n)) => json!(if *n > 0.0 { "Infinity" } else { "-Infinity" }),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(list)) => Value::Array(
+            list.values
+                .iter()
+                .map(|v| value_json(v.kind.as_ref()))
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_read_both_field_spellings_and_both_integer_forms() {
+        let camel = br#"{"domain": "web", "hitsAddend": "3", "descriptors": [
+            {"entries": [{"key": "user", "value": "a"}, {"key": "path"}],
+             "hitsAddend": 7, "limit": {"requestsPerUnit": 10, "unit": "MINUTE"}}]}"#;
+        let proto = br#"{"domain": "web", "hits_addend": 3, "descriptors": [
+            {"entries": [{"key": "user", "value": "a"}, {"key": "path", "value": null}],
+             "hits_addend": "7", "limit": {"requests_per_unit": 10.0, "unit": 2}}]}"#;
+        for body in [&camel[..], &proto[..]] {
+            let request = parse_request(body).unwrap();
+            assert_eq!(request.domain, "web");
+            assert_eq!(request.hits_addend, 3);
+            let descriptor = &request.descriptors[0];
+            assert_eq!(descriptor.entries[0].key, "user");
+            assert_eq!(descriptor.entries[1].value, "");
+            assert_eq!(descriptor.hits_addend, Some(UInt64Value { value: 7 }));
+            let limit = descriptor.limit.as_ref().unwrap();
+            assert_eq!(
+                (limit.requests_per_unit, limit.unit),
+                (10, Unit::Minute as i32)
+            );
+        }
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let cases: [(&[u8], &str); 7] = [
+            (b"{", "EOF"),
+            (br#"{"domian": "web"}"#, "unknown field `domian`"),
+            (br#"{"hitsAddend": -1}"#, "-1 is negative"),
+            (br#"{"hitsAddend": 4294967296}"#, "does not fit in a uint32"),
+            (br#"{"hitsAddend": 1.5}"#, "1.5 is not an unsigned integer"),
+            (
+                br#"{"descriptors": [{"limit": {"unit": "FORTNIGHT"}}]}"#,
+                "descriptors[0].limit.unit: no rate limit unit \"FORTNIGHT\"",
+            ),
+            (br#"{"descriptors": {}}"#, "invalid type: map"),
+        ];
+        for (body, expected) in cases {
+            let error = parse_request(body).unwrap_err();
+            assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+        }
+    }
+
+    #[test]
+    fn durations_keep_0_3_6_or_9_decimals() {
+        let cases = [
+            ((1, 500_000_000), "1.500s"),
+            ((3, 0), "3s"),
+            ((0, 1_000), "0.000001s"),
+            ((0, 1), "0.000000001s"),
+            ((-1, -500_000_000), "-1.500s"),
+        ];
+        for ((seconds, nanos), expected) in cases {
+            assert_eq!(duration_json(&Duration { seconds, nanos }), json!(expected));
+        }
+    }
+
+    #[test]
+    fn responses_leave_default_fields_out_and_name_enums() {
+        let response = RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            statuses: vec![
+                DescriptorStatus {
+                    code: Code::OverLimit as i32,
+                    current_limit: Some(RateLimit {
+                        name: String::new(),
+                        requests_per_unit: 2,
+                        unit: Unit::Minute as i32,
+                    }),
+                    limit_remaining: 0,
+                    duration_until_reset: Some(Duration {
+                        seconds: 59,
+                        nanos: 250_000_000,
+                    }),
+                    quota: None,
+                },
+                DescriptorStatus::default(),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            response_json(&response),
+            json!({
+                "overallCode": "OVER_LIMIT",
+                "statuses": [
+                    {"code": "OVER_LIMIT",
+                     "currentLimit": {"requestsPerUnit": 2, "unit": "MINUTE"},
+                     "durationUntilReset": "59.250s"},
+                    {}
+                ]
+            })
+        );
+    }
+}

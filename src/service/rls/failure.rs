@@ -1,0 +1,194 @@
+//! Step 3 of a decision, only when the store failed (error, deadline, or
+//! open circuit): the domain's failure mode answers. `open` allows and
+//! `closed` refuses every limited descriptor, `unavailable` answers gRPC
+//! UNAVAILABLE, and `local` decides from this replica's own counters, each
+//! limit divided by the replicas expected to share it. Answers given without
+//! the store are marked in `dynamic_metadata` ([`degraded`]).
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use tonic::Status;
+
+use super::plan::{Applied, Plan};
+use super::respond::{allow_all, current_limit, status};
+use crate::limiter::{Check, Outcome};
+use crate::store::{MemoryStore, Store};
+use crate::vocab::FailureMode;
+use crate::Error;
+
+/// What the failure mode makes of a request.
+#[derive(Debug)]
+pub enum Fallback {
+    /// The whole answer (`open`, `closed`).
+    Answer(RateLimitResponse),
+    /// The gRPC error to answer with (`unavailable`).
+    Refuse(Status),
+    /// Outcomes from this replica's counters, to answer from as from the
+    /// store's (`local`).
+    Local(Vec<Outcome>),
+}
+
+/// This replica's counters for `failure_mode: local`, on the store's clock.
+#[derive(Debug)]
+pub struct LocalFallback {
+    store: Arc<MemoryStore>,
+    /// Replicas expected to share each limit (at least 1).
+    replicas: u64,
+}
+
+impl LocalFallback {
+    pub fn new(store: &Store, expected_replicas: u32) -> Self {
+        LocalFallback {
+            store: MemoryStore::new(store.clock()),
+            replicas: u64::from(expected_replicas.max(1)),
+        }
+    }
+
+    /// Applies `mode` to a request whose store call failed with `error`.
+    pub fn fall_back(
+        &self,
+        mode: FailureMode,
+        error: &Error,
+        plan: &Plan<'_>,
+        all_or_nothing: bool,
+    ) -> Fallback {
+        metrics::counter!("ratekeeper_store_errors").increment(1);
+        metrics::counter!(format!("ratekeeper_store_error_fail_{mode}")).increment(1);
+        match mode {
+            FailureMode::Open => {
+                Fallback::Answer(degraded(allow_all(&plan.applied, plan.applied.len()), mode))
+            }
+            FailureMode::Closed => Fallback::Answer(degraded(refuse_all(&plan.applied), mode)),
+            FailureMode::Unavailable => Fallback::Refuse(Status::unavailable(format!(
+                "the rate limit store failed: {error}"
+            ))),
+            FailureMode::Local => {
+                let shares: Vec<Check> = plan.checks.iter().map(|c| self.share(c)).collect();
+                Fallback::Local(self.store.apply(&shares, all_or_nothing))
+            }
+        }
+    }
+
+    /// `check` with this replica's share of its limit and burst.
+    fn share(&self, check: &Check) -> Check {
+        Check {
+            limit: check.limit.div_ceil(self.replicas),
+            burst: check.burst.div_ceil(self.replicas),
+            ..check.clone()
+        }
+    }
+}
+
+/// Refuses every limited descriptor (`failure_mode: closed`).
+fn refuse_all(applied: &[Applied<'_>]) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = applied
+        .iter()
+        .map(|a| match a {
+            Applied::Counted { rates, .. } => {
+                status(Code::OverLimit, rates.first().map(current_limit), 0, None)
+            }
+            Applied::Unlimited => status(Code::Ok, None, u32::MAX, None),
+            Applied::None => status(Code::Ok, None, 0, None),
+        })
+        .collect();
+    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        ..Default::default()
+    }
+}
+
+/// Marks an answer given without the store: `dynamic_metadata` carries
+/// `ratekeeper.store_error` = the failure mode, for Envoy's logs.
+pub fn degraded(mut response: RateLimitResponse, mode: FailureMode) -> RateLimitResponse {
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+    let mut metadata = Struct::default();
+    metadata.fields.insert(
+        "ratekeeper.store_error".into(),
+        Value {
+            kind: Some(Kind::StringValue(mode.name().into())),
+        },
+    );
+    response.dynamic_metadata = Some(metadata);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::tests::{config, descriptor, request};
+    use super::super::LimiterSettings;
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn marked(response: &RateLimitResponse) -> Option<String> {
+        use envoy_types::pb::google::protobuf::value::Kind;
+        let value = response
+            .dynamic_metadata
+            .as_ref()?
+            .fields
+            .get("ratekeeper.store_error")?;
+        match &value.kind {
+            Some(Kind::StringValue(mode)) => Some(mode.clone()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn each_mode_answers_as_documented() {
+        let config = config();
+        let rules = &config.domain("d").expect("domain").rules;
+        let request = request(vec![
+            descriptor(&[("user", "a")]),
+            descriptor(&[("free", "x")]),
+        ]);
+        let plan = Plan::new(&request, rules, &LimiterSettings::default()).expect("plan");
+        let clock = Arc::new(ManualClock::new(60_000));
+        let local = LocalFallback::new(&Store::Memory(MemoryStore::new(clock)), 3);
+        let error = Error::Store("down".into());
+        let answer = |mode| match local.fall_back(mode, &error, &plan, true) {
+            Fallback::Answer(response) => response,
+            other => panic!("{mode}: {other:?}"),
+        };
+
+        let open = answer(FailureMode::Open);
+        assert_eq!(open.overall_code, Code::Ok as i32);
+        assert_eq!(
+            open.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit),
+            Some(3)
+        );
+        assert_eq!(marked(&open).as_deref(), Some("open"));
+
+        let closed = answer(FailureMode::Closed);
+        assert_eq!(closed.overall_code, Code::OverLimit as i32);
+        assert_eq!(
+            closed.statuses[1].code,
+            Code::Ok as i32,
+            "unlimited stays OK"
+        );
+        assert_eq!(marked(&closed).as_deref(), Some("closed"));
+
+        match local.fall_back(FailureMode::Unavailable, &error, &plan, true) {
+            Fallback::Refuse(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable);
+                assert!(status.message().contains("down"), "{}", status.message());
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // 3 per minute over 3 replicas: 1 each.
+        let mut admitted = Vec::new();
+        for _ in 0..2 {
+            match local.fall_back(FailureMode::Local, &error, &plan, true) {
+                Fallback::Local(outcomes) => admitted.push(!outcomes[0].over),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(admitted, [true, false]);
+    }
+}

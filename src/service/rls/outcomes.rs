@@ -1,0 +1,82 @@
+//! Step 2 of a decision: the outcomes of a plan's checks. The over-limit
+//! cache ([`OverCache`]) answers when it knows every check's counter to be
+//! full until its window ends — the hot key of a refused caller then costs
+//! no store round trip; otherwise the store applies the checks as one
+//! atomic step, and the cache learns from its answer.
+
+use crate::limiter::{Check, Outcome};
+use crate::service::over_cache::OverCache;
+use crate::store::Store;
+use crate::Result;
+
+/// The checks' outcomes, from the cache or the store.
+pub async fn from_cache_or_store(
+    store: &Store,
+    over: &OverCache,
+    checks: &[Check],
+    all_or_nothing: bool,
+) -> Result<Vec<Outcome>> {
+    let now_ms = store.now_ms();
+    if let Some(known) = over.answer(checks, now_ms) {
+        metrics::counter!("ratekeeper_over_limit_cache_hits").increment(1);
+        return Ok(known);
+    }
+    let outcomes = store.apply(checks, all_or_nothing).await?;
+    over.learn(checks, &outcomes, now_ms);
+    Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::Algorithm;
+    use crate::store::MemoryStore;
+
+    fn check(algorithm: Algorithm) -> Check {
+        Check {
+            key: format!("k-{algorithm:?}"),
+            algorithm,
+            limit: 1,
+            period_ms: 60_000,
+            burst: 1,
+            hits: 1,
+            enforce: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_fixed_window_is_answered_from_the_cache_until_it_ends() {
+        let clock = Arc::new(ManualClock::new(60_000));
+        let store = Store::Memory(MemoryStore::new(clock.clone()));
+        // A store that has never seen the key: it would admit.
+        let fresh = Store::Memory(MemoryStore::new(clock.clone()));
+        let over = OverCache::default();
+        let fw = [check(Algorithm::FixedWindow)];
+        let first = from_cache_or_store(&store, &over, &fw, true).await.unwrap();
+        assert!(!first[0].over);
+        let full = from_cache_or_store(&store, &over, &fw, true).await.unwrap();
+        assert!(full[0].over && full[0].remaining == 0);
+        let cached = from_cache_or_store(&fresh, &over, &fw, true).await.unwrap();
+        assert_eq!(cached, full, "answered from the cache");
+        clock.advance(60_000);
+        let next = from_cache_or_store(&fresh, &over, &fw, true).await.unwrap();
+        assert!(!next[0].over, "a new window asks the store again");
+    }
+
+    #[tokio::test]
+    async fn other_algorithms_always_ask_the_store() {
+        let clock = Arc::new(ManualClock::new(60_000));
+        let store = Store::Memory(MemoryStore::new(clock.clone()));
+        let fresh = Store::Memory(MemoryStore::new(clock));
+        let over = OverCache::default();
+        let tb = [check(Algorithm::TokenBucket)];
+        from_cache_or_store(&store, &over, &tb, true).await.unwrap();
+        let full = from_cache_or_store(&store, &over, &tb, true).await.unwrap();
+        assert!(full[0].over);
+        let again = from_cache_or_store(&fresh, &over, &tb, true).await.unwrap();
+        assert!(!again[0].over, "the store was asked: its counter is gone");
+    }
+}

@@ -1,0 +1,60 @@
+//! The wire types both services share a way of reading or writing: the two
+//! descriptor messages (Envoy's `RateLimitDescriptor` and
+//! `ratekeeper.v1.Descriptor`) as `(key, value)` entries, and durations.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+
+use crate::pb::v1;
+
+/// A descriptor message, read as its `(key, value)` entries.
+pub trait Entries {
+    fn entries(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone;
+}
+
+impl Entries for RateLimitDescriptor {
+    fn entries(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone {
+        self.entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+    }
+}
+
+impl Entries for v1::Descriptor {
+    fn entries(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone {
+        self.entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+    }
+}
+
+/// Milliseconds as a protobuf `Duration`.
+pub fn duration(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1_000) as i64,
+        nanos: ((ms % 1_000) * 1_000_000) as i32,
+    }
+}
+
+/// [`duration`] as Envoy's copy of the `Duration` message.
+pub fn envoy_duration(ms: u64) -> envoy_types::pb::google::protobuf::Duration {
+    let prost_types::Duration { seconds, nanos } = duration(ms);
+    envoy_types::pb::google::protobuf::Duration { seconds, nanos }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_keep_milliseconds() {
+        let d = envoy_duration(61_250);
+        assert_eq!((d.seconds, d.nanos), (61, 250_000_000));
+        assert_eq!(
+            duration(999),
+            prost_types::Duration {
+                seconds: 0,
+                nanos: 999_000_000
+            }
+        );
+    }
+}
