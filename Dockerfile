@@ -1,6 +1,6 @@
 # ratekeeper container image.
 #
-#   docker build -t ratekeeper:0.1.0 .
+#   docker build -t ratekeeper:0.1.0 --build-arg RATEKEEPER_COMMIT=$(git rev-parse --short HEAD) .
 #   docker run --rm -p 8081:8081 -p 9090:9090 ratekeeper:0.1.0
 #
 # The binary is /bin/ratelimit, where envoyproxy/ratelimit's image has its
@@ -23,6 +23,9 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 # protoc comes from the protoc-bin-vendored crate (build.rs): no apt packages needed.
 COPY . .
+# The context has no .git: `ratekeeper --version` names the commit given here
+# (else "unknown").
+ARG RATEKEEPER_COMMIT=""
 RUN cargo build --release --locked --bin ratekeeper \
  && install -D -m 0755 target/release/ratekeeper /out/ratelimit
 

@@ -2,7 +2,7 @@
 #
 #   make run                                  in-memory store, examples/config
 #   make run REDIS_URL=redis://127.0.0.1:6379  counters in Redis
-#   make test                                 installs redis-server and the Python
+#   make test                                 installs redis-server, promtool and the Python
 #                                             test tools if missing, runs all tests
 #   make lint                                 rustfmt + clippy -D warnings
 
@@ -14,7 +14,7 @@ GRPC_ADDR ?= 0.0.0.0:8081
 METRICS_ADDR ?= 0.0.0.0:9090
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run build test test-rust test-python deps redis-server python-venv lint fmt clean bench soak fuzz
+.PHONY: run build test test-rust test-python deps redis-server python-venv promtool lint fmt clean bench soak fuzz
 
 run:
 	$(CARGO) run --release --bin ratekeeper -- \
@@ -34,9 +34,9 @@ test-rust:
 test-python: python-venv
 	$(CARGO) test --quiet --no-run --test process
 	$(CARGO) build --quiet --example ws_gate
-	RATEKEEPER_BIN=$(CURDIR)/target/debug/ratekeeper $(VENV)/bin/python -m pytest tests/python -q
+	RATEKEEPER_BIN=$(CURDIR)/target/debug/ratekeeper PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest tests/python -q
 
-deps: redis-server python-venv
+deps: redis-server python-venv promtool
 
 # redis-server (with redis-cli, for the cluster tests) and openssl (the TLS
 # test makes throwaway certificates).
@@ -47,6 +47,21 @@ redis-server:
 	@redis-server --version
 
 python-venv: $(VENV)/.installed
+
+# promtool (Prometheus' rule checker and rule unit tester: the chart's
+# alerts), taken out of Debian's prometheus package rather than installing
+# it, so no Prometheus server is set up or started.
+PROMTOOL ?= $(or $(shell command -v promtool 2>/dev/null),$(CURDIR)/.tools/promtool)
+
+promtool: $(PROMTOOL)
+
+$(CURDIR)/.tools/promtool:
+	@echo "extracting promtool from Debian's prometheus package"
+	@rm -rf .tools/deb && mkdir -p .tools/deb
+	cd .tools/deb && { apt-get download prometheus >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && apt-get download prometheus; }; } \
+		&& dpkg-deb -x prometheus_*.deb root
+	cp .tools/deb/root/usr/bin/promtool $@ && rm -rf .tools/deb
+	@$@ --version | head -1
 
 $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -87,4 +102,4 @@ fmt:
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .tools

@@ -3,7 +3,7 @@
 //! xDS), and compiles the trimmed Envoy protos in `proto/envoy/` into a descriptor set for gRPC
 //! reflection. Envoy's Rust types come from the `envoy-types` crate, so no
 //! Rust code is generated for them. protoc is the vendored one: no system
-//! package needed.
+//! package needed. Also names the build's commit for `ratekeeper --version`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -50,7 +50,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
 
     println!("cargo:rerun-if-changed=proto");
+    emit_commit();
     Ok(())
+}
+
+/// `RATEKEEPER_COMMIT` for the binary: the variable of that name when the
+/// build is given one (a Docker build has no `.git`: pass it as a build
+/// argument), else `git rev-parse --short HEAD` of this checkout, else
+/// "unknown".
+fn emit_commit() {
+    println!("cargo:rerun-if-env-changed=RATEKEEPER_COMMIT");
+    let commit = std::env::var("RATEKEEPER_COMMIT")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+        .or_else(git_commit)
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=RATEKEEPER_COMMIT={}", commit.trim());
+}
+
+/// HEAD of the git checkout this crate is the top of (not of some repository
+/// that merely contains it, as a vendored copy would be), and the files to
+/// watch so a new commit rebuilds with the new name.
+fn git_commit() -> Option<String> {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").args(args).output().ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        out.status.success().then(|| text.trim().to_owned())
+    };
+    let top = PathBuf::from(git(&["rev-parse", "--show-toplevel"])?);
+    let here = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").ok()?);
+    if top.canonicalize().ok()? != here.canonicalize().ok()? {
+        return None;
+    }
+    // HEAD moves on checkout; the branch's ref (loose or packed) on commit.
+    // Only files that exist: cargo reruns the script on every build for a
+    // path that does not.
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    for path in ["HEAD", "packed-refs"].into_iter().chain(branch.as_deref()) {
+        if let Some(file) = git(&["rev-parse", "--git-path", path]) {
+            if std::path::Path::new(&file).exists() {
+                println!("cargo:rerun-if-changed={file}");
+            }
+        }
+    }
+    git(&["rev-parse", "--short", "HEAD"])
 }
 
 /// Every `.proto` file of ratekeeper's own API: a new service is a new file

@@ -2,12 +2,12 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::Config;
@@ -30,10 +30,22 @@ use envoy_settings::{ConfigType, EnvoySettings};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `--version`: the crate's version and the commit it was built from
+/// (build.rs; "unknown" when the build had neither git nor the variable).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("RATEKEEPER_COMMIT"),
+    ")"
+);
+
 /// A distributed rate-limit decision service (Envoy rate limit API v3).
+/// Without a command it serves, configured by the flags below.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version = VERSION, about, disable_help_subcommand = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Directory of limits files (envoyproxy/ratelimit YAML, one domain each).
     /// Default: `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config` when RUNTIME_ROOT
     /// is set (envoyproxy/ratelimit's layout), else `config`.
@@ -207,6 +219,20 @@ struct Cli {
     write_limiter_script: Option<PathBuf>,
 }
 
+/// What to do instead of serving.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check a limits directory as the server would load it, without
+    /// serving: exit 0 with a one-line summary, or 1 with every error as
+    /// `file:line: reason` (for CI pipelines and pre-commit hooks).
+    Validate {
+        /// The directory to check. Default: `--config-dir` / CONFIG_DIR,
+        /// else as for serving.
+        #[arg(long)]
+        config_dir: Option<PathBuf>,
+    },
+}
+
 // The library's value types know nothing of clap: these mirror them for the
 // flags, and map onto them.
 
@@ -274,7 +300,9 @@ impl From<LogFormatArg> for LogFormat {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
-    let result = if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
+    let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
+        validate(&config_dir(dir.clone().or_else(|| cli.config_dir.clone())))
+    } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
         run(cli).await
@@ -313,15 +341,7 @@ async fn run(cli: Cli) -> Result<()> {
         addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
     };
 
-    let config_dir =
-        cli.config_dir
-            .clone()
-            .unwrap_or_else(|| match std::env::var_os("RUNTIME_ROOT") {
-                Some(root) => PathBuf::from(root)
-                    .join(std::env::var_os("RUNTIME_SUBDIRECTORY").unwrap_or_default())
-                    .join("config"),
-                None => PathBuf::from("config"),
-            });
+    let config_dir = config_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
         ConfigType::File => (load_files(&config_dir, &cli.envoy)?, Some(config_dir)),
         ConfigType::GrpcXdsSotw => (subscribe_xds(&cli.envoy).await?, None),
@@ -472,6 +492,54 @@ async fn subscribe_xds(envoy: &EnvoySettings) -> Result<SharedConfig> {
             .map_err(|_| Error::Startup("the xDS client stopped".into()))?;
     }
     Ok(shared)
+}
+
+/// The limits directory: the one given, else
+/// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config` when RUNTIME_ROOT is set
+/// (envoyproxy/ratelimit's layout), else `config`.
+fn config_dir(given: Option<PathBuf>) -> PathBuf {
+    given.unwrap_or_else(|| match std::env::var_os("RUNTIME_ROOT") {
+        Some(root) => PathBuf::from(root)
+            .join(std::env::var_os("RUNTIME_SUBDIRECTORY").unwrap_or_default())
+            .join("config"),
+        None => PathBuf::from("config"),
+    })
+}
+
+/// `ratekeeper validate`: the directory loaded as the server loads it, but
+/// with every file's error reported (one `file:line: reason` line each, on
+/// stderr) rather than the first.
+fn validate(dir: &Path) -> Result<()> {
+    let config = match Config::check_dir(dir) {
+        Ok(config) => config,
+        Err(errors) => {
+            for error in &errors {
+                eprintln!("{error}");
+            }
+            let n = errors.len();
+            let s = if n == 1 { "" } else { "s" };
+            return Err(Error::Startup(format!("{}: {n} error{s}", dir.display())));
+        }
+    };
+    let files = ratekeeper::config::limits_files(dir)?.len();
+    let domains = config.domain_names();
+    if domains.is_empty() {
+        // Valid (the server starts, allowing everything), but in a CI job
+        // more likely a wrong path.
+        eprintln!(
+            "warning: {}: no domains: every request would be allowed",
+            dir.display()
+        );
+    }
+    println!(
+        "{}: ok, {files} limits file{}, {} domain{} ({})",
+        dir.display(),
+        if files == 1 { "" } else { "s" },
+        domains.len(),
+        if domains.len() == 1 { "" } else { "s" },
+        domains.join(", ")
+    );
+    Ok(())
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h` (or seconds) for clap.

@@ -53,27 +53,30 @@ impl Config {
     /// Loads every `*.yaml` / `*.yml` file directly in `dir` (following
     /// symlinks, skipping hidden entries such as a ConfigMap's `..data`).
     pub fn load_dir(dir: &Path) -> Result<Config, ConfigError> {
-        let files = limits_files(dir)?;
-        let mut texts = Vec::with_capacity(files.len());
-        for path in files {
+        Config::check_dir(dir).map_err(|errors| first(errors, dir))
+    }
+
+    /// Loads as [`Config::load_dir`] does, but reads on past a bad file:
+    /// every file's (first) error and every duplicate domain, in file order.
+    /// What `ratekeeper validate` reports.
+    pub fn check_dir(dir: &Path) -> Result<Config, Vec<ConfigError>> {
+        let files = limits_files(dir).map_err(|error| vec![error])?;
+        Config::collect(files.into_iter().map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, format!("cannot read: {e}")))?;
-            texts.push((path, text));
-        }
-        Config::from_files(texts.iter().map(|(p, t)| (p.as_path(), t.as_str())))
+            let domains = file::parse(&path, &text)?;
+            Ok((path, domains))
+        }))
     }
 
     /// Builds a config from `(file name, YAML text)` pairs.
     pub fn from_files<'a>(
         files: impl IntoIterator<Item = (&'a Path, &'a str)>,
     ) -> Result<Config, ConfigError> {
-        let mut domains = Vec::new();
-        for (path, text) in files {
-            for domain in file::parse(path, text)? {
-                domains.push((path.to_owned(), domain));
-            }
-        }
-        Config::from_domains(domains)
+        let parsed = files
+            .into_iter()
+            .map(|(path, text)| Ok((path.to_owned(), file::parse(path, text)?)));
+        Config::collect(parsed).map_err(|errors| first(errors, Path::new("")))
     }
 
     /// Builds a config from compiled domains, each with where it came from
@@ -81,11 +84,42 @@ impl Config {
     pub fn from_domains(
         compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
     ) -> Result<Config, ConfigError> {
+        Config::assemble(compiled).map_err(|errors| first(errors, Path::new("")))
+    }
+
+    /// Every file's domains, or every file's error (and duplicates among
+    /// the files that parsed).
+    fn collect(
+        files: impl IntoIterator<Item = Result<(PathBuf, Vec<DomainConfig>), ConfigError>>,
+    ) -> Result<Config, Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let mut domains = Vec::new();
+        for parsed in files {
+            match parsed {
+                Ok((path, parsed)) => domains.extend(parsed.into_iter().map(|d| (path.clone(), d))),
+                Err(error) => errors.push(error),
+            }
+        }
+        match Config::assemble(domains) {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(errors),
+            Err(duplicates) => {
+                errors.extend(duplicates);
+                Err(errors)
+            }
+        }
+    }
+
+    /// One map of the domains, refusing every second definition of a name.
+    fn assemble(
+        compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
+    ) -> Result<Config, Vec<ConfigError>> {
         let mut domains = HashMap::new();
         let mut origin: HashMap<String, PathBuf> = HashMap::new();
+        let mut errors = Vec::new();
         for (source, domain) in compiled {
             if let Some(first) = origin.get(&domain.name) {
-                return Err(ConfigError::new(
+                errors.push(ConfigError::new(
                     &source,
                     format!(
                         "duplicate domain {:?} (already defined in {})",
@@ -93,11 +127,16 @@ impl Config {
                         first.display()
                     ),
                 ));
+                continue;
             }
             origin.insert(domain.name.clone(), source);
             domains.insert(domain.name.clone(), domain);
         }
-        Ok(Config { domains })
+        if errors.is_empty() {
+            Ok(Config { domains })
+        } else {
+            Err(errors)
+        }
     }
 
     pub fn domain(&self, name: &str) -> Option<&DomainConfig> {
@@ -115,6 +154,16 @@ impl Config {
         names.sort_unstable();
         names
     }
+}
+
+/// The first of a load's errors: where loading stops for the server.
+fn first(errors: Vec<ConfigError>, source: &Path) -> ConfigError {
+    // A failed load has at least one error; the fallback only keeps this
+    // total.
+    errors
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| ConfigError::new(source, "the limits could not be loaded"))
 }
 
 /// The limits files in `dir`, sorted by name.

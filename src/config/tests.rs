@@ -310,6 +310,37 @@ fn load_dir_reports_the_broken_file() {
 }
 
 #[test]
+fn check_dir_reports_every_broken_file_and_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), "domain: a\nextra: 1\n").unwrap();
+    std::fs::write(dir.path().join("b.yaml"), "domain: b\n").unwrap();
+    std::fs::write(dir.path().join("c.yaml"), "domain: b\n").unwrap();
+    let unit = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+    std::fs::write(dir.path().join("d.yaml"), unit).unwrap();
+    let errors = Config::check_dir(dir.path()).unwrap_err();
+    let found: Vec<(String, Option<usize>)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e.file.file_name().unwrap().to_string_lossy().into_owned(),
+                e.line,
+            )
+        })
+        .collect();
+    // Parse errors in file order, then the duplicate among the files that parsed.
+    let expected = [("a.yaml", Some(2)), ("d.yaml", Some(4)), ("c.yaml", None)];
+    let expected: Vec<(String, Option<usize>)> =
+        expected.iter().map(|(f, l)| (f.to_string(), *l)).collect();
+    assert_eq!(found, expected, "{errors:?}");
+    assert!(
+        errors[2].reason.contains("duplicate domain \"b\""),
+        "{errors:?}"
+    );
+    // The server stops at the first of them.
+    assert_eq!(Config::load_dir(dir.path()).unwrap_err(), errors[0]);
+}
+
+#[test]
 fn algorithms_stacked_limits_and_domain_options_load() {
     let config = load(
         r#"

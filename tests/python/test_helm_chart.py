@@ -5,7 +5,8 @@ through a C ABI, no helm binary, no cluster), with the default values and with
 each helm/ratekeeper/ci/*.yaml. Every rendered object is checked against the
 Kubernetes 1.30 schemas in strict mode (PyPI kubernetes-validate: unknown
 fields fail); CRD kinds (ServiceMonitor) have no schema there, so only their
-apiVersion/kind and the fields ratekeeper relies on are checked. Each
+apiVersion/kind and the fields ratekeeper relies on are checked (the
+PrometheusRule and the dashboard: test_dashboards_alerts.py). Each
 rendered pod is then started for real: the ratekeeper binary runs with the
 container's environment as Kubernetes would build it (Secret values, $(VAR)
 expansion, Secret volumes laid out in a temporary directory with throwaway
@@ -38,14 +39,14 @@ RELEASE, NAMESPACE = "rk", "rate"
 FULLNAME = f"{RELEASE}-ratekeeper"
 LIMITS_DIR = "/etc/ratekeeper/limits"
 # Kinds served by CRDs, not by Kubernetes itself: apiVersion -> kinds.
-CRD_KINDS = {"monitoring.coreos.com/v1": {"ServiceMonitor"}}
+CRD_KINDS = {"monitoring.coreos.com/v1": {"ServiceMonitor", "PrometheusRule"}}
 # Env vars the chart may set that the binary does not read itself.
 CHART_ONLY_ENV = {"REDIS_PASSWORD"}  # expanded into REDIS_AUTH by Kubernetes (with a username)
 # Env vars holding paths of files from mounted Secrets.
 TLS_FILE_ENV = {"GRPC_TLS_CERT", "GRPC_TLS_KEY", "GRPC_TLS_CLIENT_CA",
                 "REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"}
 NEW_CI_FILES = {"redis-cluster.yaml", "redis-sentinel.yaml", "redis-tls.yaml", "grpc-tls.yaml",
-                "failure-mode-closed.yaml"}
+                "failure-mode-closed.yaml", "dashboards-alerts.yaml"}
 
 
 def ci_values(name: str) -> dict:
@@ -708,6 +709,16 @@ BAD_VALUES = {
     "max-detailed-series-negative": {"maxDetailedMetricSeries": -1},
     "serving-threads-zero": {"servingThreads": 0},
     "serving-threads-string": {"servingThreads": "2"},
+    # dashboards and alerts
+    "dashboards-enabled-string": {"dashboards": {"enabled": "true"}},
+    "dashboards-label-value-number": {"dashboards": {"labelValue": 1}},
+    "dashboards-label-with-space": {"dashboards": {"label": "grafana dashboard"}},
+    "dashboards-unknown-key": {"dashboards": {"folder": "x"}},
+    "alerts-unknown-key": {"alerts": {"storeUp": {"for": "1m"}}},
+    "alerts-for-no-unit": {"alerts": {"storeDown": {"for": "120"}}},
+    "alerts-ratio-above-one": {"alerts": {"overLimitSurge": {"ratio": 50}}},
+    "alerts-latency-zero": {"alerts": {"decisionLatency": {"seconds": 0}}},
+    "alerts-latency-string": {"alerts": {"decisionLatency": {"seconds": "25ms"}}},
 }
 
 
