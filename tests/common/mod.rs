@@ -35,6 +35,20 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
+/// A free port whose cluster bus port (port + 10000, where a cluster node
+/// also listens) is free too: a node whose bus port is taken exits at start.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        let bus_free = port
+            .checked_add(10_000)
+            .is_some_and(|bus| StdListener::bind(("127.0.0.1", bus)).is_ok());
+        if bus_free {
+            return port;
+        }
+    }
+}
+
 /// A `redis-server` child process, stopped by PID when dropped.
 pub struct RedisServer {
     child: Child,
@@ -427,7 +441,7 @@ impl RedisCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
-                let port = free_port();
+                let port = free_cluster_port();
                 RedisServer::spawn(
                     port,
                     &[
