@@ -42,7 +42,9 @@
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
 //!   `/healthcheck` both report.
-//! - [`telemetry`] sets up logs and the Prometheus recorder; [`clock`] is the
+//! - [`telemetry`] sets up logs and the Prometheus recorder; [`statsd`]
+//!   sends counters to a statsd server under [`stat_key`]'s names
+//!   (envoyproxy/ratelimit's); [`clock`] is the
 //!   time source tests can pin; [`duration`] reads durations written as
 //!   text; [`vocab`] holds the words several layers share (failure mode,
 //!   Redis topology); [`error`] the error type; [`pb`] ratekeeper's own
@@ -68,6 +70,8 @@ pub mod pb;
 pub mod rules;
 pub mod server;
 pub mod service;
+pub mod stat_key;
+pub mod statsd;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -25,6 +25,8 @@ use tokio::net::TcpListener;
 
 mod envoy_settings;
 use envoy_settings::{ConfigType, EnvoySettings};
+mod stats_settings;
+use stats_settings::StatsSettings;
 
 // Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
 #[global_allocator]
@@ -206,6 +208,8 @@ struct Cli {
     /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names.
     #[command(flatten)]
     envoy: EnvoySettings,
+    #[command(flatten)]
+    stats: StatsSettings,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -340,6 +344,18 @@ async fn run(cli: Cli) -> Result<()> {
         "off" | "" => None,
         addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
     };
+    metrics::gauge!(
+        "ratekeeper_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "commit" => env!("RATEKEEPER_COMMIT")
+    )
+    .set(1.0);
+
+    // Before the limits load: their load is counted.
+    if let Some(statsd) = cli.stats.statsd()? {
+        ratekeeper::statsd::install(statsd).await?;
+    }
+    let near_limit_ratio = cli.stats.near_limit_ratio()?;
 
     let config_dir = config_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
@@ -443,6 +459,7 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 Values::Raw
             },
+            near_limit_ratio,
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

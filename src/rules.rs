@@ -8,9 +8,12 @@
 //! Matching allocates nothing.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use crate::limiter::{Algorithm, Unit};
+use crate::stat_key::StatKey;
+use crate::statsd;
 
 /// One limit: a requests-per-unit rate counted by an algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,9 +65,13 @@ impl Rate {
     }
 }
 
-/// Per-rule Prometheus counters. Each registers with the recorder on its
-/// first increment, so compiling a config touches no metrics and needs no
-/// recorder installed first.
+/// Per-rule counters, under ratekeeper's names (`ratekeeper_rate_limit_*`,
+/// labels `domain` and `rule`) and under envoyproxy/ratelimit's: their
+/// Prometheus names (`ratelimit_service_rate_limit_*`, labels `domain`,
+/// `key1`, `key2` as their statsd mapping gives them) and, when statsd is
+/// on, their statsd names. Names and labels are worked out once per rule;
+/// each registers on its first increment, so compiling a config touches no
+/// metrics and needs no recorder installed first.
 #[derive(Debug, Clone)]
 pub struct RuleMetrics {
     pub total_hits: RuleCounter,
@@ -75,41 +82,85 @@ pub struct RuleMetrics {
 }
 
 impl RuleMetrics {
-    /// The counters of rule `rule` in `domain` (registered when first counted).
+    /// The counters of rule `rule` (its descriptor path) in `domain`
+    /// (registered when first counted).
     pub fn register(domain: &str, rule: &str) -> Self {
-        let labels = Arc::new((domain.to_owned(), rule.to_owned()));
-        let counter = |name: &'static str| RuleCounter {
-            name,
+        let labels = Arc::new(RuleLabels {
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+            theirs: StatKey::new(domain, rule),
+        });
+        let counter = |suffix: &'static str| RuleCounter {
+            suffix,
             labels: labels.clone(),
-            counter: OnceLock::new(),
+            sinks: OnceLock::new(),
         };
         RuleMetrics {
-            total_hits: counter("ratekeeper_rate_limit_total_hits"),
-            over_limit: counter("ratekeeper_rate_limit_over_limit"),
-            near_limit: counter("ratekeeper_rate_limit_near_limit"),
-            within_limit: counter("ratekeeper_rate_limit_within_limit"),
-            shadow_mode: counter("ratekeeper_rate_limit_shadow_mode"),
+            total_hits: counter("total_hits"),
+            over_limit: counter("over_limit"),
+            near_limit: counter("near_limit"),
+            within_limit: counter("within_limit"),
+            shadow_mode: counter("shadow_mode"),
         }
     }
 }
 
-/// One of a rule's counters, labelled by domain and rule.
+/// The names a rule's counters go by, shared by its five counters.
+#[derive(Debug)]
+struct RuleLabels {
+    domain: String,
+    rule: String,
+    theirs: StatKey,
+}
+
+/// One of a rule's counters (`suffix` says which) in every sink.
 #[derive(Debug, Clone)]
 pub struct RuleCounter {
-    name: &'static str,
-    /// `(domain, rule)`, shared by the rule's five counters.
-    labels: Arc<(String, String)>,
-    counter: OnceLock<metrics::Counter>,
+    suffix: &'static str,
+    labels: Arc<RuleLabels>,
+    sinks: OnceLock<Sinks>,
+}
+
+#[derive(Debug, Clone)]
+struct Sinks {
+    ours: metrics::Counter,
+    theirs: metrics::Counter,
+    statsd: Option<statsd::Counter>,
 }
 
 impl RuleCounter {
     pub fn increment(&self, n: u64) {
-        self.counter
-            .get_or_init(|| {
-                let (domain, rule) = &*self.labels;
-                metrics::counter!(self.name, "domain" => domain.clone(), "rule" => rule.clone())
-            })
-            .increment(n);
+        let sinks = self.sinks.get_or_init(|| self.register());
+        sinks.ours.increment(n);
+        sinks.theirs.increment(n);
+        if let Some(statsd) = &sinks.statsd {
+            statsd.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn register(&self) -> Sinks {
+        let RuleLabels {
+            domain,
+            rule,
+            theirs,
+        } = &*self.labels;
+        let ours = format!("ratekeeper_rate_limit_{}", self.suffix);
+        let name = format!("ratelimit_service_rate_limit_{}", self.suffix);
+        let mut labels = vec![
+            metrics::Label::new("domain", theirs.domain.clone()),
+            metrics::Label::new("key1", theirs.key1.clone()),
+        ];
+        if let Some(key2) = &theirs.key2 {
+            labels.push(metrics::Label::new("key2", key2.clone()));
+        }
+        Sinks {
+            ours: metrics::counter!(ours, "domain" => domain.clone(), "rule" => rule.clone()),
+            theirs: metrics::counter!(name, labels),
+            statsd: statsd::counter(&format!(
+                "ratelimit.service.rate_limit.{}.{}",
+                theirs.key, self.suffix
+            )),
+        }
     }
 }
 

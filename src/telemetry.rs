@@ -41,6 +41,12 @@ pub fn install_recorder() -> Result<PrometheusHandle> {
             Matcher::Full("ratekeeper_request_duration_seconds".into()),
             LATENCY_BUCKETS,
         )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("ratelimit_service_response_time_seconds".into()),
+                LATENCY_BUCKETS,
+            )
+        })
         .and_then(|b| b.install_recorder())
         .map_err(|e| Error::Startup(format!("cannot install the metrics recorder: {e}")))
 }

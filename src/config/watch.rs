@@ -80,10 +80,14 @@ pub async fn watch(dir: PathBuf, shared: SharedConfig, interval: Duration) {
     }
 }
 
-/// Counts a config load attempt in metrics.
+/// Counts a config load attempt in metrics, under ratekeeper's names and
+/// envoyproxy/ratelimit's (Prometheus and statsd).
 pub fn record_load(result: Result<(), &ConfigError>) {
-    match result {
-        Ok(()) => metrics::counter!("ratekeeper_config_load_success").increment(1),
-        Err(_) => metrics::counter!("ratekeeper_config_load_error").increment(1),
-    }
+    let outcome = match result {
+        Ok(()) => "success",
+        Err(_) => "error",
+    };
+    metrics::counter!(format!("ratekeeper_config_load_{outcome}")).increment(1);
+    metrics::counter!(format!("ratelimit_service_config_load_{outcome}")).increment(1);
+    crate::statsd::add(&format!("ratelimit.service.config_load_{outcome}"), 1);
 }

@@ -17,6 +17,7 @@
 //! Semantics follow envoyproxy/ratelimit, except that a refused request
 //! consumes nothing (all-or-nothing; see the README).
 
+mod call_stats;
 mod failure;
 mod outcomes;
 mod plan;
@@ -30,11 +31,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
+use self::call_stats::{CallError, CallStats};
 use self::failure::{degraded, Fallback, LocalFallback};
 use self::plan::Plan;
 use self::respond::allow_all;
 use self::rule_metrics::RuleCounters;
-pub use self::rule_metrics::{DetailedSeries, OVERFLOW_LABEL};
+pub use self::rule_metrics::{DetailedSeries, NearLimitRatio, OVERFLOW_LABEL};
 use super::over_cache::OverCache;
 use crate::config::watch::SharedConfig;
 use crate::headers::HeaderSettings;
@@ -57,6 +59,8 @@ pub struct LimiterSettings {
     pub max_detailed_series: usize,
     /// Raw or hashed descriptor values in keys and labels.
     pub values: Values,
+    /// Where the `near_limit` counters start.
+    pub near_limit_ratio: NearLimitRatio,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -73,6 +77,8 @@ pub struct RateLimiter {
     /// Registered once: looking a metric up by name costs a registry
     /// lookup on every request.
     duration: metrics::Histogram,
+    /// envoyproxy/ratelimit's per-call stats.
+    calls: CallStats,
 }
 
 impl RateLimiter {
@@ -85,8 +91,10 @@ impl RateLimiter {
             counters: Arc::new(RuleCounters::new(
                 settings.max_detailed_series,
                 settings.values,
+                settings.near_limit_ratio,
             )),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
+            calls: CallStats::new("ShouldRateLimit"),
             settings,
         }
     }
@@ -103,14 +111,15 @@ impl RateLimiter {
     /// Decides one request. `Err` only for a request that cannot be
     /// evaluated, or with `failure_mode: unavailable` while the store fails.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        plan::validate(request)?;
+        plan::validate(request).inspect_err(|_| self.calls.error(CallError::Service))?;
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
             tracing::debug!(domain = %request.domain, "unknown domain");
             return Ok(allow_all(&[], request.descriptors.len()));
         };
-        let plan = Plan::new(request, &domain.rules, &self.settings)?;
+        let plan = Plan::new(request, &domain.rules, &self.settings)
+            .inspect_err(|_| self.calls.error(CallError::Service))?;
 
         let all_or_nothing = domain.options.all_or_nothing;
         let stored =
@@ -119,6 +128,7 @@ impl RateLimiter {
         let (outcomes, answered_locally) = match stored {
             Ok(outcomes) => (outcomes, false),
             Err(error) => {
+                self.calls.error(CallError::Redis);
                 let mode = domain
                     .options
                     .failure_mode
@@ -156,7 +166,9 @@ impl RateLimitService for RateLimiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let result = self.decide(request.get_ref()).await;
-        self.duration.record(started.elapsed().as_secs_f64());
+        let elapsed = started.elapsed();
+        self.duration.record(elapsed.as_secs_f64());
+        self.calls.call(elapsed);
         if let Err(status) = &result {
             tracing::debug!(code = ?status.code(), message = status.message(), "request refused");
         }

@@ -15,8 +15,59 @@ use crate::keys::Values;
 use crate::limiter::Outcome;
 use crate::rules::{Rule, RuleMetrics};
 
-/// Share of a limit above which admitted hits count as `near_limit`.
-const NEAR_LIMIT_RATIO: f64 = 0.8;
+/// `NEAR_LIMIT_RATIO`: the share of a limit past which hits count as
+/// `near_limit` too (envoyproxy/ratelimit's default, 0.8).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NearLimitRatio(pub f32);
+
+impl Default for NearLimitRatio {
+    fn default() -> Self {
+        NearLimitRatio(0.8)
+    }
+}
+
+/// How many of a descriptor's hits fell in each range, counted as
+/// envoyproxy/ratelimit's base limiter does (`within` includes `near`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Split {
+    within: u64,
+    near: u64,
+    over: u64,
+}
+
+impl Split {
+    /// `hits` against a limit of `limit` with `used` spent after them (when
+    /// admitted) or before them (when refused: a refusal consumes nothing).
+    /// `near_at` is `floor(limit × ratio)`.
+    fn of(hits: u64, limit: u64, used: u64, near_at: u64, over: bool) -> Split {
+        if over {
+            let (before, after) = (used, used.saturating_add(hits));
+            // Refused by another of the rule's limits: all over.
+            if before >= limit || after <= limit {
+                return Split {
+                    over: hits,
+                    ..Split::default()
+                };
+            }
+            return Split {
+                over: after - limit,
+                near: limit - near_at.max(before),
+                within: 0,
+            };
+        }
+        let (before, after) = (used.saturating_sub(hits), used);
+        let near = match after > near_at {
+            false => 0,
+            true if before >= near_at => hits,
+            true => after - near_at,
+        };
+        Split {
+            within: hits,
+            near,
+            over: 0,
+        }
+    }
+}
 
 /// The label detailed counters past the cap share.
 pub const OVERFLOW_LABEL: &str = "overflow";
@@ -27,13 +78,15 @@ pub struct RuleCounters {
     detailed: DetailedSeries,
     /// How descriptor values appear in labels.
     values: Values,
+    near_limit_ratio: NearLimitRatio,
 }
 
 impl RuleCounters {
-    pub fn new(max_detailed_series: usize, values: Values) -> Self {
+    pub fn new(max_detailed_series: usize, values: Values, ratio: NearLimitRatio) -> Self {
         RuleCounters {
             detailed: DetailedSeries::new(max_detailed_series),
             values,
+            near_limit_ratio: ratio,
         }
     }
 
@@ -83,18 +136,22 @@ impl RuleCounters {
         hits: u64,
     ) {
         let used = state.limit.saturating_sub(state.remaining);
-        let near = used as f64 > (state.limit as f64 * NEAR_LIMIT_RATIO).floor();
+        // In f32, as theirs: the same threshold for the same ratio.
+        let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
+        let split = Split::of(hits, state.limit, used, near_at, any_over);
         let count = |m: &RuleMetrics| {
             m.total_hits.increment(hits);
-            if any_over {
-                m.over_limit.increment(hits);
-                if rule.shadow_mode {
-                    m.shadow_mode.increment(hits);
+            for (counter, n) in [
+                (&m.within_limit, split.within),
+                (&m.near_limit, split.near),
+                (&m.over_limit, split.over),
+            ] {
+                if n > 0 {
+                    counter.increment(n);
                 }
-            } else if near {
-                m.near_limit.increment(hits);
-            } else {
-                m.within_limit.increment(hits);
+            }
+            if rule.shadow_mode && split.over > 0 {
+                m.shadow_mode.increment(split.over);
             }
         };
         count(&rule.metrics);
@@ -142,6 +199,30 @@ impl DetailedSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hits_split_as_envoyproxy_ratelimit_counts_them() {
+        let split = |within, near, over| Split { within, near, over };
+        // Limit 10, near from 8 on (ratio 0.8).
+        assert_eq!(Split::of(1, 10, 3, 8, false), split(1, 0, 0));
+        assert_eq!(Split::of(1, 10, 9, 8, false), split(1, 1, 0));
+        assert_eq!(
+            Split::of(4, 10, 10, 8, false),
+            split(4, 2, 0),
+            "6..10: 9 and 10 near"
+        );
+        assert_eq!(
+            Split::of(5, 10, 7, 8, true),
+            split(0, 2, 2),
+            "7 used, 8..12: 9, 10 near"
+        );
+        assert_eq!(Split::of(3, 10, 10, 8, true), split(0, 0, 3));
+        assert_eq!(
+            Split::of(2, 10, 3, 8, true),
+            split(0, 0, 2),
+            "over another limit"
+        );
+    }
 
     #[test]
     fn detailed_labels_past_the_cap_overflow() {

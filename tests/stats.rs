@@ -1,0 +1,180 @@
+//! Stats parity with envoyproxy/ratelimit, on the running binary: the
+//! Prometheus series Envoy Gateway's dashboard and alerts query (their
+//! names and labels, as their statsd mapping makes them), and their statsd
+//! stats received by a UDP listener.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{descriptor, request, Ratekeeper};
+
+/// A rule one level deep, and one two levels deep whose value holds an
+/// IPv4 address (their stat names turn its dots into `_`).
+const LIMITS: &str = "domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: route
+    value: r1
+    descriptors:
+      - key: remote_address
+        value: 10.0.0.1
+        rate_limit: {unit: hour, requests_per_unit: 100}
+";
+
+/// Sends the traffic both tests count: 6 hits on `user` (limit 5: the
+/// sixth refused), 2 on the nested rule, 1 invalid request (no domain).
+async fn traffic(server: &Ratekeeper) {
+    let mut client = server.client().await;
+    for _ in 0..6 {
+        client
+            .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+            .await
+            .unwrap();
+    }
+    let nested = descriptor(&[("route", "r1"), ("remote_address", "10.0.0.1")]);
+    for _ in 0..2 {
+        client
+            .should_rate_limit(request("web", vec![nested.clone()]))
+            .await
+            .unwrap();
+    }
+    let invalid = client
+        .should_rate_limit(request("", vec![descriptor(&[("user", "a")])]))
+        .await;
+    assert!(invalid.is_err(), "an empty domain is refused");
+}
+
+#[tokio::test]
+async fn prometheus_has_envoyproxy_ratelimit_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Ratekeeper::start(LIMITS, dir.path(), &["--near-limit-ratio", "0.5"]);
+    traffic(&server).await;
+    let text = server.metrics();
+    // Limit 5, near from floor(5 × 0.5) = 2 on: hits 3, 4 and 5 are near,
+    // the sixth is over (and, refused, consumed nothing).
+    for expected in [
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="user"} 6"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="web",key1="user"} 5"#,
+        r#"ratelimit_service_rate_limit_near_limit{domain="web",key1="user"} 3"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="web",key1="user"} 1"#,
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="route_r1",key2="remote_address_10_0_0_1"} 2"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="web",key1="route_r1",key2="remote_address_10_0_0_1"} 2"#,
+        r#"ratekeeper_rate_limit_near_limit{domain="web",rule="user"} 3"#,
+        "ratelimit_service_config_load_success 1",
+        r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 9"#,
+        r#"ratelimit_service_should_rate_limit_error{err_type="service_error"} 1"#,
+        r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 9"#,
+        r#"ratekeeper_build_info{version=""#,
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(expected)),
+            "/metrics lacks {expected:?}:\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("ratelimit_service_rate_limit_over_limit{domain=\"web\",key1=\"route_r1\""),
+        "a counter never counted is not shown"
+    );
+}
+
+/// The `name: sum` of every statsd counter line received on `socket` until
+/// `done` holds or `wait` passes.
+fn receive(
+    socket: &std::net::UdpSocket,
+    wait: Duration,
+    done: impl Fn(&BTreeMap<String, u64>) -> bool,
+) -> BTreeMap<String, u64> {
+    let mut sums = BTreeMap::new();
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 2048];
+    while !done(&sums) && Instant::now() < deadline {
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let Ok(n) = socket.recv(&mut buf) else {
+            continue;
+        };
+        assert!(n <= 1432, "a datagram of {n} bytes");
+        for line in std::str::from_utf8(&buf[..n]).unwrap().lines() {
+            let (name, value) = line.rsplit_once(':').expect("name:value|c");
+            let count = value.strip_suffix("|c").expect("a counter");
+            *sums.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
+        }
+    }
+    sums
+}
+
+#[tokio::test]
+async fn statsd_receives_their_stat_names_when_a_host_is_given() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = socket.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("limits.yaml"), LIMITS).unwrap();
+    // STATSD_HOST alone turns statsd on.
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", &port),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "zone:eu.west,app:rk"),
+        ],
+    );
+    traffic(&server).await;
+    let tags = ".__app=rk.__zone=eu_west";
+    let expected: Vec<(String, u64)> = [
+        ("ratelimit.service.rate_limit.web.user.total_hits", 6),
+        ("ratelimit.service.rate_limit.web.user.within_limit", 5),
+        ("ratelimit.service.rate_limit.web.user.near_limit", 1),
+        ("ratelimit.service.rate_limit.web.user.over_limit", 1),
+        (
+            "ratelimit.service.rate_limit.web.route_r1.remote_address_10_0_0_1.total_hits",
+            2,
+        ),
+        ("ratelimit.service.config_load_success", 1),
+        ("ratelimit_server.ShouldRateLimit.total_requests", 9),
+        ("ratelimit.service.call.should_rate_limit.service_error", 1),
+    ]
+    .into_iter()
+    .map(|(name, n)| (format!("{name}{tags}"), n))
+    .collect();
+    let sums = receive(&socket, Duration::from_secs(10), |sums| {
+        expected.iter().all(|(name, n)| sums.get(name) == Some(n))
+    });
+    for (name, n) in &expected {
+        assert_eq!(sums.get(name), Some(n), "{name} in {sums:#?}");
+    }
+    assert!(
+        !sums.keys().any(|k| k.contains("shadow_mode")),
+        "nothing counted, nothing sent: {sums:#?}"
+    );
+}
+
+#[tokio::test]
+async fn statsd_stays_off_when_use_statsd_is_false() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = socket.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("limits.yaml"), LIMITS).unwrap();
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[
+            ("USE_STATSD", "false"),
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", &port),
+            ("STATS_FLUSH_INTERVAL", "50ms"),
+        ],
+    );
+    traffic(&server).await;
+    let sums = receive(&socket, Duration::from_secs(1), |sums| !sums.is_empty());
+    assert!(sums.is_empty(), "{sums:#?}");
+}
