@@ -85,10 +85,21 @@ impl RuleMetrics {
     /// The counters of rule `rule` (its descriptor path) in `domain`
     /// (registered when first counted).
     pub fn register(domain: &str, rule: &str) -> Self {
+        Self::with(domain, rule, Some(StatKey::new(domain, rule)))
+    }
+
+    /// Only ratekeeper's counters: for a rule whose envoyproxy/ratelimit
+    /// stat key depends on the request (`detailed_metric`,
+    /// `value_to_metric`), so theirs count it once, under that key.
+    pub fn ours_only(domain: &str, rule: &str) -> Self {
+        Self::with(domain, rule, None)
+    }
+
+    fn with(domain: &str, rule: &str, theirs: Option<StatKey>) -> Self {
         let labels = Arc::new(RuleLabels {
             domain: domain.to_owned(),
             rule: rule.to_owned(),
-            theirs: StatKey::new(domain, rule),
+            theirs,
         });
         let counter = |suffix: &'static str| RuleCounter {
             suffix,
@@ -110,7 +121,7 @@ impl RuleMetrics {
 struct RuleLabels {
     domain: String,
     rule: String,
-    theirs: StatKey,
+    theirs: Option<StatKey>,
 }
 
 /// One of a rule's counters (`suffix` says which) in every sink.
@@ -124,15 +135,22 @@ pub struct RuleCounter {
 #[derive(Debug, Clone)]
 struct Sinks {
     ours: metrics::Counter,
-    theirs: metrics::Counter,
+    theirs: Option<metrics::Counter>,
     statsd: Option<statsd::Counter>,
 }
 
 impl RuleCounter {
+    /// The rule label (its path) in ratekeeper's series.
+    pub fn rule(&self) -> &str {
+        &self.labels.rule
+    }
+
     pub fn increment(&self, n: u64) {
         let sinks = self.sinks.get_or_init(|| self.register());
         sinks.ours.increment(n);
-        sinks.theirs.increment(n);
+        if let Some(theirs) = &sinks.theirs {
+            theirs.increment(n);
+        }
         if let Some(statsd) = &sinks.statsd {
             statsd.fetch_add(n, Ordering::Relaxed);
         }
@@ -145,23 +163,39 @@ impl RuleCounter {
             theirs,
         } = &*self.labels;
         let ours = format!("ratekeeper_rate_limit_{}", self.suffix);
-        let name = format!("ratelimit_service_rate_limit_{}", self.suffix);
-        let mut labels = vec![
-            metrics::Label::new("domain", theirs.domain.clone()),
-            metrics::Label::new("key1", theirs.key1.clone()),
-        ];
-        if let Some(key2) = &theirs.key2 {
-            labels.push(metrics::Label::new("key2", key2.clone()));
-        }
         Sinks {
             ours: metrics::counter!(ours, "domain" => domain.clone(), "rule" => rule.clone()),
-            theirs: metrics::counter!(name, labels),
-            statsd: statsd::counter(&format!(
-                "ratelimit.service.rate_limit.{}.{}",
-                theirs.key, self.suffix
-            )),
+            theirs: theirs.as_ref().map(|key| self.theirs(key)),
+            statsd: theirs.as_ref().and_then(|key| {
+                statsd::counter(&format!(
+                    "ratelimit.service.rate_limit.{}.{}",
+                    key.key, self.suffix
+                ))
+            }),
         }
     }
+
+    /// The Prometheus counter their statsd mapping makes of the stat.
+    fn theirs(&self, key: &StatKey) -> metrics::Counter {
+        let name = format!("ratelimit_service_rate_limit_{}", self.suffix);
+        let mut labels = vec![
+            metrics::Label::new("domain", key.domain.clone()),
+            metrics::Label::new("key1", key.key1.clone()),
+        ];
+        if let Some(key2) = &key.key2 {
+            labels.push(metrics::Label::new("key2", key2.clone()));
+        }
+        metrics::counter!(name, labels)
+    }
+}
+
+/// One level of the stat path of a rule under a `value_to_metric` node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricLevel {
+    /// The level's label as configured (`key`, `key_value`, `key_pattern`).
+    Config(String),
+    /// The request entry's `key_value` (`key` when its value is empty).
+    Request,
 }
 
 /// The limits attached to one node of a domain's descriptor tree.
@@ -177,6 +211,9 @@ pub struct Rule {
     /// The node's path, e.g. `plan_free.user_id`: the metrics label.
     pub path: String,
     pub metrics: RuleMetrics,
+    /// With `value_to_metric` on a node of the path: its stat path, level
+    /// by level (without `detailed_metric`, which uses every value).
+    pub metric_levels: Option<Arc<[MetricLevel]>>,
 }
 
 impl Rule {

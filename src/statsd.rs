@@ -143,7 +143,9 @@ mod tests {
 
     #[test]
     fn lines_pack_into_datagrams() {
-        let lines: Vec<String> = (0..100).map(|i| format!("ratelimit.service.rate_limit.web.user_{i:03}.total_hits:1|c")).collect();
+        let lines: Vec<String> = (0..100)
+            .map(|i| format!("ratelimit.service.rate_limit.web.user_{i:03}.total_hits:1|c"))
+            .collect();
         let packed = datagrams(&lines);
         assert!(packed.len() > 1);
         assert!(packed.iter().all(|d| d.len() <= 1432));

@@ -178,3 +178,68 @@ async fn statsd_stays_off_when_use_statsd_is_false() {
     let sums = receive(&socket, Duration::from_secs(1), |sums| !sums.is_empty());
     assert!(sums.is_empty(), "{sums:#?}");
 }
+
+/// `value_to_metric` puts the request's value in their stat key where the
+/// config gives none (a value-less node, a wildcard), level by level; the
+/// distinct keys are capped like `detailed_metric`'s.
+#[tokio::test]
+async fn value_to_metric_puts_request_values_in_their_stat_key() {
+    let limits = "domain: web
+descriptors:
+  - key: route
+    value: r*
+    value_to_metric: true
+    descriptors:
+      - key: user
+        value_to_metric: true
+        rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: plain
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 100}
+";
+    let dir = tempfile::tempdir().unwrap();
+    let server = Ratekeeper::start(limits, dir.path(), &["--max-detailed-metric-series", "2"]);
+    let mut client = server.client().await;
+    for (route, user) in [
+        ("r1", "alice"),
+        ("r1", "alice"),
+        ("r2", "bob"),
+        ("r3", "carol"),
+    ] {
+        client
+            .should_rate_limit(request(
+                "web",
+                vec![descriptor(&[("route", route), ("user", user)])],
+            ))
+            .await
+            .unwrap();
+    }
+    client
+        .should_rate_limit(request(
+            "web",
+            vec![descriptor(&[("plain", "p"), ("user", "dave")])],
+        ))
+        .await
+        .unwrap();
+    let text = server.metrics();
+    let mut theirs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .collect();
+    theirs.sort();
+    assert_eq!(
+        theirs,
+        [
+            r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="overflow"} 1"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="plain",key2="user"} 1"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="route_r1",key2="user_alice"} 2"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="route_r2",key2="user_bob"} 1"#,
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"ratekeeper_rate_limit_total_hits{domain="web",rule="route_r*.user"} 4"#),
+        "ratekeeper's own series keep the rule's path:\n{text}"
+    );
+}

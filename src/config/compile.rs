@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::description::{Concurrency, DomainDescription, Limit, Limits, Node as RawNode};
+use super::value_metric;
 use super::{DomainConfig, DomainOptions};
 use crate::limiter::{gcra, Algorithm};
 use crate::rules::{
@@ -58,8 +59,15 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
         return Err(CompileError::new("", "the domain must not be empty"));
     }
     let mut rules = Vec::new();
+    let metric_levels = value_metric::levels(&description.descriptors);
     let root = build_level(description.descriptors, "", &mut |limits, at, path| {
-        rate_rule(limits, at, path, &domain, &mut rules)
+        let index = rate_rule(limits, at, path, &domain, &mut rules)?;
+        if let (Some(i), Some(levels)) = (index, metric_levels.get(at)) {
+            let rule: &mut Rule = &mut rules[i];
+            rule.metrics = RuleMetrics::ours_only(&domain, path);
+            rule.metric_levels = Some(levels.clone());
+        }
+        Ok(index)
     })?;
     check_replaces(&rules)?;
     let mut concurrency_rules = Vec::new();
@@ -104,10 +112,7 @@ fn build_level<P>(
                 "the descriptor key must not be empty",
             ));
         }
-        let label = match &value {
-            Some(v) => format!("{key}_{v}"),
-            None => key.clone(),
-        };
+        let label = value_metric::label(&key, value.as_deref());
         if !seen.insert((key.clone(), value.clone())) {
             let value_part = value
                 .as_ref()
@@ -198,7 +203,12 @@ fn rate_rule(
         detailed_metric: node.detailed_metric,
         replaces,
         path: path.to_owned(),
-        metrics: RuleMetrics::register(domain, path),
+        // A detailed rule's stat key (theirs) is the request's values.
+        metrics: match node.detailed_metric {
+            true => RuleMetrics::ours_only(domain, path),
+            false => RuleMetrics::register(domain, path),
+        },
+        metric_levels: None,
     });
     Ok(Some(rules.len() - 1))
 }
@@ -209,7 +219,6 @@ fn refuse_unsupported(node: &Limits, at: &str) -> Compiled<()> {
     let unsupported = [
         ("quota_mode", node.quota_mode),
         ("share_threshold", node.share_threshold),
-        ("value_to_metric", node.value_to_metric),
         ("metadata", node.metadata.is_some()),
     ];
     match unsupported.iter().find(|(_, set)| *set) {

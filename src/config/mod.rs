@@ -9,6 +9,7 @@
 pub mod compile;
 pub mod description;
 pub mod file;
+mod value_metric;
 pub mod watch;
 pub mod xds;
 pub mod xds_client;

@@ -589,7 +589,6 @@ fn refuses_envoy_ratelimit_options_not_supported_yet() {
     for (option, name) in [
         ("quota_mode: true", "quota_mode"),
         ("share_threshold: true", "share_threshold"),
-        ("value_to_metric: true", "value_to_metric"),
         (
             "metadata: {team: a, tags: [x, 1], nested: {n: null}}",
             "metadata",

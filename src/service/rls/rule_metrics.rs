@@ -2,9 +2,10 @@
 //! near and within the limit, shadow mode), and with `detailed_metric` per
 //! descriptor value too, under a cap on distinct values.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -13,7 +14,7 @@ use super::respond::Verdict;
 use crate::headers::LimitState;
 use crate::keys::Values;
 use crate::limiter::Outcome;
-use crate::rules::{Rule, RuleMetrics};
+use crate::rules::{MetricLevel, Rule, RuleMetrics};
 
 /// `NEAR_LIMIT_RATIO`: the share of a limit past which hits count as
 /// `near_limit` too (envoyproxy/ratelimit's default, 0.8).
@@ -155,44 +156,65 @@ impl RuleCounters {
             }
         };
         count(&rule.metrics);
-        if rule.detailed_metric {
-            let detailed: Vec<String> = descriptor
-                .entries
-                .iter()
-                .map(|e| format!("{}_{}", e.key, self.values.encode(&e.value)))
-                .collect();
-            count(&RuleMetrics::register(
-                domain,
-                &self.detailed.label(detailed.join(".")),
-            ));
+        if let Some(label) = self.dynamic_label(rule, descriptor) {
+            count(&self.detailed.metrics(domain, label));
         }
+    }
+
+    /// The stat path of a rule whose path takes the request's values: each
+    /// entry's `key_value` with `detailed_metric`, else those of its
+    /// `value_to_metric` levels. `None` for a rule with a fixed path.
+    fn dynamic_label(&self, rule: &Rule, descriptor: &RateLimitDescriptor) -> Option<String> {
+        let entry = |e: &Entry, always_value: bool| match e.value.is_empty() && !always_value {
+            true => e.key.clone(),
+            false => format!("{}_{}", e.key, self.values.encode(&e.value)),
+        };
+        let levels: Vec<String> = if rule.detailed_metric {
+            descriptor.entries.iter().map(|e| entry(e, true)).collect()
+        } else {
+            let levels = rule.metric_levels.as_deref()?;
+            levels
+                .iter()
+                .zip(&descriptor.entries)
+                .map(|(level, e)| match level {
+                    MetricLevel::Config(label) => label.clone(),
+                    MetricLevel::Request => entry(e, false),
+                })
+                .collect()
+        };
+        Some(levels.join("."))
     }
 }
 
-/// The `detailed_metric` label values seen so far, capped: a flood of random
-/// user ids must not grow `/metrics` (and memory) without bound. Past the cap,
-/// new values are counted under the label `overflow`.
+/// The counters of the request-dependent stat paths seen so far
+/// (`detailed_metric`, `value_to_metric`), capped: a flood of random user
+/// ids must not grow `/metrics` (and memory) without bound. Past the cap,
+/// new paths are counted under the label `overflow`. Kept here, a lookup
+/// is one lock and one hash, not a metrics registry search per request.
 #[derive(Debug, Default)]
 pub struct DetailedSeries {
     cap: usize,
-    seen: Mutex<HashSet<String>>,
+    seen: Mutex<HashMap<(String, String), Arc<RuleMetrics>>>,
 }
 
 impl DetailedSeries {
     pub fn new(cap: usize) -> Self {
         DetailedSeries {
             cap,
-            seen: Mutex::new(HashSet::new()),
+            seen: Mutex::new(HashMap::new()),
         }
     }
 
-    fn label(&self, value: String) -> String {
+    /// The counters of path `label` in `domain`, or of `overflow`.
+    fn metrics(&self, domain: &str, label: String) -> Arc<RuleMetrics> {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains(&value) || seen.len() < self.cap && seen.insert(value.clone()) {
-            value
-        } else {
-            OVERFLOW_LABEL.to_owned()
+        let mut key = (domain.to_owned(), label);
+        if !seen.contains_key(&key) && seen.len() >= self.cap {
+            key.1 = OVERFLOW_LABEL.to_owned();
         }
+        seen.entry(key)
+            .or_insert_with_key(|(domain, label)| Arc::new(RuleMetrics::register(domain, label)))
+            .clone()
     }
 }
 
@@ -227,13 +249,10 @@ mod tests {
     #[test]
     fn detailed_labels_past_the_cap_overflow() {
         let series = DetailedSeries::new(2);
-        assert_eq!(series.label("a".into()), "a");
-        assert_eq!(series.label("b".into()), "b");
-        assert_eq!(series.label("c".into()), OVERFLOW_LABEL);
-        assert_eq!(
-            series.label("a".into()),
-            "a",
-            "a value already seen keeps its label"
-        );
+        let label = |l: &str| series.metrics("d", l.into()).total_hits.rule().to_owned();
+        assert_eq!(label("a"), "a");
+        assert_eq!(label("b"), "b");
+        assert_eq!(label("c"), OVERFLOW_LABEL);
+        assert_eq!(label("a"), "a", "a value already seen keeps its label");
     }
 }
