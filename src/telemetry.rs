@@ -47,6 +47,12 @@ pub fn install_recorder() -> Result<PrometheusHandle> {
                 LATENCY_BUCKETS,
             )
         })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("ratekeeper_store_call_duration_seconds".into()),
+                LATENCY_BUCKETS,
+            )
+        })
         .and_then(|b| b.install_recorder())
         .map_err(|e| Error::Startup(format!("cannot install the metrics recorder: {e}")))
 }

@@ -243,3 +243,33 @@ descriptors:
         "ratekeeper's own series keep the rule's path:\n{text}"
     );
 }
+
+/// One store call is one sample of `ratekeeper_store_call_duration_seconds`:
+/// one per decision here (sequential requests, one descriptor each), never
+/// more than the limiter calls Redis ran (a first call on a connection may
+/// load the library and call again) and a few probes.
+#[tokio::test]
+async fn store_calls_are_timed_once_each() {
+    let redis = common::RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Ratekeeper::start(LIMITS, dir.path(), &["--redis-url", &url]);
+    let mut conn = redis.client().get_connection().unwrap();
+    traffic(&server).await;
+    let limiter_calls = common::limiter_calls(&mut conn);
+    assert!(
+        limiter_calls >= 8,
+        "one limiter call per valid request at least"
+    );
+    let text = server.metrics();
+    let count: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ratekeeper_store_call_duration_seconds_count "))
+        .unwrap_or_else(|| panic!("no store call histogram:\n{text}"))
+        .parse()
+        .unwrap();
+    assert!(
+        (8..=limiter_calls + 5).contains(&count),
+        "{count} samples for {limiter_calls} limiter calls (and a few probes):\n{text}"
+    );
+}

@@ -24,6 +24,9 @@ pub struct Caller {
     /// Shared by the lanes' callers: they all reach the same Redis.
     breaker: Option<Arc<Breaker>>,
     pub call_timeout: Duration,
+    /// `ratekeeper_store_call_duration_seconds`: one sample per call (a
+    /// batched call decides many requests), registered once.
+    duration: metrics::Histogram,
 }
 
 impl Caller {
@@ -36,6 +39,7 @@ impl Caller {
             connections,
             breaker,
             call_timeout,
+            duration: metrics::histogram!("ratekeeper_store_call_duration_seconds"),
         }
     }
 
@@ -92,7 +96,9 @@ impl Caller {
         if !self.breaker.as_deref().map_or(true, Breaker::allow) {
             return Err(Error::Store("circuit open: Redis is failing".into()));
         }
+        let started = Instant::now();
         let result = self.by(deadline, call).await;
+        self.duration.record(started.elapsed().as_secs_f64());
         if let Some(breaker) = &self.breaker {
             match &result {
                 Ok(_) => breaker.success(),
