@@ -48,3 +48,51 @@ fn walk<'a>(
         path.pop();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::description::{Limit, Limits};
+
+    fn node(key: &str, value: Option<&str>, flag: bool, limited: bool) -> Descriptor {
+        Descriptor {
+            at: key.to_owned(),
+            key: key.into(),
+            value: value.map(str::to_owned),
+            payload: Limits {
+                limits: if limited {
+                    vec![Limit::default()]
+                } else {
+                    Vec::new()
+                },
+                value_to_metric: flag,
+                ..Limits::default()
+            },
+            children: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_flag_reaches_the_rules_at_and_under_its_node() {
+        let mut route = node("route", Some("r*"), false, false);
+        let mut user = node("user", None, true, true);
+        user.children = vec![node("device", Some("d1"), false, true)];
+        route.children = vec![user, node("plain", None, false, true)];
+        let levels = levels(&[route]);
+        let config = |l: &str| MetricLevel::Config(l.into());
+        assert_eq!(
+            levels.get("user").map(|l| l.to_vec()),
+            Some(vec![config("route_r*"), MetricLevel::Request])
+        );
+        assert_eq!(
+            levels.get("device").map(|l| l.to_vec()),
+            Some(vec![
+                config("route_r*"),
+                MetricLevel::Request,
+                config("device_d1")
+            ])
+        );
+        assert!(!levels.contains_key("plain"), "a sibling without the flag");
+        assert!(!levels.contains_key("route"), "no limit, no rule");
+    }
+}
