@@ -929,11 +929,23 @@ async fn the_binary_under_envoy_gateways_environment_answers_over_tls_from_xds_l
     ads.publish("2", vec![domain("default/eg/http", "", 1)]);
     ads.heard("a NACK", |r| r.error_detail.is_some()).await;
     let metrics = ratekeeper.metrics();
+    // And under envoyproxy/ratelimit's names, with the labels Envoy
+    // Gateway's dashboard and e2e tests query (4 asks as Envoy, 1 anonymous).
+    let key1 = format!("{route}_{route}");
+    let series = format!(
+        "{{domain=\"default/eg/http\",key1=\"{key1}\",key2=\"rule-0-match-0_rule-0-match-0\"}}"
+    );
     for expected in [
-        "ratekeeper_config_load_success 1",
-        "ratekeeper_config_load_error 1",
+        "ratekeeper_config_load_success 1".to_owned(),
+        "ratekeeper_config_load_error 1".to_owned(),
+        "ratelimit_service_config_load_success 1".to_owned(),
+        "ratelimit_service_config_load_error 1".to_owned(),
+        format!("ratelimit_service_rate_limit_total_hits{series} 5"),
+        format!("ratelimit_service_rate_limit_within_limit{series} 3"),
+        format!("ratelimit_service_rate_limit_near_limit{series} 1"),
+        format!("ratelimit_service_rate_limit_over_limit{series} 2"),
     ] {
-        assert!(metrics.contains(expected), "{expected} in {metrics}");
+        assert!(metrics.contains(&expected), "{expected} in {metrics}");
     }
     assert_eq!(
         envoy
