@@ -1,6 +1,7 @@
 //! Per-rule hit counters, as envoyproxy/ratelimit keeps them (total, over,
-//! near and within the limit, shadow mode), and with `detailed_metric` per
-//! descriptor value too, under a cap on distinct values.
+//! near and within the limit, shadow mode, split as its base limiter splits
+//! them), and under a request-dependent path too for `detailed_metric` and
+//! `value_to_metric` rules, under a cap on distinct paths.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
