@@ -273,3 +273,23 @@ async fn store_calls_are_timed_once_each() {
         "{count} samples for {limiter_calls} limiter calls (and a few probes):\n{text}"
     );
 }
+
+/// A decision the store failed is their `redis_error`, whatever the failure
+/// mode then answered (here `open`: OK).
+#[tokio::test]
+async fn a_store_failure_counts_as_their_redis_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let nobody = format!("redis://127.0.0.1:{}", common::free_port());
+    let server = Ratekeeper::start(LIMITS, dir.path(), &["--redis-url", &nobody]);
+    let mut client = server.client().await;
+    let answer = client
+        .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+        .await
+        .expect("failure mode open answers");
+    assert_eq!(answer.into_inner().overall_code, 1, "OK");
+    let text = server.metrics();
+    assert!(
+        text.contains(r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"} 1"#),
+        "{text}"
+    );
+}
