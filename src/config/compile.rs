@@ -227,9 +227,9 @@ fn rate(limit: &Limit) -> Compiled<Rate> {
     let Some(unit) = limit.unit else {
         return Err(CompileError::new(at, "the unit is missing"));
     };
-    let Some(requests_per_unit) = limit.requests_per_unit else {
-        return Err(CompileError::new(at, "requests_per_unit is missing"));
-    };
+    // Missing is 0 (refuse everything), as envoyproxy/ratelimit's loader
+    // reads it: a file that loads there answers the same here.
+    let requests_per_unit = limit.requests_per_unit.unwrap_or(0);
     let rate = Rate {
         requests_per_unit,
         unit,

@@ -147,19 +147,17 @@ fn check(
     rate: &Rate,
     settings: &LimiterSettings,
 ) -> Check {
-    let mut counter_id = rate.counter_id();
-    if rule.is_none() {
-        // Overrides count apart from configured rules and from each other,
-        // like envoyproxy/ratelimit's override keys.
-        counter_id.push_str(&format!(".o{}", rate.requests_per_unit));
-    }
+    // An override's counter is the configured fixed window's of the same
+    // unit: envoyproxy/ratelimit's cache key has the descriptor and the
+    // window, not `requests_per_unit`, so Envoy's override and the file's
+    // rule (and overrides of different sizes) count together.
     Check {
         key: counter_key(
             &settings.key_prefix,
             &request.domain,
             descriptor.entries(),
             settings.values,
-            &counter_id,
+            &rate.counter_id(),
         ),
         algorithm: rate.algorithm,
         limit: u64::from(rate.requests_per_unit),
@@ -289,7 +287,7 @@ descriptors:
         let (boss, over, user) = (&plan.checks[0], &plan.checks[1], &plan.checks[2]);
         assert_eq!(boss.limit, 5);
         assert_eq!((over.limit, over.period_ms), (7, 3_600_000));
-        assert_ne!(over.key, user.key, "an override counts apart from the rule");
+        assert_ne!(over.key, user.key, "another unit is another window");
     }
 
     #[test]

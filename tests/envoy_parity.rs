@@ -1,0 +1,169 @@
+//! Answers that must be envoyproxy/ratelimit's, read against its source
+//! (`src/config/config_impl.go`, `src/limiter/cache_key.go`,
+//! `src/service/ratelimit.go`): the same file gives the same answers, on
+//! the memory store and a real Redis.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{descriptor, request, TestServer};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use ratekeeper::clock::ManualClock;
+
+const START_MS: u64 = 1_700_000_040_000;
+
+async fn ask(server: &TestServer, descriptors: Vec<RateLimitDescriptor>) -> RateLimitResponse {
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("d", descriptors))
+        .await
+        .expect("answer")
+        .into_inner()
+}
+
+fn overall(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).expect("code")
+}
+
+async fn on_every_store<F, Fut>(limits: &str, body: F)
+where
+    F: Fn(TestServer, Arc<ManualClock>, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    common::on_every_store(&[limits], START_MS, body).await;
+}
+
+/// Their cache key is prefix, domain, entries and window: no
+/// `requests_per_unit`. So Envoy's `limit` override and the file's rule of
+/// the same unit count on one counter.
+#[tokio::test]
+async fn a_limit_override_shares_the_configured_rules_counter() {
+    let limits = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+    on_every_store(limits, |server, _clock, store| async move {
+        for _ in 0..3 {
+            let r = ask(&server, vec![descriptor(&[("user", "a")])]).await;
+            assert_eq!(overall(&r), Code::Ok, "{store}");
+        }
+        let mut overridden = descriptor(&[("user", "a")]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 2, // MINUTE
+        });
+        let r = ask(&server, vec![overridden.clone()]).await;
+        assert_eq!(overall(&r), Code::Ok, "{store}");
+        assert_eq!(r.statuses[0].limit_remaining, 1, "{store}: 4 of 5 used");
+        let r = ask(&server, vec![overridden.clone()]).await;
+        assert_eq!(r.statuses[0].limit_remaining, 0, "{store}");
+        let r = ask(&server, vec![overridden]).await;
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+        let r = ask(&server, vec![descriptor(&[("user", "a")])]).await;
+        assert_eq!(overall(&r), Code::OverLimit, "{store}: the rule sees 5 too");
+    })
+    .await;
+}
+
+/// Their `requests_per_unit` is a `uint32` YAML field: missing reads as 0,
+/// which refuses every request.
+#[tokio::test]
+async fn a_missing_requests_per_unit_refuses_everything() {
+    let limits = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute}
+";
+    on_every_store(limits, |server, _clock, store| async move {
+        let r = ask(&server, vec![descriptor(&[("user", "a")])]).await;
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+        let limit = r.statuses[0].current_limit.as_ref().expect("limit");
+        assert_eq!(limit.requests_per_unit, 0);
+    })
+    .await;
+}
+
+/// `value: ""` is the value-less node (their map key is then the key alone):
+/// it matches any value, including an empty one.
+#[tokio::test]
+async fn an_empty_value_is_the_value_less_node() {
+    let limits = r#"
+domain: d
+descriptors:
+  - key: user
+    value: ""
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+    on_every_store(limits, |server, _clock, store| async move {
+        let r = ask(&server, vec![descriptor(&[("user", "a")])]).await;
+        assert!(r.statuses[0].current_limit.is_some(), "{store}");
+        let r = ask(&server, vec![descriptor(&[("user", "")])]).await;
+        assert!(r.statuses[0].current_limit.is_some(), "{store}");
+        let r = ask(&server, vec![descriptor(&[("user", "a")])]).await;
+        assert_eq!(
+            overall(&r),
+            Code::OverLimit,
+            "{store}: one counter per value"
+        );
+        let r = ask(&server, vec![descriptor(&[("user", "b")])]).await;
+        assert_eq!(overall(&r), Code::Ok, "{store}");
+    })
+    .await;
+}
+
+/// Their matcher: the exact `key_value` first, then the wildcards of the
+/// level in file order (each `*` zero or more characters, anywhere, several
+/// allowed), then the value-less node.
+#[tokio::test]
+async fn wildcards_match_as_theirs_do() {
+    let limits = r#"
+domain: d
+descriptors:
+  - key: path
+    value: "/api/*/users/*"
+    rate_limit: {unit: minute, requests_per_unit: 1, name: two_stars}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 2, name: prefix}
+  - key: path
+    value: "/api/v1/users/me"
+    rate_limit: {unit: minute, requests_per_unit: 3, name: exact}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 4, name: any}
+  - key: any
+    value: "*"
+    rate_limit: {unit: minute, requests_per_unit: 5, name: star}
+  - key: mid
+    value: "a*z"
+    rate_limit: {unit: minute, requests_per_unit: 6, name: middle}
+"#;
+    on_every_store(limits, |server, _clock, store| async move {
+        let cases = [
+            (("path", "/api/v1/users/me"), Some("exact")),
+            (("path", "/api/v1/users/42"), Some("two_stars")),
+            (("path", "/api/v1/users/"), Some("two_stars")),
+            (("path", "/api/v1/groups"), Some("prefix")),
+            (("path", "/api/"), Some("prefix")),
+            (("path", "/other"), Some("any")),
+            (("any", ""), Some("star")),
+            (("any", "x"), Some("star")),
+            (("mid", "az"), Some("middle")),
+            (("mid", "a-z"), Some("middle")),
+            (("mid", "za"), None),
+            (("mid", "a"), None),
+        ];
+        for ((key, value), expected) in cases {
+            let r = ask(&server, vec![descriptor(&[(key, value)])]).await;
+            let name = r.statuses[0].current_limit.as_ref().map(|l| l.name.clone());
+            assert_eq!(name.as_deref(), expected, "{store}: {key}={value:?}");
+        }
+    })
+    .await;
+}
