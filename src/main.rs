@@ -24,7 +24,7 @@ use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
 mod envoy_settings;
-use envoy_settings::{ConfigType, EnvoySettings};
+use envoy_settings::{ConfigType, EnvoyModes, EnvoySettings};
 
 // Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
 #[global_allocator]
@@ -206,6 +206,8 @@ struct Cli {
     /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names.
     #[command(flatten)]
     envoy: EnvoySettings,
+    #[command(flatten)]
+    envoy_modes: EnvoyModes,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -443,6 +445,7 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 Values::Raw
             },
+            modes: cli.envoy_modes.modes(),
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

@@ -120,6 +120,9 @@ pub struct Rule {
     /// all checked; empty when the rule is `unlimited`.
     pub rates: Vec<Rate>,
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `quota_mode`: over this rule's limit fails
+    /// the request only when every quota descriptor of it is over.
+    pub quota_mode: bool,
     pub detailed_metric: bool,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,

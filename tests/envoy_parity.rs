@@ -5,14 +5,17 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::Arc;
 
-use common::{descriptor, request, TestServer};
+use common::{descriptor, request, Backend, TestServer};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use ratekeeper::clock::ManualClock;
+use ratekeeper::config::Config;
+use ratekeeper::service::rls::{GlobalModes, LimiterSettings};
 
 const START_MS: u64 = 1_700_000_040_000;
 
@@ -35,6 +38,32 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     common::on_every_store(&[limits], START_MS, body).await;
+}
+
+fn codes(r: &RateLimitResponse) -> Vec<Code> {
+    r.statuses
+        .iter()
+        .map(|s| Code::try_from(s.code).expect("code"))
+        .collect()
+}
+
+/// As [`on_every_store`], with envoyproxy/ratelimit's global switches.
+async fn on_every_store_with<F, Fut>(limits: &str, modes: GlobalModes, body: F)
+where
+    F: Fn(TestServer, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for backend in Backend::all() {
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let config = Config::from_files([(Path::new("d.yaml"), limits)]).expect("limits");
+        let limiter = LimiterSettings {
+            modes,
+            ..TestServer::limiter_settings()
+        };
+        let store = backend.store(clock);
+        let server = TestServer::start_with_limiter(config, None, store, limiter).await;
+        body(server, backend.name()).await;
+    }
 }
 
 /// Their cache key is prefix, domain, entries and window: no
@@ -164,6 +193,123 @@ descriptors:
             let name = r.statuses[0].current_limit.as_ref().map(|l| l.name.clone());
             assert_eq!(name.as_deref(), expected, "{store}: {key}={value:?}");
         }
+    })
+    .await;
+}
+
+const QUOTAS: &str = "
+domain: d
+descriptors:
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+/// Their `shouldRateLimitWorker`: a quota descriptor over its limit says
+/// OVER_LIMIT in its status, but fails the request only when every quota
+/// descriptor of it is over; the request's other descriptors still count.
+#[tokio::test]
+async fn quota_descriptors_fail_the_request_only_all_together() {
+    on_every_store(QUOTAS, |server, _clock, store| async move {
+        let all = || {
+            vec![
+                descriptor(&[("q1", "a")]),
+                descriptor(&[("q2", "a")]),
+                descriptor(&[("plain", "a")]),
+            ]
+        };
+        let r = ask(&server, all()).await;
+        assert_eq!(overall(&r), Code::Ok, "{store}");
+        let r = ask(&server, all()).await;
+        assert_eq!(codes(&r), [Code::OverLimit, Code::Ok, Code::Ok], "{store}");
+        assert_eq!(overall(&r), Code::Ok, "{store}: q2 is not over");
+        assert_eq!(r.statuses[2].limit_remaining, 8, "{store}: plain counted");
+        let r = ask(&server, all()).await;
+        assert_eq!(
+            codes(&r)[..2],
+            [Code::OverLimit, Code::OverLimit],
+            "{store}"
+        );
+        assert_eq!(overall(&r), Code::OverLimit, "{store}: every quota is over");
+        // A descriptor that is not a quota one fails the request alone.
+        for _ in 0..7 {
+            ask(&server, vec![descriptor(&[("plain", "a")])]).await;
+        }
+        let r = ask(
+            &server,
+            vec![descriptor(&[("q2", "b")]), descriptor(&[("plain", "a")])],
+        )
+        .await;
+        assert_eq!(codes(&r), [Code::Ok, Code::OverLimit], "{store}");
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+    })
+    .await;
+}
+
+/// `QUOTA_MODE=true`: every descriptor but an unlimited one is a quota
+/// descriptor, one that matches no rule included (and it is never over).
+#[tokio::test]
+async fn global_quota_mode_makes_every_descriptor_a_quota() {
+    let limits = "
+domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let modes = GlobalModes {
+        quota: true,
+        ..GlobalModes::default()
+    };
+    on_every_store_with(limits, modes, |server, store| async move {
+        let one = || vec![descriptor(&[("plain", "a")])];
+        let two = || {
+            vec![
+                descriptor(&[("plain", "a")]),
+                descriptor(&[("nothing", "x")]),
+            ]
+        };
+        assert_eq!(overall(&ask(&server, one()).await), Code::Ok, "{store}");
+        let r = ask(&server, two()).await;
+        assert_eq!(codes(&r), [Code::OverLimit, Code::Ok], "{store}");
+        assert_eq!(overall(&r), Code::Ok, "{store}: the unmatched one passed");
+        let r = ask(&server, one()).await;
+        assert_eq!(
+            overall(&r),
+            Code::OverLimit,
+            "{store}: its only quota is over"
+        );
+    })
+    .await;
+}
+
+/// `SHADOW_MODE=true`: the request is never OVER_LIMIT, the descriptor
+/// statuses still say which limit is over, and everything is counted.
+#[tokio::test]
+async fn global_shadow_mode_never_refuses() {
+    let limits = "
+domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    let modes = GlobalModes {
+        shadow: true,
+        ..GlobalModes::default()
+    };
+    on_every_store_with(limits, modes, |server, store| async move {
+        let both = || vec![descriptor(&[("plain", "a")]), descriptor(&[("wide", "a")])];
+        ask(&server, both()).await;
+        let r = ask(&server, both()).await;
+        assert_eq!(codes(&r), [Code::OverLimit, Code::Ok], "{store}");
+        assert_eq!(overall(&r), Code::Ok, "{store}");
+        assert_eq!(r.statuses[1].limit_remaining, 8, "{store}: wide counted");
     })
     .await;
 }

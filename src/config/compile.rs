@@ -195,6 +195,7 @@ fn rate_rule(
     rules.push(Rule {
         rates,
         shadow_mode: node.shadow_mode,
+        quota_mode: node.quota_mode,
         detailed_metric: node.detailed_metric,
         replaces,
         path: path.to_owned(),
@@ -207,7 +208,6 @@ fn rate_rule(
 /// not have yet: refused rather than silently ignored.
 fn refuse_unsupported(node: &Limits, at: &str) -> Compiled<()> {
     let unsupported = [
-        ("quota_mode", node.quota_mode),
         ("share_threshold", node.share_threshold),
         ("value_to_metric", node.value_to_metric),
         ("metadata", node.metadata.is_some()),

@@ -57,8 +57,8 @@ pub struct Limits {
     pub limits: Vec<Limit>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
-    /// envoyproxy/ratelimit's keys ratekeeper parses but does not act on yet.
     pub quota_mode: bool,
+    /// envoyproxy/ratelimit's keys ratekeeper parses but does not act on yet.
     pub share_threshold: bool,
     pub value_to_metric: bool,
     /// `metadata:`, as the response's dynamic metadata would carry it.

@@ -63,11 +63,6 @@ fn a_bad_limit_is_refused_for_the_same_reason_from_yaml_and_protobuf() {
         descriptors: vec![node("", "x")],
         ..node("k", "v")
     };
-    let quota = RateLimitDescriptor {
-        quota_mode: true,
-        rate_limit: Some(policy(RateLimitUnit::Second, 1)),
-        ..node("k", "")
-    };
     let rl =
         |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
     let cases = [
@@ -82,10 +77,6 @@ fn a_bad_limit_is_refused_for_the_same_reason_from_yaml_and_protobuf() {
         (
             "domain: d\ndescriptors:\n  - {key: k, value: v}\n  - {key: k, value: v}\n".into(),
             domain(vec![node("k", "v"), node("k", "v")]),
-        ),
-        (
-            "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n".into(),
-            domain(vec![quota]),
         ),
         ("domain: ''\n".into(), RateLimitConfig::default()),
     ];

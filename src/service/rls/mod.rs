@@ -57,6 +57,20 @@ pub struct LimiterSettings {
     pub max_detailed_series: usize,
     /// Raw or hashed descriptor values in keys and labels.
     pub values: Values,
+    pub modes: GlobalModes,
+}
+
+/// envoyproxy/ratelimit's global answer switches. All off by default, and
+/// then no step does any work for them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalModes {
+    /// `SHADOW_MODE`: count everything, never answer OVER_LIMIT.
+    pub shadow: bool,
+    /// `QUOTA_MODE`: every descriptor is a quota descriptor.
+    pub quota: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`: describe the request (and the matched
+    /// rules' `metadata`) in the response's `dynamic_metadata`.
+    pub dynamic_metadata: bool,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -139,7 +153,7 @@ impl RateLimiter {
             .response_headers
             .unwrap_or(self.settings.headers.enabled)
             .then_some(&self.settings.headers.names);
-        let response = respond::response(&plan, &verdicts, headers);
+        let response = respond::response(&plan, &verdicts, headers, self.settings.modes);
         Ok(if answered_locally {
             degraded(response, FailureMode::Local)
         } else {

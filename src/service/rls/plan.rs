@@ -39,10 +39,12 @@ pub enum Applied<'c> {
     Unlimited,
     /// Counted limits: a configured rule's (maybe stacked) or the
     /// descriptor's override; `checks` are their checks, in the same order.
+    /// `quota`: a quota descriptor (its rule's `quota_mode`, or `QUOTA_MODE`).
     Counted {
         rule: Option<&'c Rule>,
         rates: Cow<'c, [Rate]>,
         checks: Range<usize>,
+        quota: bool,
     },
 }
 
@@ -80,14 +82,21 @@ impl<'c> Plan<'c> {
                     Found::Rule(Some(rule)) if rule.is_unlimited() => return Applied::Unlimited,
                     Found::Rule(Some(rule)) => (Some(rule), Cow::Borrowed(rule.rates.as_slice())),
                 };
+                let quota = settings.modes.quota || rule.is_some_and(|r| r.quota_mode);
+                // Only an enforced check refuses the request's other checks
+                // (all-or-nothing): a quota or shadow one may be over while
+                // the request is admitted, and then the others count.
+                let enforce =
+                    !(quota || settings.modes.shadow || rule.is_some_and(|r| r.shadow_mode));
                 let first = checks.len();
                 for rate in rates.iter() {
-                    checks.push(check(request, descriptor, rule, rate, settings));
+                    checks.push(check(request, descriptor, rate, enforce, settings));
                 }
                 Applied::Counted {
                     rule,
                     rates,
                     checks: first..checks.len(),
+                    quota,
                 }
             })
             .collect();
@@ -143,8 +152,8 @@ fn drop_replaced<'c>(found: &mut [Found<'c>]) {
 fn check(
     request: &RateLimitRequest,
     descriptor: &RateLimitDescriptor,
-    rule: Option<&Rule>,
     rate: &Rate,
+    enforce: bool,
     settings: &LimiterSettings,
 ) -> Check {
     // An override's counter is the configured fixed window's of the same
@@ -164,7 +173,7 @@ fn check(
         period_ms: rate.unit.seconds() * 1_000,
         burst: rate.effective_burst(),
         hits: hits(request, descriptor),
-        enforce: !rule.is_some_and(|r| r.shadow_mode),
+        enforce,
     }
 }
 
