@@ -66,7 +66,7 @@ fn the_files_their_loader_takes_load_and_the_ones_it_refuses_are_refused() {
         (&["metadata.yaml"], "metadata is not supported yet"),
         (
             &["share_threshold.yaml"],
-            "share_threshold is not supported yet",
+            "value_to_metric is not supported yet",
         ),
     ];
     for (files, reason) in refused {

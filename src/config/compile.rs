@@ -59,12 +59,16 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
     }
     let mut rules = Vec::new();
     let root = build_level(description.descriptors, "", &mut |limits, at, path| {
-        rate_rule(limits, at, path, &domain, &mut rules)
+        let share = limits.share_threshold;
+        Ok((rate_rule(limits, at, path, &domain, &mut rules)?, share))
     })?;
     check_replaces(&rules)?;
     let mut concurrency_rules = Vec::new();
     let concurrency_root = build_level(description.concurrency, "", &mut |c, at, path| {
-        concurrency_rule(c, at, path, &mut concurrency_rules)
+        Ok((
+            concurrency_rule(c, at, path, &mut concurrency_rules)?,
+            false,
+        ))
     })?;
     Ok(DomainConfig {
         name: domain,
@@ -81,12 +85,16 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
     })
 }
 
+/// What a node's payload compiles to: its rule's index (or none), and
+/// whether its wildcard value shares one counter (`share_threshold`).
+type NodeRule = (Option<usize>, bool);
+
 /// Compiles the nodes under one level. `parent` is the metrics path of the
-/// enclosing node; `rule` turns a node's payload into a rule index (or none).
+/// enclosing node; `rule` turns a node's payload into its [`NodeRule`].
 fn build_level<P>(
     nodes: Vec<RawNode<P>>,
     parent: &str,
-    rule: &mut impl FnMut(P, &str, &str) -> Compiled<Option<usize>>,
+    rule: &mut impl FnMut(P, &str, &str) -> Compiled<NodeRule>,
 ) -> Compiled<Level> {
     let mut level = Level::default();
     let mut seen = HashSet::new();
@@ -119,12 +127,21 @@ fn build_level<P>(
             ));
         }
         let path = if parent.is_empty() {
-            label
+            label.clone()
         } else {
             format!("{parent}.{label}")
         };
+        let (rule_index, share) = rule(payload, &at, &path)?;
+        let wildcard = value.as_ref().filter(|v| v.contains('*'));
+        if share && wildcard.is_none() {
+            return Err(CompileError::new(
+                &at,
+                format!("share_threshold can only be used with wildcard values (containing '*'), but found {label:?}"),
+            ));
+        }
         let compiled = Node {
-            rule: rule(payload, &at, &path)?,
+            rule: rule_index,
+            shared: wildcard.filter(|_| share).cloned(),
             children: build_level(children, &path, rule)?,
         };
         let nodes: &mut KeyNodes = level.keys.entry(key).or_default();
@@ -208,7 +225,6 @@ fn rate_rule(
 /// not have yet: refused rather than silently ignored.
 fn refuse_unsupported(node: &Limits, at: &str) -> Compiled<()> {
     let unsupported = [
-        ("share_threshold", node.share_threshold),
         ("value_to_metric", node.value_to_metric),
         ("metadata", node.metadata.is_some()),
     ];

@@ -58,8 +58,8 @@ pub struct Limits {
     pub shadow_mode: bool,
     pub detailed_metric: bool,
     pub quota_mode: bool,
-    /// envoyproxy/ratelimit's keys ratekeeper parses but does not act on yet.
     pub share_threshold: bool,
+    /// envoyproxy/ratelimit's keys ratekeeper parses but does not act on yet.
     pub value_to_metric: bool,
     /// `metadata:`, as the response's dynamic metadata would carry it.
     pub metadata: Option<prost_types::Struct>,

@@ -586,7 +586,6 @@ fn refuses_envoy_ratelimit_options_not_supported_yet() {
         format!("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    {option}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n")
     };
     for (option, name) in [
-        ("share_threshold: true", "share_threshold"),
         ("value_to_metric: true", "value_to_metric"),
         (
             "metadata: {team: a, tags: [x, 1], nested: {n: null}}",

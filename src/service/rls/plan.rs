@@ -58,9 +58,14 @@ pub struct Plan<'c> {
 
 /// A descriptor's limits before `replaces` is applied.
 enum Found<'c> {
-    Rule(Option<&'c Rule>),
+    Rule(Option<&'c Rule>, Shared<'c>),
     Override(Rate),
 }
+
+/// The entries matched by a `share_threshold` wildcard, by position, with
+/// the pattern that stands for their value in the counter key (empty, so
+/// not allocated, for every other descriptor).
+type Shared<'c> = Vec<(usize, &'c str)>;
 
 impl<'c> Plan<'c> {
     /// Plans `request` (already validated) against a domain's `rules`.
@@ -76,11 +81,13 @@ impl<'c> Plan<'c> {
             .into_iter()
             .zip(&request.descriptors)
             .map(|(found, descriptor)| {
-                let (rule, rates) = match found {
-                    Found::Override(rate) => (None, Cow::Owned(vec![rate])),
-                    Found::Rule(None) => return Applied::None,
-                    Found::Rule(Some(rule)) if rule.is_unlimited() => return Applied::Unlimited,
-                    Found::Rule(Some(rule)) => (Some(rule), Cow::Borrowed(rule.rates.as_slice())),
+                let (rule, rates, shared) = match found {
+                    Found::Override(rate) => (None, Cow::Owned(vec![rate]), Vec::new()),
+                    Found::Rule(None, _) => return Applied::None,
+                    Found::Rule(Some(rule), _) if rule.is_unlimited() => return Applied::Unlimited,
+                    Found::Rule(Some(rule), shared) => {
+                        (Some(rule), Cow::Borrowed(rule.rates.as_slice()), shared)
+                    }
                 };
                 let quota = settings.modes.quota || rule.is_some_and(|r| r.quota_mode);
                 // Only an enforced check refuses the request's other checks
@@ -90,7 +97,7 @@ impl<'c> Plan<'c> {
                     !(quota || settings.modes.shadow || rule.is_some_and(|r| r.shadow_mode));
                 let first = checks.len();
                 for rate in rates.iter() {
-                    checks.push(check(request, descriptor, rate, enforce, settings));
+                    checks.push(check(request, descriptor, &shared, rate, enforce, settings));
                 }
                 Applied::Counted {
                     rule,
@@ -112,7 +119,11 @@ fn find<'c>(request: &RateLimitRequest, rules: &'c RuleTree) -> Result<Vec<Found
         .enumerate()
         .map(|(i, descriptor)| {
             let Some(limit) = &descriptor.limit else {
-                return Ok(Found::Rule(rules.find(descriptor.entries())));
+                let mut shared = Vec::new();
+                let rule = rules.find_sharing(descriptor.entries(), |i, pattern| {
+                    shared.push((i, pattern));
+                });
+                return Ok(Found::Rule(rule, shared));
             };
             let unit = Unit::from_envoy(limit.unit).ok_or_else(|| {
                 Status::invalid_argument(format!(
@@ -129,7 +140,7 @@ fn find<'c>(request: &RateLimitRequest, rules: &'c RuleTree) -> Result<Vec<Found
 fn drop_replaced<'c>(found: &mut [Found<'c>]) {
     fn rule<'c>(found: &Found<'c>) -> Option<&'c Rule> {
         match found {
-            Found::Rule(rule) => *rule,
+            Found::Rule(rule, _) => *rule,
             Found::Override(_) => None,
         }
     }
@@ -143,7 +154,7 @@ fn drop_replaced<'c>(found: &mut [Found<'c>]) {
     }
     for slot in found.iter_mut() {
         if rule(slot).is_some_and(|rule| replaced.iter().any(|name| rule.is_named(name))) {
-            *slot = Found::Rule(None);
+            *slot = Found::Rule(None, Vec::new());
         }
     }
 }
@@ -152,10 +163,17 @@ fn drop_replaced<'c>(found: &mut [Found<'c>]) {
 fn check(
     request: &RateLimitRequest,
     descriptor: &RateLimitDescriptor,
+    shared: &Shared<'_>,
     rate: &Rate,
     enforce: bool,
     settings: &LimiterSettings,
 ) -> Check {
+    // A shared entry's pattern replaces its value, by position (as their
+    // cache key does), so every value the wildcard matches counts together.
+    let entries = descriptor.entries().enumerate().map(|(i, (key, value))| {
+        let pattern = shared.iter().find(|(at, _)| *at == i);
+        (key, pattern.map_or(value, |(_, pattern)| *pattern))
+    });
     // An override's counter is the configured fixed window's of the same
     // unit: envoyproxy/ratelimit's cache key has the descriptor and the
     // window, not `requests_per_unit`, so Envoy's override and the file's
@@ -164,7 +182,7 @@ fn check(
         key: counter_key(
             &settings.key_prefix,
             &request.domain,
-            descriptor.entries(),
+            entries,
             settings.values,
             &rate.counter_id(),
         ),
