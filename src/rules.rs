@@ -123,6 +123,8 @@ pub struct Rule {
     /// envoyproxy/ratelimit's `quota_mode`: over this rule's limit fails
     /// the request only when every quota descriptor of it is over.
     pub quota_mode: bool,
+    /// `metadata:`, as `RESPONSE_DYNAMIC_METADATA` returns it.
+    pub metadata: Option<envoy_types::pb::google::protobuf::Struct>,
     pub detailed_metric: bool,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,

@@ -414,3 +414,118 @@ fn share_threshold_without_a_wildcard_is_refused() {
         panic!("{e}");
     }
 }
+
+const WITH_METADATA: &str = "
+domain: d
+descriptors:
+  - key: regular
+    rate_limit: {unit: minute, requests_per_unit: 10}
+    metadata: {name: service_1, team: {a: 1}}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {name: service_2, team: {b: [x, true]}}
+";
+
+/// `RESPONSE_DYNAMIC_METADATA=true`: their `ratelimitToMetadata`, field by
+/// field: the domain, each descriptor (entries as `key=value`, the override
+/// as protobuf text, its own `hitsAddend`), the request's `hitsAddend` when
+/// not 0, and the merged `metadata` of the rules not over their limit
+/// (first value wins, structs merge).
+#[tokio::test]
+async fn response_dynamic_metadata_is_theirs() {
+    use envoy_types::pb::google::protobuf::UInt64Value;
+    use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+    let v = |kind| Value { kind: Some(kind) };
+    let s = |pairs: Vec<(&str, Value)>| {
+        v(Kind::StructValue(Struct {
+            fields: pairs.into_iter().map(|(k, x)| (k.to_owned(), x)).collect(),
+        }))
+    };
+    let text = |t: &str| v(Kind::StringValue(t.into()));
+    let list = |values: Vec<Value>| v(Kind::ListValue(ListValue { values }));
+    let number = |n: f64| v(Kind::NumberValue(n));
+    let modes = GlobalModes {
+        dynamic_metadata: true,
+        ..GlobalModes::default()
+    };
+    on_every_store_with(WITH_METADATA, modes, |server, store| async move {
+        let mut overridden = descriptor(&[("other", "o")]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 42,
+            unit: 3,
+        });
+        overridden.hits_addend = Some(UInt64Value { value: 0 });
+        let descriptors = vec![
+            descriptor(&[("regular", "r")]),
+            descriptor(&[("quota", "q"), ("x", "")]),
+            descriptor(&[("quota", "q")]),
+            overridden,
+        ];
+        let mut client = server.client().await;
+        let mut req = request("d", descriptors);
+        req.hits_addend = 1;
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .expect("answer")
+            .into_inner();
+        let entries = |e: &[&str]| s(vec![("entries", list(e.iter().map(|e| text(e)).collect()))]);
+        let expected = |metadata: Value| {
+            s(vec![
+                ("domain", text("d")),
+                (
+                    "descriptors",
+                    list(vec![
+                        entries(&["regular=r"]),
+                        entries(&["quota=q", "x="]),
+                        entries(&["quota=q"]),
+                        s(vec![
+                            ("entries", list(vec![text("other=o")])),
+                            ("limit", text("requests_per_unit:42 unit:HOUR")),
+                            ("hitsAddend", number(0.0)),
+                        ]),
+                    ]),
+                ),
+                ("hitsAddend", number(1.0)),
+                ("metadata", metadata),
+            ])
+        };
+        let both = s(vec![
+            ("name", text("service_1")),
+            (
+                "team",
+                s(vec![
+                    ("a", number(1.0)),
+                    ("b", list(vec![text("x"), v(Kind::BoolValue(true))])),
+                ]),
+            ),
+        ]);
+        let got = r.dynamic_metadata.map(|m| v(Kind::StructValue(m)));
+        assert_eq!(got, Some(expected(both)), "{store}");
+        // The quota is over now: only the regular rule's metadata is left.
+        let r = client
+            .should_rate_limit(req)
+            .await
+            .expect("answer")
+            .into_inner();
+        assert_eq!(overall(&r), Code::OverLimit, "{store}: its only quota");
+        let regular = s(vec![
+            ("name", text("service_1")),
+            ("team", s(vec![("a", number(1.0))])),
+        ]);
+        let got = r.dynamic_metadata.map(|m| v(Kind::StructValue(m)));
+        assert_eq!(got, Some(expected(regular)), "{store}");
+    })
+    .await;
+}
+
+/// Off (the default), no dynamic metadata, whatever the file says.
+#[tokio::test]
+async fn no_dynamic_metadata_unless_asked() {
+    on_every_store(WITH_METADATA, |server, _clock, store| async move {
+        let r = ask(&server, vec![descriptor(&[("regular", "r")])]).await;
+        assert_eq!(r.dynamic_metadata, None, "{store}");
+    })
+    .await;
+}

@@ -213,6 +213,7 @@ fn rate_rule(
         rates,
         shadow_mode: node.shadow_mode,
         quota_mode: node.quota_mode,
+        metadata: node.metadata.as_ref().map(response_metadata),
         detailed_metric: node.detailed_metric,
         replaces,
         path: path.to_owned(),
@@ -224,10 +225,7 @@ fn rate_rule(
 /// envoyproxy/ratelimit's descriptor options whose behaviour ratekeeper does
 /// not have yet: refused rather than silently ignored.
 fn refuse_unsupported(node: &Limits, at: &str) -> Compiled<()> {
-    let unsupported = [
-        ("value_to_metric", node.value_to_metric),
-        ("metadata", node.metadata.is_some()),
-    ];
+    let unsupported = [("value_to_metric", node.value_to_metric)];
     match unsupported.iter().find(|(_, set)| *set) {
         Some((name, _)) => Err(CompileError::new(
             at,
@@ -235,6 +233,34 @@ fn refuse_unsupported(node: &Limits, at: &str) -> Compiled<()> {
         )),
         None => Ok(()),
     }
+}
+
+/// A `metadata:` of the limits file (or xDS) as the response's type.
+fn response_metadata(config: &prost_types::Struct) -> envoy_types::pb::google::protobuf::Struct {
+    envoy_types::pb::google::protobuf::Struct {
+        fields: config
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), config_value(v)))
+            .collect(),
+    }
+}
+
+fn config_value(v: &prost_types::Value) -> envoy_types::pb::google::protobuf::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    use envoy_types::pb::google::protobuf::ListValue;
+    use prost_types::value::Kind as K;
+    let kind = v.kind.as_ref().map(|kind| match kind {
+        K::NullValue(n) => Kind::NullValue(*n),
+        K::NumberValue(n) => Kind::NumberValue(*n),
+        K::StringValue(s) => Kind::StringValue(s.clone()),
+        K::BoolValue(b) => Kind::BoolValue(*b),
+        K::StructValue(s) => Kind::StructValue(response_metadata(s)),
+        K::ListValue(l) => Kind::ListValue(ListValue {
+            values: l.values.iter().map(config_value).collect(),
+        }),
+    });
+    envoy_types::pb::google::protobuf::Value { kind }
 }
 
 /// The rate of one limited (not `unlimited`) policy.

@@ -59,9 +59,9 @@ pub struct Limits {
     pub detailed_metric: bool,
     pub quota_mode: bool,
     pub share_threshold: bool,
-    /// envoyproxy/ratelimit's keys ratekeeper parses but does not act on yet.
+    /// envoyproxy/ratelimit's key ratekeeper parses but does not act on yet.
     pub value_to_metric: bool,
-    /// `metadata:`, as the response's dynamic metadata would carry it.
+    /// `metadata:`, as the response's dynamic metadata carries it.
     pub metadata: Option<prost_types::Struct>,
 }
 

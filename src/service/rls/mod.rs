@@ -18,6 +18,7 @@
 //! consumes nothing (all-or-nothing; see the README).
 
 mod failure;
+mod metadata;
 mod outcomes;
 mod plan;
 mod respond;
@@ -153,7 +154,14 @@ impl RateLimiter {
             .response_headers
             .unwrap_or(self.settings.headers.enabled)
             .then_some(&self.settings.headers.names);
-        let response = respond::response(&plan, &verdicts, headers, self.settings.modes);
+        let mut response = respond::response(&plan, &verdicts, headers, self.settings.modes);
+        if self.settings.modes.dynamic_metadata {
+            response.dynamic_metadata = Some(metadata::dynamic_metadata(
+                request,
+                &plan,
+                &response.statuses,
+            ));
+        }
         Ok(if answered_locally {
             degraded(response, FailureMode::Local)
         } else {
