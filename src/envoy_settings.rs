@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::ArgAction;
 use ratekeeper::config::xds_client::{Backoff, ClientTls, XdsSettings};
+use ratekeeper::config::LoadOptions;
 use ratekeeper::service::rls::GlobalModes;
 use ratekeeper::tls::TlsFiles;
 use ratekeeper::{Error, Result};
@@ -277,6 +278,10 @@ pub struct EnvoyModes {
     /// descriptors, hits, and the `metadata` of the rules it passed).
     #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_parser = BoolishValueParser::new())]
     response_dynamic_metadata: bool,
+    /// Files of one domain merge into it (a key/value both define is
+    /// refused, both files named); off, a second file of a domain is refused.
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_parser = BoolishValueParser::new())]
+    merge_domain_config: bool,
 }
 
 impl EnvoyModes {
@@ -285,6 +290,12 @@ impl EnvoyModes {
             shadow: self.shadow_mode,
             quota: self.quota_mode,
             dynamic_metadata: self.response_dynamic_metadata,
+        }
+    }
+
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
         }
     }
 }

@@ -10,7 +10,7 @@ use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
-use ratekeeper::config::Config;
+use ratekeeper::config::{Config, LoadOptions};
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::http;
 use ratekeeper::keys::Values;
@@ -345,7 +345,10 @@ async fn run(cli: Cli) -> Result<()> {
 
     let config_dir = config_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
-        ConfigType::File => (load_files(&config_dir, &cli.envoy)?, Some(config_dir)),
+        ConfigType::File => (
+            load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?,
+            Some(config_dir),
+        ),
         ConfigType::GrpcXdsSotw => (subscribe_xds(&cli.envoy).await?, None),
     };
 
@@ -431,6 +434,7 @@ async fn run(cli: Cli) -> Result<()> {
     Server {
         grpc,
         config_dir,
+        load_options: cli.envoy_modes.load_options(),
         config,
         health_needs_domains: cli.envoy.healthy_with_at_least_one_config_loaded,
         store,
@@ -466,8 +470,12 @@ async fn run(cli: Cli) -> Result<()> {
 /// The limits directory's limits. With FORCE_START_WITHOUT_INITIAL_CONFIG a
 /// directory that cannot be loaded yet (missing, or a bad file) starts the
 /// server with no limits; the watcher loads it when it changes.
-fn load_files(dir: &std::path::Path, envoy: &EnvoySettings) -> Result<SharedConfig> {
-    let config = Config::load_dir(dir);
+fn load_files(
+    dir: &std::path::Path,
+    load_options: LoadOptions,
+    envoy: &EnvoySettings,
+) -> Result<SharedConfig> {
+    let config = Config::load_dir_with(dir, load_options);
     record_load(config.as_ref().map(|_| ()));
     match config {
         Ok(config) => {

@@ -157,6 +157,11 @@ impl Wildcard {
         }
     }
 
+    /// The pattern as written.
+    pub fn text(&self) -> String {
+        self.parts.join("*")
+    }
+
     pub fn matches(&self, value: &str) -> bool {
         let (first, rest) = match self.parts.split_first() {
             Some(split) => split,

@@ -529,3 +529,38 @@ async fn no_dynamic_metadata_unless_asked() {
     })
     .await;
 }
+
+/// The binary reads their switches under their names.
+#[tokio::test]
+async fn the_binary_reads_their_switches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata: {m: 1}\n";
+    let b = "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    std::fs::write(dir.path().join("a.yaml"), a).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), b).expect("write");
+    let env = [
+        ("MERGE_DOMAIN_CONFIG", "true"),
+        ("SHADOW_MODE", "true"),
+        ("RESPONSE_DYNAMIC_METADATA", "true"),
+    ];
+    let server = common::Ratekeeper::spawn_with_env(dir.path(), &[], &env);
+    let client = server.client().await;
+    let ask = |entries: &'static [(&'static str, &'static str)]| {
+        let req = request("d", vec![descriptor(entries)]);
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(req)
+                .await
+                .expect("answer")
+                .into_inner()
+        }
+    };
+    ask(&[("a", "x")]).await;
+    let r = ask(&[("a", "x")]).await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+    assert_eq!(overall(&r), Code::Ok, "SHADOW_MODE");
+    assert!(r.dynamic_metadata.is_some(), "RESPONSE_DYNAMIC_METADATA");
+    let r = ask(&[("b", "x")]).await;
+    assert!(r.statuses[0].current_limit.is_some(), "MERGE_DOMAIN_CONFIG");
+}

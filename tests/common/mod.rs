@@ -320,6 +320,7 @@ impl TestServer {
         let server = Server {
             grpc,
             config_dir,
+            load_options: Default::default(),
             config: config.clone(),
             health_needs_domains: false,
             store,
