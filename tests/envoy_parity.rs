@@ -516,6 +516,19 @@ async fn response_dynamic_metadata_is_theirs() {
         ]);
         let got = r.dynamic_metadata.map(|m| v(Kind::StructValue(m)));
         assert_eq!(got, Some(expected(regular)), "{store}");
+        // An unknown domain is described too (every descriptor passed).
+        let unknown = request("nowhere", vec![descriptor(&[("k", "v")])]);
+        let r = client
+            .should_rate_limit(unknown)
+            .await
+            .expect("answer")
+            .into_inner();
+        let got = r.dynamic_metadata.map(|m| v(Kind::StructValue(m)));
+        let nowhere = s(vec![
+            ("domain", text("nowhere")),
+            ("descriptors", list(vec![entries(&["k=v"])])),
+        ]);
+        assert_eq!(got, Some(nowhere), "{store}");
     })
     .await;
 }

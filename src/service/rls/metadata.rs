@@ -20,12 +20,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
-use super::plan::{Applied, Plan};
+use super::plan::Applied;
 
-/// The response's `dynamic_metadata` for `request`, answered with `statuses`.
+/// The response's `dynamic_metadata` for `request`, whose descriptors got
+/// `applied` (empty for an unknown domain) and were answered `statuses`.
 pub fn dynamic_metadata(
     request: &RateLimitRequest,
-    plan: &Plan<'_>,
+    applied: &[Applied<'_>],
     statuses: &[DescriptorStatus],
 ) -> Struct {
     let mut fields = HashMap::new();
@@ -36,7 +37,7 @@ pub fn dynamic_metadata(
         fields.insert("hitsAddend".into(), number(request.hits_addend as f64));
     }
     let mut passed = Struct::default();
-    for (applied, status) in plan.applied.iter().zip(statuses) {
+    for (applied, status) in applied.iter().zip(statuses) {
         let Applied::Counted {
             rule: Some(rule), ..
         } = applied

@@ -123,7 +123,9 @@ impl RateLimiter {
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
             tracing::debug!(domain = %request.domain, "unknown domain");
-            return Ok(allow_all(&[], request.descriptors.len()));
+            let mut response = allow_all(&[], request.descriptors.len());
+            self.add_metadata(request, &[], &mut response);
+            return Ok(response);
         };
         let plan = Plan::new(request, &domain.rules, &self.settings)?;
 
@@ -155,18 +157,25 @@ impl RateLimiter {
             .unwrap_or(self.settings.headers.enabled)
             .then_some(&self.settings.headers.names);
         let mut response = respond::response(&plan, &verdicts, headers, self.settings.modes);
-        if self.settings.modes.dynamic_metadata {
-            response.dynamic_metadata = Some(metadata::dynamic_metadata(
-                request,
-                &plan,
-                &response.statuses,
-            ));
-        }
+        self.add_metadata(request, &plan.applied, &mut response);
         Ok(if answered_locally {
             degraded(response, FailureMode::Local)
         } else {
             response
         })
+    }
+
+    /// With `RESPONSE_DYNAMIC_METADATA`, the response's `dynamic_metadata`.
+    fn add_metadata(
+        &self,
+        request: &RateLimitRequest,
+        applied: &[plan::Applied<'_>],
+        response: &mut RateLimitResponse,
+    ) {
+        if self.settings.modes.dynamic_metadata {
+            let metadata = metadata::dynamic_metadata(request, applied, &response.statuses);
+            response.dynamic_metadata = Some(metadata);
+        }
     }
 }
 
