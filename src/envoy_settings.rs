@@ -151,6 +151,8 @@ impl EnvoySettings {
                 jitter: self.xds_backoff_jitter,
             },
             tls: self.xds_tls()?,
+            // Set from EnvoyModes by the caller.
+            load_options: LoadOptions::default(),
         })
     }
 

@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
+use ratekeeper::config::xds_client::XdsSettings;
 use ratekeeper::config::{Config, LoadOptions};
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::http;
@@ -349,7 +350,10 @@ async fn run(cli: Cli) -> Result<()> {
             load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?,
             Some(config_dir),
         ),
-        ConfigType::GrpcXdsSotw => (subscribe_xds(&cli.envoy).await?, None),
+        ConfigType::GrpcXdsSotw => (
+            subscribe_xds(&cli.envoy, cli.envoy_modes.load_options()).await?,
+            None,
+        ),
     };
 
     let lanes = cli
@@ -492,9 +496,13 @@ fn load_files(
 
 /// Starts the xDS client; unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits
 /// for its first snapshot (as envoyproxy/ratelimit does, before serving).
-async fn subscribe_xds(envoy: &EnvoySettings) -> Result<SharedConfig> {
+async fn subscribe_xds(envoy: &EnvoySettings, load_options: LoadOptions) -> Result<SharedConfig> {
     let shared = SharedConfig::default();
-    let mut loaded = ratekeeper::config::xds_client::spawn(envoy.xds()?, shared.clone());
+    let settings = XdsSettings {
+        load_options,
+        ..envoy.xds()?
+    };
+    let mut loaded = ratekeeper::config::xds_client::spawn(settings, shared.clone());
     if !envoy.force_start_without_initial_config {
         tracing::info!("waiting for the first limits from the xDS server");
         loaded

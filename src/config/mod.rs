@@ -111,8 +111,15 @@ impl Config {
     pub fn from_domains(
         compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
     ) -> Result<Config, ConfigError> {
-        Config::assemble(compiled, LoadOptions::default())
-            .map_err(|errors| first(errors, Path::new("")))
+        Config::from_domains_with(compiled, LoadOptions::default())
+    }
+
+    /// [`Config::from_domains`] with `options`.
+    pub fn from_domains_with(
+        compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
+        options: LoadOptions,
+    ) -> Result<Config, ConfigError> {
+        Config::assemble(compiled, options).map_err(|errors| first(errors, Path::new("")))
     }
 
     /// Every file's domains, or every file's error (and duplicates among
