@@ -304,7 +304,8 @@ impl From<LogFormatArg> for LogFormat {
 async fn main() {
     let cli = Cli::parse();
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
-        validate(&config_dir(dir.clone().or_else(|| cli.config_dir.clone())))
+        let dir = config_dir(dir.clone().or_else(|| cli.config_dir.clone()));
+        validate(&dir, cli.envoy_modes.load_options())
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
@@ -528,8 +529,8 @@ fn config_dir(given: Option<PathBuf>) -> PathBuf {
 /// `ratekeeper validate`: the directory loaded as the server loads it, but
 /// with every file's error reported (one `file:line: reason` line each, on
 /// stderr) rather than the first.
-fn validate(dir: &Path) -> Result<()> {
-    let config = match Config::check_dir(dir) {
+fn validate(dir: &Path, options: LoadOptions) -> Result<()> {
+    let config = match Config::check_dir_with(dir, options) {
         Ok(config) => config,
         Err(errors) => {
             for error in &errors {

@@ -577,3 +577,42 @@ async fn the_binary_reads_their_switches() {
     let r = ask(&[("b", "x")]).await;
     assert!(r.statuses[0].current_limit.is_some(), "MERGE_DOMAIN_CONFIG");
 }
+
+/// `ratekeeper validate` reads MERGE_DOMAIN_CONFIG as the server does.
+#[test]
+fn validate_merges_when_asked() {
+    let a =
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let b =
+        "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let validate = |files: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).expect("write");
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .args(["validate", "--config-dir"])
+            .arg(dir.path())
+            .env_remove("CONFIG_DIR")
+            .env_remove("RUNTIME_ROOT")
+            .env("MERGE_DOMAIN_CONFIG", "true")
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = validate(&[("a.yaml", a), ("b.yaml", b)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = validate(&[("a.yaml", a), ("b.yaml", a)]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("b.yaml: domain \"d\" merged with"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("a.yaml: duplicate descriptor \"a\""),
+        "{stderr}"
+    );
+}

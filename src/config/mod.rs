@@ -77,7 +77,8 @@ impl Config {
         Config::check_dir_with(dir, LoadOptions::default())
     }
 
-    fn check_dir_with(dir: &Path, options: LoadOptions) -> Result<Config, Vec<ConfigError>> {
+    /// [`Config::check_dir`] with `options`.
+    pub fn check_dir_with(dir: &Path, options: LoadOptions) -> Result<Config, Vec<ConfigError>> {
         let files = limits_files(dir).map_err(|error| vec![error])?;
         let parsed = files.into_iter().map(|path| {
             let text = std::fs::read_to_string(&path)
