@@ -574,7 +574,10 @@ async fn the_binary_reads_their_switches() {
     assert_eq!(codes(&r), [Code::OverLimit]);
     assert_eq!(overall(&r), Code::Ok, "SHADOW_MODE");
     let metrics = server.metrics();
-    assert!(metrics.contains("ratekeeper_global_shadow_mode 1"), "{metrics}");
+    assert!(
+        metrics.contains("ratekeeper_global_shadow_mode 1"),
+        "{metrics}"
+    );
     assert!(r.dynamic_metadata.is_some(), "RESPONSE_DYNAMIC_METADATA");
     let r = ask(&[("b", "x")]).await;
     assert!(r.statuses[0].current_limit.is_some(), "MERGE_DOMAIN_CONFIG");

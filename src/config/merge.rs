@@ -65,3 +65,33 @@ fn shift(level: &mut Level, offset: usize) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, LoadOptions};
+
+    #[test]
+    fn the_second_files_rules_keep_their_nodes_at_every_depth() {
+        let one = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        let two = "domain: d\ndescriptors:\n  - key: c\n    rate_limit: {unit: hour, requests_per_unit: 3}\n    descriptors:\n      - key: e\n        value: 'x*'\n        rate_limit: {unit: hour, requests_per_unit: 2}\n";
+        let files = [(Path::new("one.yaml"), one), (Path::new("two.yaml"), two)];
+        let merging = LoadOptions {
+            merge_domains: true,
+        };
+        let config = Config::from_files_with(files, merging).expect("merged");
+        let rules = &config.domain("d").expect("domain").rules;
+        let limit = |entries: &[(&str, &str)]| {
+            rules
+                .find(entries.iter().copied())
+                .map(|r| (r.path.clone(), r.rates[0].requests_per_unit))
+        };
+        assert_eq!(limit(&[("a", "1"), ("b", "1")]), Some(("a.b".into(), 1)));
+        assert_eq!(
+            limit(&[("c", "1"), ("e", "xy")]),
+            Some(("c.e_x*".into(), 2))
+        );
+        assert_eq!(limit(&[("c", "1")]), Some(("c".into(), 3)));
+    }
+}
