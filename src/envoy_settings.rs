@@ -12,6 +12,8 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::ArgAction;
 use ratekeeper::config::xds_client::{Backoff, ClientTls, XdsSettings};
+use ratekeeper::config::LoadOptions;
+use ratekeeper::service::rls::GlobalModes;
 use ratekeeper::tls::TlsFiles;
 use ratekeeper::{Error, Result};
 use rustls::pki_types::ServerName;
@@ -149,6 +151,8 @@ impl EnvoySettings {
                 jitter: self.xds_backoff_jitter,
             },
             tls: self.xds_tls()?,
+            // Set from EnvoyModes by the caller.
+            load_options: LoadOptions::default(),
         })
     }
 
@@ -258,6 +262,44 @@ fn headers(text: &str) -> Result<MetadataMap> {
         map.append(name, value);
     }
     Ok(map)
+}
+
+/// envoyproxy/ratelimit's global switches of the answer (`SetConfig` in
+/// their `src/service/ratelimit.go`), all off by default.
+#[derive(Debug, clap::Args)]
+pub struct EnvoyModes {
+    /// Never answer OVER_LIMIT; what would have been is counted
+    /// (`ratekeeper_global_shadow_mode`). Descriptor statuses still say it.
+    #[arg(long = "global-shadow-mode", env = "SHADOW_MODE", value_parser = BoolishValueParser::new())]
+    shadow_mode: bool,
+    /// Every descriptor is a quota descriptor: the request is OVER_LIMIT only
+    /// when all of them are.
+    #[arg(long = "global-quota-mode", env = "QUOTA_MODE", value_parser = BoolishValueParser::new())]
+    quota_mode: bool,
+    /// Describe the request in the response's `dynamic_metadata` (domain,
+    /// descriptors, hits, and the `metadata` of the rules it passed).
+    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_parser = BoolishValueParser::new())]
+    response_dynamic_metadata: bool,
+    /// Files of one domain merge into it (a key/value both define is
+    /// refused, both files named); off, a second file of a domain is refused.
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_parser = BoolishValueParser::new())]
+    merge_domain_config: bool,
+}
+
+impl EnvoyModes {
+    pub fn modes(&self) -> GlobalModes {
+        GlobalModes {
+            shadow: self.shadow_mode,
+            quota: self.quota_mode,
+            dynamic_metadata: self.response_dynamic_metadata,
+        }
+    }
+
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
-use ratekeeper::config::Config;
+use ratekeeper::config::xds_client::XdsSettings;
+use ratekeeper::config::{Config, LoadOptions};
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::http;
 use ratekeeper::keys::Values;
@@ -24,7 +25,7 @@ use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
 mod envoy_settings;
-use envoy_settings::{ConfigType, EnvoySettings};
+use envoy_settings::{ConfigType, EnvoyModes, EnvoySettings};
 mod stats_settings;
 use stats_settings::StatsSettings;
 
@@ -210,6 +211,8 @@ struct Cli {
     envoy: EnvoySettings,
     #[command(flatten)]
     stats: StatsSettings,
+    #[command(flatten)]
+    envoy_modes: EnvoyModes,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -305,7 +308,8 @@ impl From<LogFormatArg> for LogFormat {
 async fn main() {
     let cli = Cli::parse();
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
-        validate(&config_dir(dir.clone().or_else(|| cli.config_dir.clone())))
+        let dir = config_dir(dir.clone().or_else(|| cli.config_dir.clone()));
+        validate(&dir, cli.envoy_modes.load_options())
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
@@ -359,8 +363,14 @@ async fn run(cli: Cli) -> Result<()> {
 
     let config_dir = config_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
-        ConfigType::File => (load_files(&config_dir, &cli.envoy)?, Some(config_dir)),
-        ConfigType::GrpcXdsSotw => (subscribe_xds(&cli.envoy).await?, None),
+        ConfigType::File => (
+            load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?,
+            Some(config_dir),
+        ),
+        ConfigType::GrpcXdsSotw => (
+            subscribe_xds(&cli.envoy, cli.envoy_modes.load_options()).await?,
+            None,
+        ),
     };
 
     let lanes = cli
@@ -445,6 +455,7 @@ async fn run(cli: Cli) -> Result<()> {
     Server {
         grpc,
         config_dir,
+        load_options: cli.envoy_modes.load_options(),
         config,
         health_needs_domains: cli.envoy.healthy_with_at_least_one_config_loaded,
         store,
@@ -460,6 +471,7 @@ async fn run(cli: Cli) -> Result<()> {
                 Values::Raw
             },
             near_limit_ratio,
+            modes: cli.envoy_modes.modes(),
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
@@ -480,8 +492,12 @@ async fn run(cli: Cli) -> Result<()> {
 /// The limits directory's limits. With FORCE_START_WITHOUT_INITIAL_CONFIG a
 /// directory that cannot be loaded yet (missing, or a bad file) starts the
 /// server with no limits; the watcher loads it when it changes.
-fn load_files(dir: &std::path::Path, envoy: &EnvoySettings) -> Result<SharedConfig> {
-    let config = Config::load_dir(dir);
+fn load_files(
+    dir: &std::path::Path,
+    load_options: LoadOptions,
+    envoy: &EnvoySettings,
+) -> Result<SharedConfig> {
+    let config = Config::load_dir_with(dir, load_options);
     record_load(config.as_ref().map(|_| ()));
     match config {
         Ok(config) => {
@@ -498,9 +514,13 @@ fn load_files(dir: &std::path::Path, envoy: &EnvoySettings) -> Result<SharedConf
 
 /// Starts the xDS client; unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits
 /// for its first snapshot (as envoyproxy/ratelimit does, before serving).
-async fn subscribe_xds(envoy: &EnvoySettings) -> Result<SharedConfig> {
+async fn subscribe_xds(envoy: &EnvoySettings, load_options: LoadOptions) -> Result<SharedConfig> {
     let shared = SharedConfig::default();
-    let mut loaded = ratekeeper::config::xds_client::spawn(envoy.xds()?, shared.clone());
+    let settings = XdsSettings {
+        load_options,
+        ..envoy.xds()?
+    };
+    let mut loaded = ratekeeper::config::xds_client::spawn(settings, shared.clone());
     if !envoy.force_start_without_initial_config {
         tracing::info!("waiting for the first limits from the xDS server");
         loaded
@@ -526,8 +546,8 @@ fn config_dir(given: Option<PathBuf>) -> PathBuf {
 /// `ratekeeper validate`: the directory loaded as the server loads it, but
 /// with every file's error reported (one `file:line: reason` line each, on
 /// stderr) rather than the first.
-fn validate(dir: &Path) -> Result<()> {
-    let config = match Config::check_dir(dir) {
+fn validate(dir: &Path, options: LoadOptions) -> Result<()> {
+    let config = match Config::check_dir_with(dir, options) {
         Ok(config) => config,
         Err(errors) => {
             for error in &errors {

@@ -205,6 +205,11 @@ pub struct Rule {
     /// all checked; empty when the rule is `unlimited`.
     pub rates: Vec<Rate>,
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `quota_mode`: over this rule's limit fails
+    /// the request only when every quota descriptor of it is over.
+    pub quota_mode: bool,
+    /// `metadata:`, as `RESPONSE_DYNAMIC_METADATA` returns it.
+    pub metadata: Option<envoy_types::pb::google::protobuf::Struct>,
     pub detailed_metric: bool,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,
@@ -238,6 +243,11 @@ impl Wildcard {
         Wildcard {
             parts: pattern.split('*').map(str::to_owned).collect(),
         }
+    }
+
+    /// The pattern as written.
+    pub fn text(&self) -> String {
+        self.parts.join("*")
     }
 
     pub fn matches(&self, value: &str) -> bool {
@@ -280,6 +290,9 @@ pub struct Level {
 pub struct Node {
     /// Index into [`RuleTree::rules`].
     pub rule: Option<usize>,
+    /// envoyproxy/ratelimit's `share_threshold`: the node's wildcard value,
+    /// which stands for every value it matches in the counter key.
+    pub shared: Option<String>,
     pub children: Level,
 }
 
@@ -317,6 +330,17 @@ impl<R> RuleTree<R> {
         &'a self,
         entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
     ) -> Option<&'a R> {
+        self.find_sharing(entries, |_, _| {})
+    }
+
+    /// As [`RuleTree::find`], and calls `shared(i, pattern)` for each entry
+    /// `i` matched by a `share_threshold` wildcard, even above the rule's
+    /// node (envoyproxy/ratelimit tracks them all the way down).
+    pub fn find_sharing<'a, 'e>(
+        &'a self,
+        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
+        mut shared: impl FnMut(usize, &'a str),
+    ) -> Option<&'a R> {
         let last = entries.len().checked_sub(1)?;
         let mut level = &self.root;
         for (i, (key, value)) in entries.enumerate() {
@@ -325,11 +349,14 @@ impl<R> RuleTree<R> {
                 .exact
                 .get(value)
                 .or_else(|| {
-                    nodes
+                    let (_, node) = nodes
                         .wildcards
                         .iter()
-                        .find(|(pattern, _)| pattern.matches(value))
-                        .map(|(_, node)| node)
+                        .find(|(pattern, _)| pattern.matches(value))?;
+                    if let Some(pattern) = &node.shared {
+                        shared(i, pattern);
+                    }
+                    Some(node)
                 })
                 .or(nodes.default.as_ref())?;
             if i == last {

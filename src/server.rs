@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
+use crate::config::LoadOptions;
 use crate::health::Readiness;
 use crate::http;
 use crate::incoming::{deal, incoming};
@@ -42,6 +43,8 @@ pub struct Server {
     pub grpc: TcpListener,
     /// The limits directory, watched for changes when set.
     pub config_dir: Option<PathBuf>,
+    /// How the directory's files make domains on a reload.
+    pub load_options: LoadOptions,
     /// The config to start with.
     pub config: SharedConfig,
     /// Health is NOT_SERVING while the config in force has no domain
@@ -122,9 +125,14 @@ impl Server {
 
         let (reporter, health) = tonic_health::server::health_reporter();
         let readiness = Readiness::new(reporter);
-        let watcher = self
-            .config_dir
-            .map(|dir| tokio::spawn(watch::watch(dir, self.config.clone(), self.reload_interval)));
+        let watcher = self.config_dir.map(|dir| {
+            let load = (dir, self.load_options);
+            tokio::spawn(watch::watch(
+                load,
+                self.config.clone(),
+                self.reload_interval,
+            ))
+        });
 
         // grpcurl 1.8 asks for v1alpha, newer clients for v1: offer both.
         let reflection_v1 = reflection()

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ratekeeper::config::Config;
+use ratekeeper::config::{Config, LoadOptions};
 use ratekeeper::limiter::Unit;
 
 const FIXTURES: &str = "tests/fixtures/envoy-ratelimit";
@@ -28,6 +28,8 @@ fn the_files_their_loader_takes_load_and_the_ones_it_refuses_are_refused() {
         &["basic_config.yaml"][..],
         &["shadowmode_config.yaml"],
         &["wildcard.yaml"],
+        &["metadata.yaml"],
+        &["share_threshold.yaml"],
     ] {
         if let Err(e) = load(loads) {
             panic!("{loads:?} should load: {e}");
@@ -61,12 +63,6 @@ fn the_files_their_loader_takes_load_and_the_ones_it_refuses_are_refused() {
         (
             &["unlimited_with_unit.yaml"],
             "an unlimited rate limit must not have a unit",
-        ),
-        // These two load there; here the options are not acted on yet.
-        (&["metadata.yaml"], "metadata is not supported yet"),
-        (
-            &["share_threshold.yaml"],
-            "share_threshold is not supported yet",
         ),
     ];
     for (files, reason) in refused {
@@ -113,4 +109,48 @@ fn their_basic_config_matches_the_same_rules() {
         .rules
         .find([("key2", "value3")].into_iter())
         .is_none());
+}
+
+/// Their `TestMergeDomainConfig` and its duplicate case: with
+/// MERGE_DOMAIN_CONFIG the two files of `test-domain` make one domain; a
+/// key/value defined by both is refused, with both files named.
+#[test]
+fn merge_domain_config_merges_the_files_of_a_domain() {
+    let merging = LoadOptions {
+        merge_domains: true,
+    };
+    let read = |name: &str| {
+        let path = Path::new(FIXTURES).join(name);
+        let text = std::fs::read_to_string(&path).expect("fixture");
+        (path, text)
+    };
+    let (one, two) = (
+        read("merge_domain_key1.yaml"),
+        read("merge_domain_key2.yaml"),
+    );
+    let files = [
+        (one.0.as_path(), one.1.as_str()),
+        (two.0.as_path(), two.1.as_str()),
+    ];
+    let config = Config::from_files_with(files, merging).expect("merged");
+    let domain = config.domain("test-domain").expect("domain");
+    let limit = |entries: &[(&str, &str)]| {
+        domain
+            .rules
+            .find(entries.iter().copied())
+            .map(|r| r.rates[0].requests_per_unit)
+    };
+    assert_eq!(limit(&[("key1", "value1")]), Some(10));
+    assert_eq!(limit(&[("key2", "value2")]), Some(20));
+
+    let copy = Path::new("limits/copy.yaml");
+    let twice = [(one.0.as_path(), one.1.as_str()), (copy, one.1.as_str())];
+    let e = Config::from_files_with(twice, merging).expect_err("duplicate");
+    let text = e.to_string();
+    assert!(text.contains("limits/copy.yaml"), "{text}");
+    assert!(text.contains("merge_domain_key1.yaml"), "{text}");
+    assert!(
+        text.contains("duplicate descriptor \"key1_value1\""),
+        "{text}"
+    );
 }

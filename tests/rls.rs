@@ -321,7 +321,8 @@ async fn limit_override_is_honoured() {
         assert_eq!(reset_ms(&r.statuses[0]), 3_600_000 - START_MS % 3_600_000);
         let r = client.should_rate_limit(req).await.unwrap().into_inner();
         assert_eq!(overall(&r), Code::OverLimit, "{store}");
-        // An override does not share the configured rule's counter.
+        // An override of a value the rule has not counted starts afresh (it
+        // shares the rule's counter: tests/envoy_parity.rs).
         let mut user = descriptor(&[("user", "override")]);
         user.limit = Some(RateLimitOverride {
             requests_per_unit: 100,

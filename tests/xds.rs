@@ -491,6 +491,7 @@ fn settings(certs: &Certs, server: &AdsServer) -> XdsSettings {
         // Dialled by address: the certificate is checked for the name
         // CONFIG_GRPC_XDS_SERVER_TLS_SAN gives.
         tls: Some(certs.client(Some("tls"), "envoy-gateway")),
+        load_options: Default::default(),
     }
 }
 

@@ -61,18 +61,22 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
     let mut rules = Vec::new();
     let metric_levels = value_metric::levels(&description.descriptors);
     let root = build_level(description.descriptors, "", &mut |limits, at, path| {
-        let index = rate_rule(limits, at, path, &domain, &mut rules)?;
+        let share = limits.share_threshold;
+        let index = rate_rule(limits, path, &domain, &mut rules)?;
         if let (Some(i), Some(levels)) = (index, metric_levels.get(at)) {
             let rule: &mut Rule = &mut rules[i];
             rule.metrics = RuleMetrics::ours_only(&domain, path);
             rule.metric_levels = Some(levels.clone());
         }
-        Ok(index)
+        Ok((index, share))
     })?;
     check_replaces(&rules)?;
     let mut concurrency_rules = Vec::new();
     let concurrency_root = build_level(description.concurrency, "", &mut |c, at, path| {
-        concurrency_rule(c, at, path, &mut concurrency_rules)
+        Ok((
+            concurrency_rule(c, at, path, &mut concurrency_rules)?,
+            false,
+        ))
     })?;
     Ok(DomainConfig {
         name: domain,
@@ -89,12 +93,16 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
     })
 }
 
+/// What a node's payload compiles to: its rule's index (or none), and
+/// whether its wildcard value shares one counter (`share_threshold`).
+type NodeRule = (Option<usize>, bool);
+
 /// Compiles the nodes under one level. `parent` is the metrics path of the
-/// enclosing node; `rule` turns a node's payload into a rule index (or none).
+/// enclosing node; `rule` turns a node's payload into its [`NodeRule`].
 fn build_level<P>(
     nodes: Vec<RawNode<P>>,
     parent: &str,
-    rule: &mut impl FnMut(P, &str, &str) -> Compiled<Option<usize>>,
+    rule: &mut impl FnMut(P, &str, &str) -> Compiled<NodeRule>,
 ) -> Compiled<Level> {
     let mut level = Level::default();
     let mut seen = HashSet::new();
@@ -124,12 +132,21 @@ fn build_level<P>(
             ));
         }
         let path = if parent.is_empty() {
-            label
+            label.clone()
         } else {
             format!("{parent}.{label}")
         };
+        let (rule_index, share) = rule(payload, &at, &path)?;
+        let wildcard = value.as_ref().filter(|v| v.contains('*'));
+        if share && wildcard.is_none() {
+            return Err(CompileError::new(
+                &at,
+                format!("share_threshold can only be used with wildcard values (containing '*'), but found {label:?}"),
+            ));
+        }
         let compiled = Node {
-            rule: rule(payload, &at, &path)?,
+            rule: rule_index,
+            shared: wildcard.filter(|_| share).cloned(),
             children: build_level(children, &path, rule)?,
         };
         let nodes: &mut KeyNodes = level.keys.entry(key).or_default();
@@ -147,12 +164,10 @@ fn build_level<P>(
 /// The rule of one rate limit node, if it has limits.
 fn rate_rule(
     node: Limits,
-    at: &str,
     path: &str,
     domain: &str,
     rules: &mut Vec<Rule>,
 ) -> Compiled<Option<usize>> {
-    refuse_unsupported(&node, at)?;
     if node.limits.is_empty() {
         return Ok(None);
     }
@@ -200,6 +215,8 @@ fn rate_rule(
     rules.push(Rule {
         rates,
         shadow_mode: node.shadow_mode,
+        quota_mode: node.quota_mode,
+        metadata: node.metadata.as_ref().map(response_metadata),
         detailed_metric: node.detailed_metric,
         replaces,
         path: path.to_owned(),
@@ -213,21 +230,32 @@ fn rate_rule(
     Ok(Some(rules.len() - 1))
 }
 
-/// envoyproxy/ratelimit's descriptor options whose behaviour ratekeeper does
-/// not have yet: refused rather than silently ignored.
-fn refuse_unsupported(node: &Limits, at: &str) -> Compiled<()> {
-    let unsupported = [
-        ("quota_mode", node.quota_mode),
-        ("share_threshold", node.share_threshold),
-        ("metadata", node.metadata.is_some()),
-    ];
-    match unsupported.iter().find(|(_, set)| *set) {
-        Some((name, _)) => Err(CompileError::new(
-            at,
-            format!("{name} is not supported yet"),
-        )),
-        None => Ok(()),
+/// A `metadata:` of the limits file (or xDS) as the response's type.
+fn response_metadata(config: &prost_types::Struct) -> envoy_types::pb::google::protobuf::Struct {
+    envoy_types::pb::google::protobuf::Struct {
+        fields: config
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), config_value(v)))
+            .collect(),
     }
+}
+
+fn config_value(v: &prost_types::Value) -> envoy_types::pb::google::protobuf::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    use envoy_types::pb::google::protobuf::ListValue;
+    use prost_types::value::Kind as K;
+    let kind = v.kind.as_ref().map(|kind| match kind {
+        K::NullValue(n) => Kind::NullValue(*n),
+        K::NumberValue(n) => Kind::NumberValue(*n),
+        K::StringValue(s) => Kind::StringValue(s.clone()),
+        K::BoolValue(b) => Kind::BoolValue(*b),
+        K::StructValue(s) => Kind::StructValue(response_metadata(s)),
+        K::ListValue(l) => Kind::ListValue(ListValue {
+            values: l.values.iter().map(config_value).collect(),
+        }),
+    });
+    envoy_types::pb::google::protobuf::Value { kind }
 }
 
 /// The rate of one limited (not `unlimited`) policy.
@@ -236,9 +264,9 @@ fn rate(limit: &Limit) -> Compiled<Rate> {
     let Some(unit) = limit.unit else {
         return Err(CompileError::new(at, "the unit is missing"));
     };
-    let Some(requests_per_unit) = limit.requests_per_unit else {
-        return Err(CompileError::new(at, "requests_per_unit is missing"));
-    };
+    // Missing is 0 (refuse everything), as envoyproxy/ratelimit's loader
+    // reads it: a file that loads there answers the same here.
+    let requests_per_unit = limit.requests_per_unit.unwrap_or(0);
     let rate = Rate {
         requests_per_unit,
         unit,

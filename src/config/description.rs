@@ -57,11 +57,11 @@ pub struct Limits {
     pub limits: Vec<Limit>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
-    /// envoyproxy/ratelimit's keys ratekeeper parses but does not act on yet.
     pub quota_mode: bool,
     pub share_threshold: bool,
+    /// envoyproxy/ratelimit's key ratekeeper parses but does not act on yet.
     pub value_to_metric: bool,
-    /// `metadata:`, as the response's dynamic metadata would carry it.
+    /// `metadata:`, as the response's dynamic metadata carries it.
     pub metadata: Option<prost_types::Struct>,
 }
 

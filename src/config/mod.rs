@@ -9,6 +9,7 @@
 pub mod compile;
 pub mod description;
 pub mod file;
+mod merge;
 mod value_metric;
 pub mod watch;
 pub mod xds;
@@ -44,6 +45,14 @@ pub struct DomainConfig {
     pub options: DomainOptions,
 }
 
+/// How a directory's files make domains.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`: files of one domain
+    /// merge (else a second file of a domain is refused).
+    pub merge_domains: bool,
+}
+
 /// Every domain of one successfully loaded limits directory.
 #[derive(Debug, Default)]
 pub struct Config {
@@ -54,30 +63,49 @@ impl Config {
     /// Loads every `*.yaml` / `*.yml` file directly in `dir` (following
     /// symlinks, skipping hidden entries such as a ConfigMap's `..data`).
     pub fn load_dir(dir: &Path) -> Result<Config, ConfigError> {
-        Config::check_dir(dir).map_err(|errors| first(errors, dir))
+        Config::load_dir_with(dir, LoadOptions::default())
+    }
+
+    /// [`Config::load_dir`] with `options`.
+    pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
+        Config::check_dir_with(dir, options).map_err(|errors| first(errors, dir))
     }
 
     /// Loads as [`Config::load_dir`] does, but reads on past a bad file:
     /// every file's (first) error and every duplicate domain, in file order.
     /// What `ratekeeper validate` reports.
     pub fn check_dir(dir: &Path) -> Result<Config, Vec<ConfigError>> {
+        Config::check_dir_with(dir, LoadOptions::default())
+    }
+
+    /// [`Config::check_dir`] with `options`.
+    pub fn check_dir_with(dir: &Path, options: LoadOptions) -> Result<Config, Vec<ConfigError>> {
         let files = limits_files(dir).map_err(|error| vec![error])?;
-        Config::collect(files.into_iter().map(|path| {
+        let parsed = files.into_iter().map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, format!("cannot read: {e}")))?;
             let domains = file::parse(&path, &text)?;
             Ok((path, domains))
-        }))
+        });
+        Config::collect(parsed, options)
     }
 
     /// Builds a config from `(file name, YAML text)` pairs.
     pub fn from_files<'a>(
         files: impl IntoIterator<Item = (&'a Path, &'a str)>,
     ) -> Result<Config, ConfigError> {
+        Config::from_files_with(files, LoadOptions::default())
+    }
+
+    /// [`Config::from_files`] with `options`.
+    pub fn from_files_with<'a>(
+        files: impl IntoIterator<Item = (&'a Path, &'a str)>,
+        options: LoadOptions,
+    ) -> Result<Config, ConfigError> {
         let parsed = files
             .into_iter()
             .map(|(path, text)| Ok((path.to_owned(), file::parse(path, text)?)));
-        Config::collect(parsed).map_err(|errors| first(errors, Path::new("")))
+        Config::collect(parsed, options).map_err(|errors| first(errors, Path::new("")))
     }
 
     /// Builds a config from compiled domains, each with where it came from
@@ -85,13 +113,22 @@ impl Config {
     pub fn from_domains(
         compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
     ) -> Result<Config, ConfigError> {
-        Config::assemble(compiled).map_err(|errors| first(errors, Path::new("")))
+        Config::from_domains_with(compiled, LoadOptions::default())
+    }
+
+    /// [`Config::from_domains`] with `options`.
+    pub fn from_domains_with(
+        compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
+        options: LoadOptions,
+    ) -> Result<Config, ConfigError> {
+        Config::assemble(compiled, options).map_err(|errors| first(errors, Path::new("")))
     }
 
     /// Every file's domains, or every file's error (and duplicates among
     /// the files that parsed).
     fn collect(
         files: impl IntoIterator<Item = Result<(PathBuf, Vec<DomainConfig>), ConfigError>>,
+        options: LoadOptions,
     ) -> Result<Config, Vec<ConfigError>> {
         let mut errors = Vec::new();
         let mut domains = Vec::new();
@@ -101,7 +138,7 @@ impl Config {
                 Err(error) => errors.push(error),
             }
         }
-        match Config::assemble(domains) {
+        match Config::assemble(domains, options) {
             Ok(config) if errors.is_empty() => Ok(config),
             Ok(_) => Err(errors),
             Err(duplicates) => {
@@ -111,14 +148,31 @@ impl Config {
         }
     }
 
-    /// One map of the domains, refusing every second definition of a name.
+    /// One map of the domains, refusing every second definition of a name
+    /// (unless `options.merge_domains`: then merged, both files named when
+    /// they clash).
     fn assemble(
         compiled: impl IntoIterator<Item = (PathBuf, DomainConfig)>,
+        options: LoadOptions,
     ) -> Result<Config, Vec<ConfigError>> {
-        let mut domains = HashMap::new();
+        let mut domains: HashMap<String, DomainConfig> = HashMap::new();
         let mut origin: HashMap<String, PathBuf> = HashMap::new();
         let mut errors = Vec::new();
         for (source, domain) in compiled {
+            if let (true, Some(first), Some(into)) = (
+                options.merge_domains,
+                origin.get(&domain.name),
+                domains.get_mut(&domain.name),
+            ) {
+                let name = domain.name.clone();
+                if let Err(clash) = merge::merge_domain(into, domain) {
+                    errors.push(ConfigError::new(
+                        &source,
+                        format!("domain {name:?} merged with {}: {clash}", first.display()),
+                    ));
+                }
+                continue;
+            }
             if let Some(first) = origin.get(&domain.name) {
                 errors.push(ConfigError::new(
                     &source,

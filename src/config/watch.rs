@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{limits_files, Config};
+use super::{limits_files, Config, LoadOptions};
 use crate::error::ConfigError;
 
 /// The config in force; cheap to clone and to read.
@@ -52,10 +52,14 @@ pub fn fingerprint(dir: &Path) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Reloads `shared` from `dir` whenever its fingerprint changes, until the
-/// task is dropped. A config that fails to load is logged and counted, and
-/// the running one stays.
-pub async fn watch(dir: PathBuf, shared: SharedConfig, interval: Duration) {
+/// Reloads `shared` from `dir` (read with `options`) whenever its
+/// fingerprint changes, until the task is dropped. A config that fails to
+/// load is logged and counted, and the running one stays.
+pub async fn watch(
+    (dir, options): (PathBuf, LoadOptions),
+    shared: SharedConfig,
+    interval: Duration,
+) {
     let mut last = fingerprint(&dir);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -66,7 +70,7 @@ pub async fn watch(dir: PathBuf, shared: SharedConfig, interval: Duration) {
             continue;
         }
         last = now;
-        match Config::load_dir(&dir) {
+        match Config::load_dir_with(&dir, options) {
             Ok(config) => {
                 tracing::info!(dir = %dir.display(), domains = ?config.domain_names(), "limits reloaded");
                 shared.replace(config);

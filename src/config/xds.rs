@@ -9,13 +9,22 @@ use std::path::PathBuf;
 
 use super::compile::{compile, CompileError};
 use super::description::{self as desc, DomainDescription};
-use super::Config;
+use super::{Config, LoadOptions};
 use crate::error::ConfigError;
 use crate::limiter::Unit;
 use crate::pb::rls_conf::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 /// Compiles one snapshot of `RateLimitConfig` messages.
 pub fn load(snapshot: &[RateLimitConfig]) -> Result<Config, ConfigError> {
+    load_with(snapshot, LoadOptions::default())
+}
+
+/// [`load`], merging the messages of one domain when `options` says so
+/// (`MERGE_DOMAIN_CONFIG`, as their xDS provider does).
+pub fn load_with(
+    snapshot: &[RateLimitConfig],
+    options: LoadOptions,
+) -> Result<Config, ConfigError> {
     let mut domains = Vec::with_capacity(snapshot.len());
     for (i, message) in snapshot.iter().enumerate() {
         let source = source_name(i, message);
@@ -32,7 +41,7 @@ pub fn load(snapshot: &[RateLimitConfig]) -> Result<Config, ConfigError> {
         let compiled = describe(message).and_then(compile).map_err(fail)?;
         domains.push((source, compiled));
     }
-    Config::from_domains(domains)
+    Config::from_domains_with(domains, options)
 }
 
 /// How errors name message `i`: by its `name`, else by its place.

@@ -36,6 +36,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use super::watch::{record_load, SharedConfig};
+use super::LoadOptions;
 use crate::pb::rls_conf::RateLimitConfig;
 
 /// The resource type asked for.
@@ -60,6 +61,8 @@ pub struct XdsSettings {
     pub backoff: Backoff,
     /// TLS (mutual when the config presents a certificate); plain if `None`.
     pub tls: Option<ClientTls>,
+    /// How a snapshot's messages make domains (`MERGE_DOMAIN_CONFIG`).
+    pub load_options: LoadOptions,
 }
 
 /// The xDS client's TLS: the configuration and the name the server's
@@ -206,7 +209,7 @@ async fn subscribe(
             tracing::warn!(type_url = %response.type_url, "xDS: ignoring a response of another type");
             continue;
         }
-        let reply = match apply(&response, shared).await {
+        let reply = match apply(&response, settings.load_options, shared).await {
             Ok(()) => {
                 accepted.clone_from(&response.version_info);
                 loaded.send_replace(true);
@@ -221,11 +224,15 @@ async fn subscribe(
 }
 
 /// Compiles one response and swaps it in; `Err` is the NACK's reason.
-async fn apply(response: &DiscoveryResponse, shared: &SharedConfig) -> Result<(), String> {
+async fn apply(
+    response: &DiscoveryResponse,
+    options: LoadOptions,
+    shared: &SharedConfig,
+) -> Result<(), String> {
     let version = response.version_info.clone();
     let messages = decode(response)?;
     // Off the runtime: a large snapshot takes a while to compile.
-    let compiled = tokio::task::spawn_blocking(move || super::xds::load(&messages))
+    let compiled = tokio::task::spawn_blocking(move || super::xds::load_with(&messages, options))
         .await
         .map_err(|e| format!("compiling stopped: {e}"))?;
     record_load(compiled.as_ref().map(|_| ()));

@@ -63,11 +63,6 @@ fn a_bad_limit_is_refused_for_the_same_reason_from_yaml_and_protobuf() {
         descriptors: vec![node("", "x")],
         ..node("k", "v")
     };
-    let quota = RateLimitDescriptor {
-        quota_mode: true,
-        rate_limit: Some(policy(RateLimitUnit::Second, 1)),
-        ..node("k", "")
-    };
     let rl =
         |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
     let cases = [
@@ -82,10 +77,6 @@ fn a_bad_limit_is_refused_for_the_same_reason_from_yaml_and_protobuf() {
         (
             "domain: d\ndescriptors:\n  - {key: k, value: v}\n  - {key: k, value: v}\n".into(),
             domain(vec![node("k", "v"), node("k", "v")]),
-        ),
-        (
-            "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n".into(),
-            domain(vec![quota]),
         ),
         ("domain: ''\n".into(), RateLimitConfig::default()),
     ];
@@ -219,4 +210,31 @@ fn a_snapshot_is_refused_whole() {
         "{e}"
     );
     assert!(xds::load(&[]).unwrap().domain_names().is_empty());
+}
+
+/// MERGE_DOMAIN_CONFIG applies to a snapshot's messages as to files (their
+/// xDS provider merges too); off, a second message of a domain is refused.
+#[test]
+fn messages_of_one_domain_merge_when_asked() {
+    let limited = |key: &str, n| RateLimitDescriptor {
+        rate_limit: Some(policy(RateLimitUnit::Minute, n)),
+        ..node(key, "")
+    };
+    let two = [domain(vec![limited("a", 1)]), domain(vec![limited("b", 2)])];
+    let merging = super::LoadOptions {
+        merge_domains: true,
+    };
+    let config = xds::load_with(&two, merging).expect("merged");
+    let rules = &config.domain("d").expect("domain").rules;
+    let limit = |key| {
+        rules
+            .find([(key, "x")].into_iter())
+            .map(|r| r.rates[0].requests_per_unit)
+    };
+    assert_eq!((limit("a"), limit("b")), (Some(1), Some(2)));
+    let e = xds::load(&two).expect_err("a second message of d");
+    assert!(e.reason.contains("duplicate domain"), "{e}");
+    let clash = [domain(vec![limited("a", 1)]), domain(vec![limited("a", 2)])];
+    let e = xds::load_with(&clash, merging).expect_err("a twice");
+    assert!(e.reason.contains("duplicate descriptor \"a\""), "{e}");
 }

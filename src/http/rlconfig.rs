@@ -57,8 +57,8 @@ fn dump_rule(text: &mut String, domain: &str, rule: &Rule) {
 fn line(text: &mut String, domain: &str, rule: &Rule, unit: &str, requests_per_unit: u32) {
     let _ = write!(
         text,
-        "{domain}.{}: unit={unit} requests_per_unit={requests_per_unit}, shadow_mode: {}, quota_mode: false",
-        rule.path, rule.shadow_mode
+        "{domain}.{}: unit={unit} requests_per_unit={requests_per_unit}, shadow_mode: {}, quota_mode: {}",
+        rule.path, rule.shadow_mode, rule.quota_mode
     );
 }
 

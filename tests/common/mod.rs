@@ -279,6 +279,28 @@ impl TestServer {
         config_dir: Option<PathBuf>,
         store: Store,
     ) -> TestServer {
+        Self::start_with_limiter(config, config_dir, store, Self::limiter_settings()).await
+    }
+
+    /// The limiter settings of [`TestServer::start`]: the default key prefix
+    /// and the `RateLimit-*` headers on.
+    pub fn limiter_settings() -> LimiterSettings {
+        LimiterSettings {
+            key_prefix: ratekeeper::keys::DEFAULT_PREFIX.into(),
+            headers: HeaderSettings {
+                enabled: true,
+                names: HeaderNames::default(),
+            },
+            ..LimiterSettings::default()
+        }
+    }
+
+    pub async fn start_with_limiter(
+        config: Config,
+        config_dir: Option<PathBuf>,
+        store: Store,
+        limiter: LimiterSettings,
+    ) -> TestServer {
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -298,17 +320,11 @@ impl TestServer {
         let server = Server {
             grpc,
             config_dir,
+            load_options: Default::default(),
             config: config.clone(),
             health_needs_domains: false,
             store,
-            limiter: LimiterSettings {
-                key_prefix: ratekeeper::keys::DEFAULT_PREFIX.into(),
-                headers: HeaderSettings {
-                    enabled: true,
-                    names: HeaderNames::default(),
-                },
-                ..LimiterSettings::default()
-            },
+            limiter,
             reload_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),
             limits: ConnectionLimits {

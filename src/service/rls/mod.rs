@@ -19,6 +19,7 @@
 
 mod call_stats;
 mod failure;
+mod metadata;
 mod outcomes;
 mod plan;
 mod respond;
@@ -61,6 +62,20 @@ pub struct LimiterSettings {
     pub values: Values,
     /// Where the `near_limit` counters start.
     pub near_limit_ratio: NearLimitRatio,
+    pub modes: GlobalModes,
+}
+
+/// envoyproxy/ratelimit's global answer switches. All off by default, and
+/// then no step does any work for them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalModes {
+    /// `SHADOW_MODE`: count everything, never answer OVER_LIMIT.
+    pub shadow: bool,
+    /// `QUOTA_MODE`: every descriptor is a quota descriptor.
+    pub quota: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`: describe the request (and the matched
+    /// rules' `metadata`) in the response's `dynamic_metadata`.
+    pub dynamic_metadata: bool,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -116,7 +131,9 @@ impl RateLimiter {
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
             tracing::debug!(domain = %request.domain, "unknown domain");
-            return Ok(allow_all(&[], request.descriptors.len()));
+            let mut response = allow_all(&[], request.descriptors.len());
+            self.add_metadata(request, &[], &mut response);
+            return Ok(response);
         };
         let plan = Plan::new(request, &domain.rules, &self.settings)
             .inspect_err(|_| self.calls.error(CallError::Service))?;
@@ -149,12 +166,26 @@ impl RateLimiter {
             .response_headers
             .unwrap_or(self.settings.headers.enabled)
             .then_some(&self.settings.headers.names);
-        let response = respond::response(&plan, &verdicts, headers);
+        let mut response = respond::response(&plan, &verdicts, headers, self.settings.modes);
+        self.add_metadata(request, &plan.applied, &mut response);
         Ok(if answered_locally {
             degraded(response, FailureMode::Local)
         } else {
             response
         })
+    }
+
+    /// With `RESPONSE_DYNAMIC_METADATA`, the response's `dynamic_metadata`.
+    fn add_metadata(
+        &self,
+        request: &RateLimitRequest,
+        applied: &[plan::Applied<'_>],
+        response: &mut RateLimitResponse,
+    ) {
+        if self.settings.modes.dynamic_metadata {
+            let metadata = metadata::dynamic_metadata(request, applied, &response.statuses);
+            response.dynamic_metadata = Some(metadata);
+        }
     }
 }
 

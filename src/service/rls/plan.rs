@@ -39,10 +39,12 @@ pub enum Applied<'c> {
     Unlimited,
     /// Counted limits: a configured rule's (maybe stacked) or the
     /// descriptor's override; `checks` are their checks, in the same order.
+    /// `quota`: a quota descriptor (its rule's `quota_mode`, or `QUOTA_MODE`).
     Counted {
         rule: Option<&'c Rule>,
         rates: Cow<'c, [Rate]>,
         checks: Range<usize>,
+        quota: bool,
     },
 }
 
@@ -56,9 +58,14 @@ pub struct Plan<'c> {
 
 /// A descriptor's limits before `replaces` is applied.
 enum Found<'c> {
-    Rule(Option<&'c Rule>),
+    Rule(Option<&'c Rule>, Shared<'c>),
     Override(Rate),
 }
+
+/// The entries matched by a `share_threshold` wildcard, by position, with
+/// the pattern that stands for their value in the counter key (empty, so
+/// not allocated, for every other descriptor).
+type Shared<'c> = Vec<(usize, &'c str)>;
 
 impl<'c> Plan<'c> {
     /// Plans `request` (already validated) against a domain's `rules`.
@@ -74,20 +81,29 @@ impl<'c> Plan<'c> {
             .into_iter()
             .zip(&request.descriptors)
             .map(|(found, descriptor)| {
-                let (rule, rates) = match found {
-                    Found::Override(rate) => (None, Cow::Owned(vec![rate])),
-                    Found::Rule(None) => return Applied::None,
-                    Found::Rule(Some(rule)) if rule.is_unlimited() => return Applied::Unlimited,
-                    Found::Rule(Some(rule)) => (Some(rule), Cow::Borrowed(rule.rates.as_slice())),
+                let (rule, rates, shared) = match found {
+                    Found::Override(rate) => (None, Cow::Owned(vec![rate]), Vec::new()),
+                    Found::Rule(None, _) => return Applied::None,
+                    Found::Rule(Some(rule), _) if rule.is_unlimited() => return Applied::Unlimited,
+                    Found::Rule(Some(rule), shared) => {
+                        (Some(rule), Cow::Borrowed(rule.rates.as_slice()), shared)
+                    }
                 };
+                let quota = settings.modes.quota || rule.is_some_and(|r| r.quota_mode);
+                // Only an enforced check refuses the request's other checks
+                // (all-or-nothing): a quota or shadow one may be over while
+                // the request is admitted, and then the others count.
+                let enforce =
+                    !(quota || settings.modes.shadow || rule.is_some_and(|r| r.shadow_mode));
                 let first = checks.len();
                 for rate in rates.iter() {
-                    checks.push(check(request, descriptor, rule, rate, settings));
+                    checks.push(check(request, descriptor, &shared, rate, enforce, settings));
                 }
                 Applied::Counted {
                     rule,
                     rates,
                     checks: first..checks.len(),
+                    quota,
                 }
             })
             .collect();
@@ -103,7 +119,11 @@ fn find<'c>(request: &RateLimitRequest, rules: &'c RuleTree) -> Result<Vec<Found
         .enumerate()
         .map(|(i, descriptor)| {
             let Some(limit) = &descriptor.limit else {
-                return Ok(Found::Rule(rules.find(descriptor.entries())));
+                let mut shared = Vec::new();
+                let rule = rules.find_sharing(descriptor.entries(), |i, pattern| {
+                    shared.push((i, pattern));
+                });
+                return Ok(Found::Rule(rule, shared));
             };
             let unit = Unit::from_envoy(limit.unit).ok_or_else(|| {
                 Status::invalid_argument(format!(
@@ -120,7 +140,7 @@ fn find<'c>(request: &RateLimitRequest, rules: &'c RuleTree) -> Result<Vec<Found
 fn drop_replaced<'c>(found: &mut [Found<'c>]) {
     fn rule<'c>(found: &Found<'c>) -> Option<&'c Rule> {
         match found {
-            Found::Rule(rule) => *rule,
+            Found::Rule(rule, _) => *rule,
             Found::Override(_) => None,
         }
     }
@@ -134,7 +154,7 @@ fn drop_replaced<'c>(found: &mut [Found<'c>]) {
     }
     for slot in found.iter_mut() {
         if rule(slot).is_some_and(|rule| replaced.iter().any(|name| rule.is_named(name))) {
-            *slot = Found::Rule(None);
+            *slot = Found::Rule(None, Vec::new());
         }
     }
 }
@@ -143,30 +163,35 @@ fn drop_replaced<'c>(found: &mut [Found<'c>]) {
 fn check(
     request: &RateLimitRequest,
     descriptor: &RateLimitDescriptor,
-    rule: Option<&Rule>,
+    shared: &Shared<'_>,
     rate: &Rate,
+    enforce: bool,
     settings: &LimiterSettings,
 ) -> Check {
-    let mut counter_id = rate.counter_id();
-    if rule.is_none() {
-        // Overrides count apart from configured rules and from each other,
-        // like envoyproxy/ratelimit's override keys.
-        counter_id.push_str(&format!(".o{}", rate.requests_per_unit));
-    }
+    // A shared entry's pattern replaces its value, by position (as their
+    // cache key does), so every value the wildcard matches counts together.
+    let entries = descriptor.entries().enumerate().map(|(i, (key, value))| {
+        let pattern = shared.iter().find(|(at, _)| *at == i);
+        (key, pattern.map_or(value, |(_, pattern)| *pattern))
+    });
+    // An override's counter is the configured fixed window's of the same
+    // unit: envoyproxy/ratelimit's cache key has the descriptor and the
+    // window, not `requests_per_unit`, so Envoy's override and the file's
+    // rule (and overrides of different sizes) count together.
     Check {
         key: counter_key(
             &settings.key_prefix,
             &request.domain,
-            descriptor.entries(),
+            entries,
             settings.values,
-            &counter_id,
+            &rate.counter_id(),
         ),
         algorithm: rate.algorithm,
         limit: u64::from(rate.requests_per_unit),
         period_ms: rate.unit.seconds() * 1_000,
         burst: rate.effective_burst(),
         hits: hits(request, descriptor),
-        enforce: !rule.is_some_and(|r| r.shadow_mode),
+        enforce,
     }
 }
 
@@ -289,7 +314,7 @@ descriptors:
         let (boss, over, user) = (&plan.checks[0], &plan.checks[1], &plan.checks[2]);
         assert_eq!(boss.limit, 5);
         assert_eq!((over.limit, over.period_ms), (7, 3_600_000));
-        assert_ne!(over.key, user.key, "an override counts apart from the rule");
+        assert_ne!(over.key, user.key, "another unit is another window");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Step 4 of a decision: the answer. Each counted descriptor is answered by
 //! its tightest limit (its code, `current_limit`, remaining and reset); the
-//! request is OVER_LIMIT if any descriptor is; the `RateLimit-*` headers
-//! describe the tightest limit of the whole request.
+//! request is OVER_LIMIT if any descriptor is, except that quota descriptors
+//! fail it only all together, and `SHADOW_MODE` never fails it (as
+//! envoyproxy/ratelimit's `shouldRateLimitWorker`); the `RateLimit-*`
+//! headers describe the tightest limit of the whole request.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -9,6 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 
 use super::plan::{Applied, Plan};
+use super::GlobalModes;
 use crate::headers::{self, HeaderNames, LimitState};
 use crate::limiter::Outcome;
 use crate::rules::Rate;
@@ -25,18 +28,26 @@ pub struct Verdict {
 /// Each descriptor's verdict (`None` when nothing counted it).
 pub fn verdicts(plan: &Plan<'_>, outcomes: &[Outcome]) -> Vec<Option<Verdict>> {
     let verdict = |applied: &Applied<'_>| {
-        let Applied::Counted { rates, checks, .. } = applied else {
+        let Applied::Counted {
+            rule,
+            rates,
+            checks,
+            ..
+        } = applied
+        else {
             return None;
         };
+        // A shadow-mode rule is never over; a quota one is (the request
+        // decides in `response`).
+        let shadow = rule.is_some_and(|r| r.shadow_mode);
         let states = rates
             .iter()
             .zip(&outcomes[checks.clone()])
-            .zip(&plan.checks[checks.clone()])
-            .map(|((rate, outcome), check)| LimitState {
+            .map(|(rate, outcome)| LimitState {
                 limit: rate.capacity(),
                 remaining: outcome.remaining,
                 reset_ms: outcome.reset_ms,
-                over: outcome.over && check.enforce,
+                over: outcome.over && !shadow,
             });
         tightest(states).map(|(at, state)| Verdict { state, at })
     };
@@ -48,6 +59,7 @@ pub fn response(
     plan: &Plan<'_>,
     verdicts: &[Option<Verdict>],
     headers: Option<&HeaderNames>,
+    modes: GlobalModes,
 ) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = plan
         .applied
@@ -68,7 +80,11 @@ pub fn response(
             _ => status(Code::Ok, None, 0, None),
         })
         .collect();
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    let mut over = is_over(plan, &statuses, modes.quota);
+    if over && modes.shadow {
+        metrics::counter!("ratekeeper_global_shadow_mode").increment(1);
+        over = false;
+    }
     let tightest = tightest(verdicts.iter().flatten().map(|v| v.state));
     let response_headers_to_add = match (headers, tightest) {
         (Some(names), Some((_, state))) => headers::response_headers(names, &state),
@@ -80,6 +96,31 @@ pub fn response(
         response_headers_to_add,
         ..Default::default()
     }
+}
+
+/// envoyproxy/ratelimit's overall code: OVER_LIMIT when a descriptor that
+/// is not a quota descriptor is over, or every quota descriptor is. With
+/// `QUOTA_MODE` every descriptor but an unlimited one is a quota descriptor,
+/// one matching no rule included (never over).
+fn is_over(plan: &Plan<'_>, statuses: &[DescriptorStatus], global_quota: bool) -> bool {
+    let (mut quota, mut quota_over) = (0, 0);
+    for (applied, status) in plan.applied.iter().zip(statuses) {
+        let is_quota = match applied {
+            Applied::Counted { quota, .. } => *quota,
+            Applied::None => global_quota,
+            Applied::Unlimited => continue,
+        };
+        let over = status.code == Code::OverLimit as i32;
+        match (is_quota, over) {
+            (false, true) => return true,
+            (true, _) => {
+                quota += 1;
+                quota_over += usize::from(over);
+            }
+            (false, false) => {}
+        }
+    }
+    quota > 0 && quota == quota_over
 }
 
 /// Over beats not over; among over, the longest wait; otherwise the
@@ -199,7 +240,7 @@ mod tests {
         );
 
         let names = HeaderNames::default();
-        let response = response(&plan, &verdicts, Some(&names));
+        let response = response(&plan, &verdicts, Some(&names), GlobalModes::default());
         assert_eq!(response.overall_code, Code::Ok as i32);
         let limit = response.statuses[0]
             .current_limit
@@ -214,8 +255,10 @@ mod tests {
             .find(|h| h.key == names.remaining)
             .map(|h| h.value.as_str());
         assert_eq!(remaining, Some("0"));
-        assert!(super::response(&plan, &verdicts, None)
-            .response_headers_to_add
-            .is_empty());
+        assert!(
+            super::response(&plan, &verdicts, None, GlobalModes::default())
+                .response_headers_to_add
+                .is_empty()
+        );
     }
 }
