@@ -23,6 +23,7 @@ use ratekeeper::vocab::{FailureMode, Topology};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
+mod admin_cli;
 mod envoy_settings;
 use envoy_settings::{ConfigType, EnvoySettings};
 
@@ -79,6 +80,15 @@ struct Cli {
     /// `$DEBUG_HOST:$DEBUG_PORT`, each defaulting to `0.0.0.0` and `6070`.
     #[arg(long, env = "DEBUG_ADDR")]
     debug_addr: Option<String>,
+    /// Admin API listen address (inspect and reset counters, leases, the
+    /// config: see README "Operations"), or `off`. Default: this host only.
+    /// A non-loopback address needs --admin-token-file.
+    #[arg(long, env = "ADMIN_ADDR")]
+    admin_addr: Option<String>,
+    /// File holding the admin API's bearer token (a mounted Secret; read at
+    /// each request, so rotating it needs no restart).
+    #[arg(long, env = "ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Redis: single `redis://[user:pass@]host:port[/db]` or `host:port`;
     /// cluster `host:port,host:port,...`; sentinel `mastername,host:port,...`.
     /// Absent: counters are kept in memory (one replica only).
@@ -231,6 +241,9 @@ enum Command {
         #[arg(long)]
         config_dir: Option<PathBuf>,
     },
+    /// Talk to a running server's admin API: inspect or reset a
+    /// descriptor's counters, list or revoke leases, show the config.
+    Admin(admin_cli::AdminArgs),
 }
 
 // The library's value types know nothing of clap: these mirror them for the
@@ -302,6 +315,8 @@ async fn main() {
     let cli = Cli::parse();
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
         validate(&config_dir(dir.clone().or_else(|| cli.config_dir.clone())))
+    } else if let Some(Command::Admin(args)) = &cli.command {
+        admin_cli::run(args).await
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
@@ -415,15 +430,20 @@ async fn run(cli: Cli) -> Result<()> {
     let (debug_addr, asked) =
         listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
     let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
+    let admin = bind_admin(cli.admin_addr.as_deref(), cli.admin_token_file.clone()).await?;
     let shown = |listener: &Option<TcpListener>| match listener {
         Some(listener) => local_addr(listener).map(|a| a.to_string()),
         None => Ok("off".to_owned()),
     };
     // One plain line on stdout for scripts and tests that start us on port 0.
     println!(
-        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={}",
+        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={} admin={}",
         shown(&api)?,
-        shown(&debug)?
+        shown(&debug)?,
+        match &admin {
+            Some((listener, _)) => local_addr(listener)?.to_string(),
+            None => "off".to_owned(),
+        }
     );
 
     Server {
@@ -454,7 +474,7 @@ async fn run(cli: Cli) -> Result<()> {
             ..ConnectionLimits::default()
         },
         lanes,
-        http: http::Listeners { api, debug },
+        http: http::Listeners { api, debug, admin },
     }
     .run(shutdown_signal())
     .await
@@ -611,6 +631,24 @@ async fn bind_http(addr: &str, what: &str, asked: bool) -> Result<Option<TcpList
         }
         Err(error) => Err(error),
     }
+}
+
+/// Binds the admin listener unless `off`, refusing a non-loopback address
+/// without a token file. Its default address (loopback) taken is only a
+/// warning, as for the other HTTP listeners.
+async fn bind_admin(
+    flag: Option<&str>,
+    token_file: Option<PathBuf>,
+) -> Result<Option<(TcpListener, Option<PathBuf>)>> {
+    let addr = flag.unwrap_or(http::admin::DEFAULT_ADDR);
+    let Some(listener) = bind_http(addr, "the admin API", flag.is_some()).await? else {
+        return Ok(None);
+    };
+    http::admin::check_guard(local_addr(&listener)?, token_file.as_deref())?;
+    if let Some(file) = &token_file {
+        read_file(file)?;
+    }
+    Ok(Some((listener, token_file)))
 }
 
 fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {

@@ -20,6 +20,7 @@ use crate::http;
 use crate::incoming::{deal, incoming};
 use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
+use crate::service::admin_leases::AdminLeases;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
 use crate::service::{caps, Concurrency, RateLimiter};
@@ -117,6 +118,17 @@ impl Server {
             self.limiter.values,
             holds.clone(),
         );
+        let admin_leases = AdminLeases {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            key_prefix: self.limiter.key_prefix.clone(),
+            values: self.limiter.values,
+        };
+        // What the admin API's `/v1/config` says the limits come from.
+        let config_source = match &self.config_dir {
+            Some(dir) => dir.display().to_string(),
+            None => "xds".to_owned(),
+        };
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
 
@@ -164,6 +176,21 @@ impl Server {
         }
         if let Some(listener) = self.http.debug {
             let router = http::debug_router(self.config.clone());
+            http_servers.push(tokio::spawn(http::serve(
+                listener,
+                limits.handshake_timeout,
+                router,
+                stopped(stopping.clone()),
+            )));
+        }
+        if let Some((listener, token_file)) = self.http.admin {
+            let router = http::admin::router(
+                limiter.clone(),
+                admin_leases,
+                self.config.clone(),
+                config_source,
+                token_file,
+            );
             http_servers.push(tokio::spawn(http::serve(
                 listener,
                 limits.handshake_timeout,

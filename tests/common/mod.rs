@@ -257,6 +257,8 @@ pub struct TestServer {
     pub http: SocketAddr,
     /// The debug HTTP listener (`/rlconfig`).
     pub debug: SocketAddr,
+    /// The admin API (no token: loopback).
+    pub admin: SocketAddr,
     pub config: SharedConfig,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<ratekeeper::Result<()>>>,
@@ -289,9 +291,13 @@ impl TestServer {
         let debug = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
-        let (http_addr, debug_addr) = (
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let (http_addr, debug_addr, admin_addr) = (
             http.local_addr().expect("addr"),
             debug.local_addr().expect("addr"),
+            admin.local_addr().expect("addr"),
         );
         let config = SharedConfig::new(config);
         let (tx, rx) = oneshot::channel();
@@ -319,6 +325,7 @@ impl TestServer {
             http: ratekeeper::http::Listeners {
                 api: Some(http),
                 debug: Some(debug),
+                admin: Some((admin, None)),
             },
         };
         let task = tokio::spawn(server.run(async {
@@ -328,6 +335,7 @@ impl TestServer {
             addr,
             http: http_addr,
             debug: debug_addr,
+            admin: admin_addr,
             config,
             shutdown: Some(tx),
             task: Some(task),
@@ -535,6 +543,8 @@ pub struct Ratekeeper {
     pub metrics: String,
     /// The HTTP and debug HTTP listeners (`off` when off).
     pub http: String,
+    /// The admin API's address (`off` when off).
+    pub admin: String,
     pub debug: String,
     pub log: PathBuf,
 }
@@ -606,6 +616,8 @@ impl Ratekeeper {
             ])
             .args(args)
             .env_remove("REDIS_URL")
+            // Not the default shared port; a test's own `--admin-addr` wins.
+            .env("ADMIN_ADDR", "127.0.0.1:0")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).expect("log file"));
@@ -627,6 +639,7 @@ impl Ratekeeper {
             metrics: field("metrics="),
             http: field("http="),
             debug: field("debug="),
+            admin: field("admin="),
             child,
             log,
         }
