@@ -3,14 +3,18 @@
 //! stdout; a refusal (4xx, 5xx) is an error with the server's reason.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use axum::body::Body;
 use clap::{Args, Subcommand};
+use hyper::client::conn::http1::SendRequest;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use ratekeeper::http::admin::{ACTOR_HEADER, DEFAULT_ADDR};
 use ratekeeper::{Error, Result};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 /// Largest answer read (a config dump of many domains fits).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
@@ -24,6 +28,15 @@ pub struct AdminArgs {
     /// File holding the bearer token (the server's ADMIN_TOKEN_FILE).
     #[arg(long, env = "ADMIN_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// PEM CA to trust: speak TLS to the admin API (its --admin-tls-cert).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// PEM client certificate, for mutual TLS.
+    #[arg(long, requires = "key", requires = "ca")]
+    cert: Option<PathBuf>,
+    /// PEM client key, for mutual TLS.
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
     #[command(subcommand)]
     action: Action,
 }
@@ -87,7 +100,17 @@ pub async fn run(args: &AdminArgs) -> Result<()> {
         ),
         None => None,
     };
-    let (status, body) = exchange(&args.addr, method, &path, token.as_deref()).await?;
+    let tls = match &args.ca {
+        Some(ca) => {
+            let identity = args.cert.as_deref().zip(args.key.as_deref());
+            let mut config = ratekeeper::tls::client_config(Some(ca), identity)?;
+            // HTTP/1: no ALPN (the shared client setup offers h2 only).
+            config.alpn_protocols.clear();
+            Some(TlsConnector::from(Arc::new(config)))
+        }
+        None => None,
+    };
+    let (status, body) = exchange(&args.addr, tls, method, &path, token.as_deref()).await?;
     let text = String::from_utf8_lossy(&body);
     if !(200..300).contains(&status) {
         let reason = serde_json::from_slice::<serde_json::Value>(&body)
@@ -139,6 +162,7 @@ fn encode(text: &str) -> String {
 /// One HTTP/1.1 request on a connection of its own: status and body.
 async fn exchange(
     addr: &str,
+    tls: Option<TlsConnector>,
     method: &str,
     path: &str,
     token: Option<&str>,
@@ -149,10 +173,16 @@ async fn exchange(
     };
     let failed = |e: &dyn std::fmt::Display| Error::Startup(format!("admin API at {addr}: {e}"));
     let stream = TcpStream::connect(addr).await.map_err(io)?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| failed(&e))?;
-    tokio::spawn(connection);
+    let mut sender = match tls {
+        None => handshake(stream).await,
+        Some(tls) => {
+            let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let name = ServerName::try_from(host.to_owned()).map_err(|e| failed(&e))?;
+            handshake(tls.connect(name, stream).await.map_err(io)?).await
+        }
+    }
+    .map_err(|e| failed(&e))?;
     let mut request = Request::builder()
         .method(method)
         .uri(path)
@@ -168,6 +198,16 @@ async fn exchange(
         .await
         .map_err(|e| failed(&e))?;
     Ok((status, body.to_vec()))
+}
+
+/// An HTTP/1 connection over `io`, driven in the background.
+async fn handshake<T>(io: T) -> hyper::Result<SendRequest<Body>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
 }
 
 /// Who acts, for the server's audit log: `$USER@$HOSTNAME` as far as known.

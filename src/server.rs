@@ -183,20 +183,25 @@ impl Server {
                 stopped(stopping.clone()),
             )));
         }
-        if let Some((listener, token_file)) = self.http.admin {
+        if let Some(admin) = self.http.admin {
             let router = http::admin::router(
                 limiter.clone(),
                 admin_leases,
                 self.config.clone(),
                 config_source,
-                token_file,
+                admin.token_file,
             );
-            http_servers.push(tokio::spawn(http::serve(
-                listener,
-                limits.handshake_timeout,
-                router,
-                stopped(stopping.clone()),
-            )));
+            let (idle, stopping) = (limits.handshake_timeout, stopped(stopping.clone()));
+            http_servers.push(match admin.tls {
+                Some(tls) => tokio::spawn(http::tls_listener::serve_tls(
+                    admin.listener,
+                    idle,
+                    tls,
+                    router,
+                    stopping,
+                )),
+                None => tokio::spawn(http::serve(admin.listener, idle, router, stopping)),
+            });
         }
         let mut dealt = Vec::new();
         let mut serving = Vec::new();

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::certs::Certs;
 use common::{descriptor, http_call, request, Backend, Ratekeeper, RedisServer, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratekeeper::clock::SystemClock;
@@ -135,7 +136,11 @@ async fn inspect_reads_without_consuming_and_reset_restores_every_limit() {
         // over-limit cache, which a reset clears.
         let solo = "/v1/descriptor?domain=web&entry=solo%3Dx";
         assert_eq!(decide_on(&server, "solo", "x").await, Code::Ok, "{name}");
-        assert_eq!(decide_on(&server, "solo", "x").await, Code::OverLimit, "{name}");
+        assert_eq!(
+            decide_on(&server, "solo", "x").await,
+            Code::OverLimit,
+            "{name}"
+        );
         assert_eq!(admin(server.admin, "DELETE", solo.into()).await.0, 200);
         assert_eq!(decide_on(&server, "solo", "x").await, Code::Ok, "{name}");
 
@@ -452,4 +457,54 @@ fn a_public_admin_address_without_a_token_is_refused_at_start() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("needs --admin-token-file"), "{stderr}");
+}
+
+#[tokio::test]
+async fn mutual_tls_guards_a_public_admin_address() {
+    let certs = Certs::ca("ratekeeper-admin");
+    certs.leaf("server", "ratekeeper", "DNS:localhost,IP:127.0.0.1");
+    certs.leaf("oncall", "oncall", "DNS:oncall.example");
+    let path = |name: &str| certs.path(name).display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
+    // Every interface, no token: mutual TLS is the guard.
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--admin-addr",
+            "0.0.0.0:0",
+            "--admin-tls-cert",
+            &crt,
+            "--admin-tls-key",
+            &key,
+            "--admin-tls-client-ca",
+            &ca,
+        ],
+    );
+    let port = server.admin.rsplit_once(':').unwrap().1;
+    let addr = format!("127.0.0.1:{port}");
+    let (oncall_crt, oncall_key) = (path("oncall.crt"), path("oncall.key"));
+    let (code, stdout, stderr) = cli(&[
+        "--addr",
+        &addr,
+        "--ca",
+        &ca,
+        "--cert",
+        &oncall_crt,
+        "--key",
+        &oncall_key,
+        "get",
+        "web",
+        "user=frank",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let state: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(remaining(&state), [3, 10, 10, 5, 5], "{stdout}");
+
+    let (code, _, stderr) = cli(&["--addr", &addr, "--ca", &ca, "get", "web", "user=frank"]);
+    assert_eq!(code, 1, "no client certificate: refused");
+    assert!(!stderr.is_empty());
+    let (code, _, _) = cli(&["--addr", &addr, "get", "web", "user=frank"]);
+    assert_eq!(code, 1, "plain HTTP: refused");
 }

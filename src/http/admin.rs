@@ -30,6 +30,7 @@ use crate::config::watch::SharedConfig;
 use crate::service::admin_leases::AdminLeases;
 use crate::service::rls::AdminError;
 use crate::service::RateLimiter;
+use crate::tls::ReloadingTls;
 use crate::{Error, Result};
 
 /// The admin listener's default address: this host only.
@@ -38,6 +39,16 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:6071";
 /// Header a client may send to name who acts, for the audit log (the CLI
 /// sends `$USER`); the peer address is logged too.
 pub const ACTOR_HEADER: &str = "x-ratekeeper-actor";
+
+/// The admin listener and how it is guarded.
+#[derive(Debug)]
+pub struct AdminListener {
+    pub listener: tokio::net::TcpListener,
+    /// The bearer token's file.
+    pub token_file: Option<PathBuf>,
+    /// TLS (mutual when its files name a client CA).
+    pub tls: Option<ReloadingTls>,
+}
 
 /// What the admin routes share.
 #[derive(Clone)]
@@ -50,12 +61,12 @@ struct Admin {
     token_file: Option<PathBuf>,
 }
 
-/// Refuses a non-loopback admin address without a token: counters could
-/// be reset by anyone who reaches the port.
-pub fn check_guard(addr: SocketAddr, token_file: Option<&Path>) -> Result<()> {
-    if token_file.is_none() && !addr.ip().is_loopback() {
+/// Refuses a non-loopback admin address guarded by neither a token nor
+/// mutual TLS: counters could be reset by anyone who reaches the port.
+pub fn check_guard(addr: SocketAddr, token_file: Option<&Path>, mutual_tls: bool) -> Result<()> {
+    if token_file.is_none() && !mutual_tls && !addr.ip().is_loopback() {
         return Err(Error::Startup(format!(
-            "the admin API on {addr} (not loopback) needs --admin-token-file"
+            "the admin API on {addr} (not loopback) needs --admin-token-file or mutual TLS (--admin-tls-client-ca)"
         )));
     }
     Ok(())
@@ -409,8 +420,9 @@ mod tests {
     fn a_public_address_needs_a_token() {
         let public: SocketAddr = "0.0.0.0:6071".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:6071".parse().unwrap();
-        assert!(check_guard(public, None).is_err());
-        assert!(check_guard(public, Some(Path::new("t"))).is_ok());
-        assert!(check_guard(local, None).is_ok());
+        assert!(check_guard(public, None, false).is_err());
+        assert!(check_guard(public, Some(Path::new("t")), false).is_ok());
+        assert!(check_guard(public, None, true).is_ok());
+        assert!(check_guard(local, None, false).is_ok());
     }
 }

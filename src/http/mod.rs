@@ -9,6 +9,7 @@ pub mod idle;
 pub mod metrics;
 pub mod protojson;
 pub mod rlconfig;
+pub mod tls_listener;
 
 use std::future::Future;
 use std::io;
@@ -33,8 +34,8 @@ pub struct Listeners {
     pub api: Option<TcpListener>,
     /// `/rlconfig` (their `DEBUG_HOST:DEBUG_PORT`).
     pub debug: Option<TcpListener>,
-    /// The admin API ([`admin`]), with its token file.
-    pub admin: Option<(TcpListener, Option<std::path::PathBuf>)>,
+    /// The admin API ([`admin`]).
+    pub admin: Option<admin::AdminListener>,
 }
 
 /// The peer of an HTTP connection, for handlers that log who called

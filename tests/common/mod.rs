@@ -2,6 +2,8 @@
 //! ratekeeper server in-process on port 0, and gRPC clients.
 #![allow(dead_code)]
 
+pub mod certs;
+
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -325,7 +327,11 @@ impl TestServer {
             http: ratekeeper::http::Listeners {
                 api: Some(http),
                 debug: Some(debug),
-                admin: Some((admin, None)),
+                admin: Some(ratekeeper::http::admin::AdminListener {
+                    listener: admin,
+                    token_file: None,
+                    tls: None,
+                }),
             },
         };
         let task = tokio::spawn(server.run(async {
