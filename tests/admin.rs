@@ -253,8 +253,10 @@ async fn the_config_dump_lists_rules_with_their_paths_and_limits() {
     let server = TestServer::start(&[LIMITS], Backend::Memory.store(Arc::new(SystemClock))).await;
     let (status, config) = admin(server.admin, "GET", "/v1/config".into()).await;
     assert_eq!(status, 200);
+    assert_eq!(config["xds_version"], Value::Null, "limits from files");
     let web = &config["domains"][0];
     assert_eq!(web["domain"], "web");
+    assert_eq!(web["source"], "test0.yaml");
     assert_eq!(web["rules"][0]["path"], "user");
     assert_eq!(web["rules"][0]["limits"][3]["algorithm"], "token_bucket");
     assert_eq!(web["rules"][0]["limits"][3]["burst"], 5);

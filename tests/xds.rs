@@ -462,6 +462,8 @@ async fn the_first_snapshot_is_applied_acked_and_answers() {
         codes(&mut client, "first-listener", "route", 3).await,
         [Code::Ok, Code::Ok, Code::OverLimit]
     );
+    // What the admin API's /v1/config reports as the limits' version.
+    assert_eq!(server.config.current().version(), Some("1"));
 }
 
 #[tokio::test]

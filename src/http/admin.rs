@@ -5,7 +5,8 @@
 //! - `DELETE /v1/descriptor?…` (same query): reset its counters;
 //! - `GET /v1/leases?domain=D&entry=K=V`: the live leases of a
 //!   concurrency entity; `DELETE /v1/leases?…&lease=MEMBER`: revoke one;
-//! - `GET /v1/config`: the limits in force.
+//! - `GET /v1/config`: the limits in force, each domain with its file (or
+//!   xDS resource), and the xDS snapshot's version.
 //!
 //! Entries come in the query, in order, each `key=value` (split at its
 //! first `=`), so domains with `/` and any value pass. Every request needs
@@ -267,12 +268,21 @@ async fn loaded_config(State(admin): State<Admin>) -> Response {
                     })
                 })
                 .collect();
-            json!({ "domain": domain.name, "rules": rules, "concurrency": concurrency })
+            json!({
+                "domain": domain.name,
+                "source": config.source(&domain.name).map(|p| p.display().to_string()),
+                "rules": rules,
+                "concurrency": concurrency,
+            })
         })
         .collect();
     reply(
         StatusCode::OK,
-        &json!({ "source": admin.source, "domains": domains }),
+        &json!({
+            "source": admin.source,
+            "xds_version": config.version(),
+            "domains": domains,
+        }),
     )
 }
 
