@@ -178,6 +178,27 @@ async fn reset_deletes_the_redis_keys_of_every_algorithm() {
     let exists = |conn: &mut redis::Connection| -> u64 {
         redis::cmd("EXISTS").arg(&keys).query(conn).unwrap()
     };
+    // Reading writes nothing: no write command ran, scripts' own included.
+    let writes = |conn: &mut redis::Connection| -> u64 {
+        [
+            "hset",
+            "set",
+            "zadd",
+            "pexpire",
+            "zremrangebyrank",
+            "zremrangebyscore",
+            "del",
+        ]
+        .iter()
+        .map(|c| common::command_calls(conn, c))
+        .sum()
+    };
+    let before = writes(&mut conn);
+    for _ in 0..3 {
+        let path = "/v1/descriptor?domain=web&entry=user%3Dcarol".to_owned();
+        assert_eq!(admin(server.admin, "GET", path).await.0, 200);
+    }
+    assert_eq!(writes(&mut conn), before, "a GET wrote to Redis");
     assert_eq!(exists(&mut conn), 5, "one key per limit: {keys:?}");
     let (status, _) = admin(
         server.admin,
