@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 
 use super::Peer;
 use crate::config::watch::SharedConfig;
+use crate::rules::Rule;
 use crate::service::admin_leases::AdminLeases;
 use crate::service::rls::AdminError;
 use crate::service::RateLimiter;
@@ -229,61 +230,48 @@ async fn loaded_config(State(admin): State<Admin>) -> Response {
         .into_iter()
         .filter_map(|name| config.domain(name))
         .map(|domain| {
-            let rules: Vec<Value> = domain
-                .rules
-                .rules
-                .iter()
-                .map(|rule| {
-                    let limits: Vec<Value> = rule
-                        .rates
-                        .iter()
-                        .map(|rate| {
-                            json!({
-                                "algorithm": rate.algorithm.name(),
-                                "unit": rate.unit.name(),
-                                "requests_per_unit": rate.requests_per_unit,
-                                "burst": rate.burst,
-                                "name": rate.name,
-                            })
-                        })
-                        .collect();
-                    json!({
-                        "path": rule.path,
-                        "unlimited": rule.is_unlimited(),
-                        "shadow_mode": rule.shadow_mode,
-                        "replaces": rule.replaces,
-                        "limits": limits,
-                    })
-                })
-                .collect();
-            let concurrency: Vec<Value> = domain
-                .concurrency
-                .rules
-                .iter()
-                .map(|rule| {
-                    json!({
-                        "path": rule.path,
-                        "max_connections": rule.max_connections,
-                        "lease_ttl_ms": rule.lease_ttl.as_millis() as u64,
-                    })
-                })
-                .collect();
             json!({
                 "domain": domain.name,
                 "source": config.source(&domain.name).map(|p| p.display().to_string()),
-                "rules": rules,
-                "concurrency": concurrency,
+                "rules": domain.rules.rules.iter().map(rule_json).collect::<Vec<_>>(),
+                "concurrency": domain.concurrency.rules.iter().map(|rule| json!({
+                    "path": rule.path,
+                    "max_connections": rule.max_connections,
+                    "lease_ttl_ms": rule.lease_ttl.as_millis() as u64,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
-    reply(
-        StatusCode::OK,
-        &json!({
-            "source": admin.source,
-            "xds_version": config.version(),
-            "domains": domains,
-        }),
-    )
+    let body = json!({
+        "source": admin.source,
+        "xds_version": config.version(),
+        "domains": domains,
+    });
+    reply(StatusCode::OK, &body)
+}
+
+/// One rule of `/v1/config`: its path, flags and limits.
+fn rule_json(rule: &Rule) -> Value {
+    let limits: Vec<Value> = rule
+        .rates
+        .iter()
+        .map(|rate| {
+            json!({
+                "algorithm": rate.algorithm.name(),
+                "unit": rate.unit.name(),
+                "requests_per_unit": rate.requests_per_unit,
+                "burst": rate.burst,
+                "name": rate.name,
+            })
+        })
+        .collect();
+    json!({
+        "path": rule.path,
+        "unlimited": rule.is_unlimited(),
+        "shadow_mode": rule.shadow_mode,
+        "replaces": rule.replaces,
+        "limits": limits,
+    })
 }
 
 /// The query's `domain` and its `entry=key=value` pairs, in order.

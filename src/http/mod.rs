@@ -1,6 +1,7 @@
 //! The HTTP surface, on one HTTP/1.1 server (axum): the main listener
 //! (`/healthcheck`, `/json`: [`api`]), the debug listener (`/rlconfig`:
-//! [`rlconfig`]) and the metrics listener ([`metrics`]). gRPC is served
+//! [`rlconfig`]), the metrics listener ([`metrics`]) and the admin
+//! listener ([`admin`], maybe over TLS: [`tls_listener`]). gRPC is served
 //! elsewhere ([`crate::server`]).
 
 pub mod admin;
