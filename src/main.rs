@@ -19,11 +19,12 @@ use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
 use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store};
 use ratekeeper::telemetry::{self, LogFormat};
-use ratekeeper::tls::ReloadingTls;
+use ratekeeper::tls::{ReloadingTls, TlsFiles};
 use ratekeeper::vocab::{FailureMode, Topology};
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
+mod admin_cli;
 mod envoy_settings;
 use envoy_settings::{ConfigType, EnvoyModes, EnvoySettings};
 mod stats_settings;
@@ -82,6 +83,9 @@ struct Cli {
     /// `$DEBUG_HOST:$DEBUG_PORT`, each defaulting to `0.0.0.0` and `6070`.
     #[arg(long, env = "DEBUG_ADDR")]
     debug_addr: Option<String>,
+    /// The admin API's listener and guard.
+    #[command(flatten)]
+    admin: AdminFlags,
     /// Redis: single `redis://[user:pass@]host:port[/db]` or `host:port`;
     /// cluster `host:port,host:port,...`; sentinel `mastername,host:port,...`.
     /// Absent: counters are kept in memory (one replica only).
@@ -226,6 +230,36 @@ struct Cli {
     write_limiter_script: Option<PathBuf>,
 }
 
+/// The admin API's flags (see README "Operations").
+#[derive(Debug, clap::Args)]
+struct AdminFlags {
+    /// Admin API listen address (inspect and reset counters, leases, the
+    /// config: see README "Operations"), or `off`. Default: this host only.
+    /// A non-loopback address needs --admin-token-file or
+    /// --admin-tls-client-ca.
+    #[arg(long = "admin-addr", env = "ADMIN_ADDR")]
+    addr: Option<String>,
+    /// File holding the admin API's bearer token (a mounted Secret; read at
+    /// each request, so rotating it needs no restart).
+    #[arg(long = "admin-token-file", env = "ADMIN_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// PEM certificate chain: serve the admin API over TLS (re-read when it
+    /// changes).
+    #[arg(long = "admin-tls-cert", env = "ADMIN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for the admin API's TLS. Never logged.
+    #[arg(long = "admin-tls-key", env = "ADMIN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA: the admin API requires client certificates signed by it
+    /// (mutual TLS, which guards it as a token does).
+    #[arg(
+        long = "admin-tls-client-ca",
+        env = "ADMIN_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+}
+
 /// What to do instead of serving.
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -238,6 +272,9 @@ enum Command {
         #[arg(long)]
         config_dir: Option<PathBuf>,
     },
+    /// Talk to a running server's admin API: inspect or reset a
+    /// descriptor's counters, list or revoke leases, show the config.
+    Admin(admin_cli::AdminArgs),
 }
 
 // The library's value types know nothing of clap: these mirror them for the
@@ -310,6 +347,8 @@ async fn main() {
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
         let dir = config_dir(dir.clone().or_else(|| cli.config_dir.clone()));
         validate(&dir, cli.envoy_modes.load_options())
+    } else if let Some(Command::Admin(args)) = &cli.command {
+        admin_cli::run(args).await
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
@@ -441,15 +480,21 @@ async fn run(cli: Cli) -> Result<()> {
     let (debug_addr, asked) =
         listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
     let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
+    let reload = Duration::from_millis(cli.reload_interval_ms.max(50));
+    let admin = bind_admin(&cli.admin, reload).await?;
     let shown = |listener: &Option<TcpListener>| match listener {
         Some(listener) => local_addr(listener).map(|a| a.to_string()),
         None => Ok("off".to_owned()),
     };
     // One plain line on stdout for scripts and tests that start us on port 0.
     println!(
-        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={}",
+        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={} admin={}",
         shown(&api)?,
-        shown(&debug)?
+        shown(&debug)?,
+        match &admin {
+            Some(admin) => local_addr(&admin.listener)?.to_string(),
+            None => "off".to_owned(),
+        }
     );
 
     Server {
@@ -483,7 +528,7 @@ async fn run(cli: Cli) -> Result<()> {
             ..ConnectionLimits::default()
         },
         lanes,
-        http: http::Listeners { api, debug },
+        http: http::Listeners { api, debug, admin },
     }
     .run(shutdown_signal())
     .await
@@ -648,6 +693,44 @@ async fn bind_http(addr: &str, what: &str, asked: bool) -> Result<Option<TcpList
         }
         Err(error) => Err(error),
     }
+}
+
+/// Binds the admin listener unless `off`, refusing a non-loopback address
+/// guarded by neither a token file nor mutual TLS. Its default address
+/// (loopback) taken is only a warning, as for the other HTTP listeners.
+async fn bind_admin(
+    flags: &AdminFlags,
+    reload: Duration,
+) -> Result<Option<http::admin::AdminListener>> {
+    let addr = flags.addr.as_deref().unwrap_or(http::admin::DEFAULT_ADDR);
+    let asked = flags.addr.is_some();
+    let Some(listener) = bind_http(addr, "the admin API", asked).await? else {
+        return Ok(None);
+    };
+    let token_file = flags.token_file.clone();
+    let mutual_tls = flags.tls_client_ca.is_some();
+    http::admin::check_guard(local_addr(&listener)?, token_file.as_deref(), mutual_tls)?;
+    if let Some(file) = &token_file {
+        read_file(file)?;
+    }
+    let tls = match (&flags.tls_cert, &flags.tls_key) {
+        (Some(cert), Some(key)) => Some(ReloadingTls::start(
+            TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: flags.tls_client_ca.clone(),
+                client_cert_required: true,
+                client_san: None,
+            },
+            reload,
+        )?),
+        _ => None,
+    };
+    Ok(Some(http::admin::AdminListener {
+        listener,
+        token_file,
+        tls,
+    }))
 }
 
 fn read_file(path: &std::path::Path) -> Result<Vec<u8>> {

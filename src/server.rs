@@ -21,6 +21,7 @@ use crate::http;
 use crate::incoming::{deal, incoming};
 use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
+use crate::service::admin_leases::AdminLeases;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
 use crate::service::{caps, Concurrency, RateLimiter};
@@ -120,6 +121,17 @@ impl Server {
             self.limiter.values,
             holds.clone(),
         );
+        let admin_leases = AdminLeases {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            key_prefix: self.limiter.key_prefix.clone(),
+            values: self.limiter.values,
+        };
+        // What the admin API's `/v1/config` says the limits come from.
+        let config_source = match &self.config_dir {
+            Some(dir) => dir.display().to_string(),
+            None => "xds".to_owned(),
+        };
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
 
@@ -178,6 +190,26 @@ impl Server {
                 router,
                 stopped(stopping.clone()),
             )));
+        }
+        if let Some(admin) = self.http.admin {
+            let router = http::admin::router(
+                limiter.clone(),
+                admin_leases,
+                self.config.clone(),
+                config_source,
+                admin.token_file,
+            );
+            let (idle, stopping) = (limits.handshake_timeout, stopped(stopping.clone()));
+            http_servers.push(match admin.tls {
+                Some(tls) => tokio::spawn(http::tls_listener::serve_tls(
+                    admin.listener,
+                    idle,
+                    tls,
+                    router,
+                    stopping,
+                )),
+                None => tokio::spawn(http::serve(admin.listener, idle, router, stopping)),
+            });
         }
         let mut dealt = Vec::new();
         let mut serving = Vec::new();

@@ -6,13 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use common::certs::Certs;
 use common::{descriptor, request, Ratekeeper, RedisServer, RlsClient, TestServer};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -42,43 +42,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 // ---- certificates ------------------------------------------------------
 
-/// A CA and certificates signed by it, made with the openssl CLI as Envoy
-/// Gateway's certgen makes them: RSA keys in PKCS#1 PEM (`RSA PRIVATE
-/// KEY`), key usage but no extended key usage, DNS SANs only.
-struct Certs {
-    dir: tempfile::TempDir,
-}
-
+/// Envoy Gateway's certificates, as its certgen makes them (see
+/// [`Certs`]): its xDS server, the rate limit service (its client
+/// certificate and its gRPC server's), Envoy (the RLS client), and a
+/// stranger.
 impl Certs {
     fn make() -> Certs {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let certs = Certs { dir };
-        std::fs::write(
-            certs.path("openssl.cnf"),
-            "[req]\ndistinguished_name = dn\n[dn]\n[ca]\nbasicConstraints = critical,CA:TRUE\n\
-             keyUsage = critical,keyCertSign,digitalSignature,keyEncipherment\n",
-        )
-        .expect("openssl.cnf");
-        certs.openssl(&["genrsa", "-traditional", "-out", "ca.key", "2048"]);
-        certs.openssl(&[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=envoy-gateway",
-            "-days",
-            "1",
-            "-config",
-            "openssl.cnf",
-            "-extensions",
-            "ca",
-            "-out",
-            "ca.crt",
-        ]);
-        // Envoy Gateway's xDS server, the rate limit service (its client
-        // certificate and its gRPC server's), and Envoy (the RLS client).
+        let certs = Certs::ca("envoy-gateway");
         certs.leaf("xds", "envoy-gateway", "DNS:envoy-gateway,DNS:localhost");
         certs.leaf(
             "tls",
@@ -97,67 +67,6 @@ impl Certs {
             "not PKCS#1: {key}"
         );
         certs
-    }
-
-    fn leaf(&self, name: &str, cn: &str, san: &str) {
-        let ext = format!(
-            "keyUsage = digitalSignature,nonRepudiation,keyEncipherment,dataEncipherment\n\
-             subjectAltName = {san}\n"
-        );
-        std::fs::write(self.path(&format!("{name}.ext")), ext).expect("ext");
-        let (key, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        self.openssl(&["genrsa", "-traditional", "-out", &key, "2048"]);
-        self.openssl(&[
-            "req",
-            "-new",
-            "-key",
-            &key,
-            "-subj",
-            &format!("/CN={cn}"),
-            "-config",
-            "openssl.cnf",
-            "-out",
-            &csr,
-        ]);
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            &ext,
-            "-out",
-            &crt,
-        ]);
-    }
-
-    fn openssl(&self, args: &[&str]) {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .expect("openssl must be installed");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
     }
 
     /// A client TLS setup trusting the CA, as `name` (its .crt and .key),
@@ -554,6 +463,8 @@ async fn the_first_snapshot_is_applied_acked_and_answers() {
         codes(&mut client, "first-listener", "route", 3).await,
         [Code::Ok, Code::Ok, Code::OverLimit]
     );
+    // What the admin API's /v1/config reports as the limits' version.
+    assert_eq!(server.config.current().version(), Some("1"));
 }
 
 #[tokio::test]

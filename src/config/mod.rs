@@ -57,6 +57,10 @@ pub struct LoadOptions {
 #[derive(Debug, Default)]
 pub struct Config {
     domains: HashMap<String, DomainConfig>,
+    /// Where each domain came from: its file, or its xDS resource's name.
+    sources: HashMap<String, PathBuf>,
+    /// The xDS snapshot's version, for limits that came over xDS.
+    version: Option<String>,
 }
 
 impl Config {
@@ -188,7 +192,11 @@ impl Config {
             domains.insert(domain.name.clone(), domain);
         }
         if errors.is_empty() {
-            Ok(Config { domains })
+            Ok(Config {
+                domains,
+                sources: origin,
+                version: None,
+            })
         } else {
             Err(errors)
         }
@@ -208,6 +216,24 @@ impl Config {
         let mut names: Vec<&str> = self.domains.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// Where a domain came from: its limits file, or its xDS resource.
+    pub fn source(&self, domain: &str) -> Option<&Path> {
+        self.sources.get(domain).map(PathBuf::as_path)
+    }
+
+    /// The xDS snapshot version these limits came in (none from files).
+    pub fn version(&self) -> Option<&str> {
+        self.version.as_deref()
+    }
+
+    /// The same limits, marked as from xDS snapshot `version`.
+    pub fn with_version(self, version: String) -> Config {
+        Config {
+            version: Some(version),
+            ..self
+        }
     }
 }
 

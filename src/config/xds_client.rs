@@ -239,7 +239,7 @@ async fn apply(
     match compiled {
         Ok(config) => {
             tracing::info!(%version, domains = config.domain_names().len(), "xDS: limits applied");
-            shared.replace(config);
+            shared.replace(config.with_version(version));
             Ok(())
         }
         Err(error) => {

@@ -1,20 +1,25 @@
 //! The HTTP surface, on one HTTP/1.1 server (axum): the main listener
 //! (`/healthcheck`, `/json`: [`api`]), the debug listener (`/rlconfig`:
-//! [`rlconfig`]) and the metrics listener ([`metrics`]). gRPC is served
+//! [`rlconfig`]), the metrics listener ([`metrics`]) and the admin
+//! listener ([`admin`], maybe over TLS: [`tls_listener`]). gRPC is served
 //! elsewhere ([`crate::server`]).
 
+pub mod admin;
 pub mod api;
 pub mod idle;
 pub mod metrics;
 pub mod protojson;
 pub mod rlconfig;
+pub mod tls_listener;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::extract::connect_info::Connected;
 use axum::routing::get;
+use axum::serve::IncomingStream;
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -30,6 +35,19 @@ pub struct Listeners {
     pub api: Option<TcpListener>,
     /// `/rlconfig` (their `DEBUG_HOST:DEBUG_PORT`).
     pub debug: Option<TcpListener>,
+    /// The admin API ([`admin`]).
+    pub admin: Option<admin::AdminListener>,
+}
+
+/// The peer of an HTTP connection, for handlers that log who called
+/// (`ConnectInfo<Peer>`).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<IncomingStream<'_, BackingOff>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, BackingOff>) -> Self {
+        Peer(*stream.remote_addr())
+    }
 }
 
 /// The routes of the debug listener.
@@ -47,6 +65,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let addr = listener.local_addr().ok();
+    let router = router.into_make_service_with_connect_info::<Peer>();
     let served = axum::serve(BackingOff { listener, idle }, router)
         .with_graceful_shutdown(shutdown)
         .await;

@@ -1,6 +1,7 @@
 //! The gRPC surface: request validation and the services built on the
 //! limiter and the store.
 
+pub mod admin_leases;
 pub mod caps;
 pub mod concurrency;
 pub mod holds;

@@ -128,6 +128,18 @@ impl OverCache {
             })
             .collect()
     }
+
+    /// Forgets `keys` (their counters were reset), so the next request on
+    /// them asks the store again.
+    pub fn forget(&self, keys: &[String]) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        for key in keys {
+            entries.remove(key);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +210,21 @@ mod tests {
             "the limit changed"
         );
         assert!(cache.answer(&[fw], 1_050).is_none(), "the window ended");
+    }
+
+    #[test]
+    fn forgets_reset_keys() {
+        let cache = OverCache::default();
+        let fw = [check("a", Algorithm::FixedWindow, 3)];
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+        };
+        cache.learn(&fw, &[full], 1_000);
+        assert!(cache.answer(&fw, 1_010).is_some());
+        cache.forget(&["a".to_owned()]);
+        assert!(cache.answer(&fw, 1_010).is_none(), "the counter was reset");
     }
 
     #[test]

@@ -59,6 +59,14 @@ impl Caller {
         .await
     }
 
+    /// Runs a plain command (the admin API's `DEL`, `ZRANGE`).
+    pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        self.guarded(Instant::now() + self.call_timeout, |mut conn| async move {
+            cmd.query_async(&mut conn).await
+        })
+        .await
+    }
+
     /// Runs `cmd`, a call of the limiter (which reloads itself when Redis
     /// lost it).
     pub async fn eval<T: FromRedisValue>(&self, limiter: &LimiterScript, cmd: &Cmd) -> Result<T> {

@@ -212,6 +212,30 @@ impl MemoryStore {
         batch::evaluate(&mut table, checks, all_or_nothing, now)
     }
 
+    /// Deletes counters; missing keys are ignored.
+    pub fn delete(&self, keys: &[String]) {
+        for key in keys {
+            let id = self.id(key);
+            Self::lock(&self.shards[Self::shard_of(id)]).remove(&id);
+        }
+    }
+
+    /// The unexpired members of a lease set with their expiry (ms), soonest
+    /// first.
+    pub fn leases(&self, key: &str) -> Vec<(String, u64)> {
+        let now = self.clock.now_ms();
+        let sets = Self::lock(&self.leases);
+        let mut members: Vec<(String, u64)> = sets
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter(|(_, &expiry)| expiry > now)
+            .map(|(member, &expiry)| (member.clone(), expiry))
+            .collect();
+        members.sort_by_key(|&(_, expiry)| expiry);
+        members
+    }
+
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }

@@ -84,6 +84,27 @@ impl Store {
         }
     }
 
+    /// Deletes counters (the admin API's reset), each key atomically;
+    /// missing keys are ignored.
+    pub async fn delete(&self, keys: &[String]) -> Result<()> {
+        match self {
+            Store::Memory(store) => {
+                store.delete(keys);
+                Ok(())
+            }
+            Store::Redis(store) => store.delete(keys).await,
+        }
+    }
+
+    /// The live leases of one lease set: member and expiry (ms, the store's
+    /// clock), soonest first.
+    pub async fn leases(&self, key: &str) -> Result<Vec<(String, u64)>> {
+        match self {
+            Store::Memory(store) => Ok(store.leases(key)),
+            Store::Redis(store) => store.leases(key).await,
+        }
+    }
+
     /// Readies the store for traffic (see [`RedisStore::warm_up`]).
     pub async fn warm_up(&self) -> Result<()> {
         match self {

@@ -364,6 +364,26 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Deletes counter keys, one `DEL` per cluster slot (each key goes
+    /// whole or not at all); missing keys are ignored.
+    pub async fn delete(&self, keys: &[String]) -> Result<()> {
+        for group in self.groups(keys.iter().map(String::as_str)) {
+            let mut cmd = redis::cmd("DEL");
+            for &i in &group {
+                cmd.arg(&keys[i]);
+            }
+            let _: i64 = self.caller().query(&cmd).await?;
+        }
+        Ok(())
+    }
+
+    /// The members of a lease set with their expiry (ms), soonest first.
+    pub async fn leases(&self, key: &str) -> Result<Vec<(String, u64)>> {
+        let mut cmd = redis::cmd("ZRANGE");
+        cmd.arg(key).arg(0).arg(-1).arg("WITHSCORES");
+        self.caller().query(&cmd).await
+    }
+
     /// Connects every pooled connection of the calling thread's lane and
     /// loads the limiter and the lease script, so that the first requests
     /// neither connect nor meet a missing script inside their few

@@ -2,6 +2,8 @@
 //! ratekeeper server in-process on port 0, and gRPC clients.
 #![allow(dead_code)]
 
+pub mod certs;
+
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -257,6 +259,8 @@ pub struct TestServer {
     pub http: SocketAddr,
     /// The debug HTTP listener (`/rlconfig`).
     pub debug: SocketAddr,
+    /// The admin API (no token: loopback).
+    pub admin: SocketAddr,
     pub config: SharedConfig,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<ratekeeper::Result<()>>>,
@@ -311,9 +315,13 @@ impl TestServer {
         let debug = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
-        let (http_addr, debug_addr) = (
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let (http_addr, debug_addr, admin_addr) = (
             http.local_addr().expect("addr"),
             debug.local_addr().expect("addr"),
+            admin.local_addr().expect("addr"),
         );
         let config = SharedConfig::new(config);
         let (tx, rx) = oneshot::channel();
@@ -335,6 +343,11 @@ impl TestServer {
             http: ratekeeper::http::Listeners {
                 api: Some(http),
                 debug: Some(debug),
+                admin: Some(ratekeeper::http::admin::AdminListener {
+                    listener: admin,
+                    token_file: None,
+                    tls: None,
+                }),
             },
         };
         let task = tokio::spawn(server.run(async {
@@ -344,6 +357,7 @@ impl TestServer {
             addr,
             http: http_addr,
             debug: debug_addr,
+            admin: admin_addr,
             config,
             shutdown: Some(tx),
             task: Some(task),
@@ -551,6 +565,8 @@ pub struct Ratekeeper {
     pub metrics: String,
     /// The HTTP and debug HTTP listeners (`off` when off).
     pub http: String,
+    /// The admin API's address (`off` when off).
+    pub admin: String,
     pub debug: String,
     pub log: PathBuf,
 }
@@ -622,6 +638,8 @@ impl Ratekeeper {
             ])
             .args(args)
             .env_remove("REDIS_URL")
+            // Not the default shared port; a test's own `--admin-addr` wins.
+            .env("ADMIN_ADDR", "127.0.0.1:0")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).expect("log file"));
@@ -643,6 +661,7 @@ impl Ratekeeper {
             metrics: field("metrics="),
             http: field("http="),
             debug: field("debug="),
+            admin: field("admin="),
             child,
             log,
         }

@@ -17,6 +17,7 @@
 //! Semantics follow envoyproxy/ratelimit, except that a refused request
 //! consumes nothing (all-or-nothing; see the README).
 
+mod admin;
 mod call_stats;
 mod failure;
 mod metadata;
@@ -32,6 +33,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
+pub use self::admin::{AdminError, DescriptorState, LimitState};
 use self::call_stats::{CallError, CallStats};
 use self::failure::{degraded, Fallback, LocalFallback};
 use self::plan::Plan;

@@ -1,0 +1,426 @@
+//! The admin listener (`--admin-addr`): JSON for the person on call.
+//!
+//! - `GET /v1/descriptor?domain=D&entry=K=V&entry=K2=V2`: the rule the
+//!   descriptor matches and each limit's state, read without consuming;
+//! - `DELETE /v1/descriptor?…` (same query): reset its counters;
+//! - `GET /v1/leases?domain=D&entry=K=V`: the live leases of a
+//!   concurrency entity; `DELETE /v1/leases?…&lease=MEMBER`: revoke one;
+//! - `GET /v1/config`: the limits in force, each domain with its file (or
+//!   xDS resource), and the xDS snapshot's version.
+//!
+//! Entries come in the query, in order, each `key=value` (split at its
+//! first `=`), so domains with `/` and any value pass. Every request needs
+//! `Authorization: Bearer <token>` when a token file is set; the file is
+//! read at each request, so a rotated Secret takes effect without a restart.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use axum::extract::{ConnectInfo, RawQuery, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::{json, Value};
+
+use super::Peer;
+use crate::config::watch::SharedConfig;
+use crate::rules::Rule;
+use crate::service::admin_leases::AdminLeases;
+use crate::service::rls::AdminError;
+use crate::service::RateLimiter;
+use crate::tls::ReloadingTls;
+use crate::{Error, Result};
+
+/// The admin listener's default address: this host only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:6071";
+
+/// Header a client may send to name who acts, for the audit log (the CLI
+/// sends `$USER`); the peer address is logged too.
+pub const ACTOR_HEADER: &str = "x-ratekeeper-actor";
+
+/// The admin listener and how it is guarded.
+#[derive(Debug)]
+pub struct AdminListener {
+    pub listener: tokio::net::TcpListener,
+    /// The bearer token's file.
+    pub token_file: Option<PathBuf>,
+    /// TLS (mutual when its files name a client CA).
+    pub tls: Option<ReloadingTls>,
+}
+
+/// What the admin routes share.
+#[derive(Clone)]
+struct Admin {
+    limiter: RateLimiter,
+    leases: AdminLeases,
+    config: SharedConfig,
+    /// Where the limits come from: the directory, or `xds`.
+    source: String,
+    token_file: Option<PathBuf>,
+}
+
+/// Refuses a non-loopback admin address guarded by neither a token nor
+/// mutual TLS: counters could be reset by anyone who reaches the port.
+pub fn check_guard(addr: SocketAddr, token_file: Option<&Path>, mutual_tls: bool) -> Result<()> {
+    if token_file.is_none() && !mutual_tls && !addr.ip().is_loopback() {
+        return Err(Error::Startup(format!(
+            "the admin API on {addr} (not loopback) needs --admin-token-file or mutual TLS (--admin-tls-client-ca)"
+        )));
+    }
+    Ok(())
+}
+
+/// The admin routes.
+pub fn router(
+    limiter: RateLimiter,
+    leases: AdminLeases,
+    config: SharedConfig,
+    source: String,
+    token_file: Option<PathBuf>,
+) -> Router {
+    let admin = Admin {
+        limiter,
+        leases,
+        config,
+        source,
+        token_file,
+    };
+    Router::new()
+        .route("/v1/descriptor", get(inspect).delete(reset))
+        .route("/v1/leases", get(list_leases).delete(revoke))
+        .route("/v1/config", get(loaded_config))
+        .layer(middleware::from_fn_with_state(admin.clone(), authorize))
+        .with_state(admin)
+}
+
+/// 401 unless the bearer token matches the token file's (trimmed) text.
+async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> Response {
+    let Some(file) = &admin.token_file else {
+        return next.run(request).await;
+    };
+    let expected = match tokio::fs::read_to_string(file).await {
+        Ok(text) => text.trim().to_owned(),
+        Err(error) => {
+            tracing::error!(file = %file.display(), %error, "cannot read the admin token");
+            return failure(StatusCode::SERVICE_UNAVAILABLE, "admin token unreadable");
+        }
+    };
+    let given = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if expected.is_empty() || !same(given.as_bytes(), expected.as_bytes()) {
+        metrics::counter!("ratekeeper_admin_unauthorized").increment(1);
+        return failure(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    next.run(request).await
+}
+
+/// Compares in time independent of where the bytes differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+async fn inspect(State(admin): State<Admin>, RawQuery(query): RawQuery) -> Response {
+    let (domain, entries) = match descriptor(query.as_deref()) {
+        Ok(d) => d,
+        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
+    };
+    match admin.limiter.inspect(&domain, &entries).await {
+        Ok(state) => {
+            let mut body = json!({ "domain": domain, "entries": entries_json(&entries) });
+            if let (Value::Object(body), Ok(Value::Object(state))) =
+                (&mut body, serde_json::to_value(state))
+            {
+                body.extend(state);
+            }
+            reply(StatusCode::OK, &body)
+        }
+        Err(error) => admin_failure(&error),
+    }
+}
+
+async fn reset(
+    State(admin): State<Admin>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let (domain, entries) = match descriptor(query.as_deref()) {
+        Ok(d) => d,
+        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
+    };
+    match admin.limiter.reset(&domain, &entries).await {
+        Ok((rule, keys)) => {
+            tracing::info!(
+                who = %actor(&headers), peer = %peer.0, %domain, entries = ?entries,
+                ?rule, keys = keys.len(), "admin: counters reset"
+            );
+            metrics::counter!("ratekeeper_admin_operations", "operation" => "reset").increment(1);
+            let body = json!({
+                "domain": domain,
+                "entries": entries_json(&entries),
+                "rule": rule,
+                "reset": keys,
+            });
+            reply(StatusCode::OK, &body)
+        }
+        Err(error) => admin_failure(&error),
+    }
+}
+
+async fn list_leases(State(admin): State<Admin>, RawQuery(query): RawQuery) -> Response {
+    let (domain, entries) = match descriptor(query.as_deref()) {
+        Ok(d) => d,
+        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
+    };
+    match admin.leases.list(&domain, &entries).await {
+        Ok(listed) => {
+            let body = json!({
+                "domain": domain,
+                "entries": entries_json(&entries),
+                "rule": listed.rule,
+                "max_connections": listed.max_connections,
+                "leases": listed.leases,
+            });
+            reply(StatusCode::OK, &body)
+        }
+        Err(error) => admin_failure(&error),
+    }
+}
+
+async fn revoke(
+    State(admin): State<Admin>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let (domain, entries) = match descriptor(query.as_deref()) {
+        Ok(d) => d,
+        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
+    };
+    let Some(lease) = param(query.as_deref(), "lease") else {
+        return failure(StatusCode::BAD_REQUEST, "missing lease=<id>");
+    };
+    match admin.leases.revoke(&domain, &entries, &lease).await {
+        Ok(found) => {
+            tracing::info!(
+                who = %actor(&headers), peer = %peer.0, %domain, entries = ?entries,
+                %lease, found, "admin: lease revoked"
+            );
+            metrics::counter!("ratekeeper_admin_operations", "operation" => "revoke").increment(1);
+            let body = json!({ "domain": domain, "lease": lease, "revoked": found });
+            reply(StatusCode::OK, &body)
+        }
+        Err(error) => admin_failure(&error),
+    }
+}
+
+/// The limits in force: per domain its rules (path, limits, flags).
+async fn loaded_config(State(admin): State<Admin>) -> Response {
+    let config = admin.config.current();
+    let domains: Vec<Value> = config
+        .domain_names()
+        .into_iter()
+        .filter_map(|name| config.domain(name))
+        .map(|domain| {
+            json!({
+                "domain": domain.name,
+                "source": config.source(&domain.name).map(|p| p.display().to_string()),
+                "rules": domain.rules.rules.iter().map(rule_json).collect::<Vec<_>>(),
+                "concurrency": domain.concurrency.rules.iter().map(|rule| json!({
+                    "path": rule.path,
+                    "max_connections": rule.max_connections,
+                    "lease_ttl_ms": rule.lease_ttl.as_millis() as u64,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let body = json!({
+        "source": admin.source,
+        "xds_version": config.version(),
+        "domains": domains,
+    });
+    reply(StatusCode::OK, &body)
+}
+
+/// One rule of `/v1/config`: its path, flags and limits.
+fn rule_json(rule: &Rule) -> Value {
+    let limits: Vec<Value> = rule
+        .rates
+        .iter()
+        .map(|rate| {
+            json!({
+                "algorithm": rate.algorithm.name(),
+                "unit": rate.unit.name(),
+                "requests_per_unit": rate.requests_per_unit,
+                "burst": rate.burst,
+                "name": rate.name,
+            })
+        })
+        .collect();
+    json!({
+        "path": rule.path,
+        "unlimited": rule.is_unlimited(),
+        "shadow_mode": rule.shadow_mode,
+        "replaces": rule.replaces,
+        "limits": limits,
+    })
+}
+
+/// The query's `domain` and its `entry=key=value` pairs, in order.
+fn descriptor(query: Option<&str>) -> std::result::Result<(String, Vec<(String, String)>), String> {
+    let mut domain = None;
+    let mut entries = Vec::new();
+    for (name, value) in pairs(query.unwrap_or("")) {
+        match name.as_str() {
+            "domain" => domain = Some(value),
+            "entry" => match value.split_once('=') {
+                Some((k, v)) if !k.is_empty() => entries.push((k.to_owned(), v.to_owned())),
+                _ => return Err(format!("entry {value:?} is not key=value")),
+            },
+            "lease" => {}
+            other => return Err(format!("unknown parameter {other:?}")),
+        }
+    }
+    let domain = domain
+        .filter(|d| !d.is_empty())
+        .ok_or("missing domain=<name>")?;
+    if entries.is_empty() {
+        return Err("missing entry=<key>=<value> (at least one)".into());
+    }
+    Ok((domain, entries))
+}
+
+/// One query parameter's value.
+fn param(query: Option<&str>, wanted: &str) -> Option<String> {
+    pairs(query.unwrap_or(""))
+        .into_iter()
+        .find(|(name, _)| name == wanted)
+        .map(|(_, value)| value)
+}
+
+/// The query's `name=value` pairs, percent- and `+`-decoded.
+fn pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (name, value) = p.split_once('=').unwrap_or((p, ""));
+            (decode(name), decode(value))
+        })
+        .collect()
+}
+
+/// Percent-decodes (`+` is a space); a malformed escape stays as it is.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn entries_json(entries: &[(String, String)]) -> Value {
+    entries
+        .iter()
+        .map(|(key, value)| json!({ "key": key, "value": value }))
+        .collect()
+}
+
+fn actor(headers: &HeaderMap) -> String {
+    headers
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown")
+        .chars()
+        .take(100)
+        .collect()
+}
+
+fn admin_failure(error: &AdminError) -> Response {
+    let code = match error {
+        AdminError::BadInput(_) => StatusCode::BAD_REQUEST,
+        AdminError::UnknownDomain(_) => StatusCode::NOT_FOUND,
+        AdminError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    failure(code, &error.to_string())
+}
+
+fn failure(code: StatusCode, reason: &str) -> Response {
+    reply(code, &json!({ "error": reason }))
+}
+
+fn reply(code: StatusCode, body: &Value) -> Response {
+    let text = format!("{body}\n");
+    (code, [(CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_keep_their_order_and_decode() {
+        let (domain, entries) = descriptor(Some(
+            "domain=a%2Fb&entry=user=al+ice&entry=path=%2Flogin%3Dx",
+        ))
+        .unwrap();
+        assert_eq!(domain, "a/b");
+        assert_eq!(
+            entries,
+            vec![
+                ("user".to_owned(), "al ice".to_owned()),
+                ("path".to_owned(), "/login=x".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_queries_say_why() {
+        assert!(descriptor(None).unwrap_err().contains("domain"));
+        assert!(descriptor(Some("domain=d")).unwrap_err().contains("entry"));
+        assert!(descriptor(Some("domain=d&entry=novalue"))
+            .unwrap_err()
+            .contains("key=value"));
+        assert!(descriptor(Some("domain=d&entry=a=b&x=1"))
+            .unwrap_err()
+            .contains("unknown parameter"));
+        assert_eq!(decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn a_public_address_needs_a_token() {
+        let public: SocketAddr = "0.0.0.0:6071".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:6071".parse().unwrap();
+        assert!(check_guard(public, None, false).is_err());
+        assert!(check_guard(public, Some(Path::new("t")), false).is_ok());
+        assert!(check_guard(public, None, true).is_ok());
+        assert!(check_guard(local, None, false).is_ok());
+    }
+}
