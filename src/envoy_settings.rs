@@ -3,7 +3,10 @@
 //! sets only those): where the limits come from (`CONFIG_TYPE`, the xDS
 //! client's `CONFIG_GRPC_XDS_*` / `XDS_CLIENT_*`), start-up without limits,
 //! and the gRPC server's TLS (`GRPC_SERVER_*`, `GRPC_CLIENT_*`, aliases of
-//! ratekeeper's own `GRPC_TLS_*`).
+//! ratekeeper's own `GRPC_TLS_*`), where gRPC listens (`GRPC_HOST`,
+//! `GRPC_PORT`), the limits directory's layout (`RUNTIME_*`), the backend
+//! (`BACKEND_TYPE`) and `REDIS_TIMEOUT`. What is done with each of their
+//! variables is listed in `settings_compat`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +14,9 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::ArgAction;
+use ratekeeper::config::runtime::Runtime;
 use ratekeeper::config::xds_client::{Backoff, ClientTls, XdsSettings};
+use ratekeeper::config::LimitsDir;
 use ratekeeper::tls::TlsFiles;
 use ratekeeper::{Error, Result};
 use rustls::pki_types::ServerName;
@@ -102,6 +107,39 @@ pub struct EnvoySettings {
     /// The client certificate must be valid for this DNS name or IP.
     #[arg(long, env = "GRPC_CLIENT_TLS_SAN")]
     grpc_client_tls_san: Option<String>,
+    /// gRPC listen host (with GRPC_PORT), when GRPC_ADDR is not given.
+    #[arg(long, env = "GRPC_HOST", default_value = "0.0.0.0")]
+    grpc_host: String,
+    /// gRPC listen port (with GRPC_HOST), when GRPC_ADDR is not given.
+    #[arg(long, env = "GRPC_PORT", default_value_t = 8081)]
+    grpc_port: u16,
+    /// The counters' store: `redis` (REDIS_URL; unset: in memory). The
+    /// memcache backend is not supported.
+    #[arg(long, env = "BACKEND_TYPE", default_value = "redis")]
+    backend_type: String,
+    /// Deadline of connecting to Redis and of each call (Go syntax, e.g.
+    /// `10s`), unless REDIS_CONNECT_TIMEOUT_MS / REDIS_TIMEOUT_MS are given.
+    #[arg(long, env = "REDIS_TIMEOUT", value_parser = super::duration)]
+    pub redis_timeout: Option<Duration>,
+    /// envoyproxy/ratelimit's runtime root. With any RUNTIME_* set (and no
+    /// CONFIG_DIR), the limits are every file under
+    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`.
+    #[arg(long, env = "RUNTIME_ROOT")]
+    runtime_root: Option<PathBuf>,
+    /// Subdirectory of the runtime root.
+    #[arg(long, env = "RUNTIME_SUBDIRECTORY")]
+    runtime_subdirectory: Option<String>,
+    /// The runtime's app directory (under the subdirectory).
+    #[arg(long, env = "RUNTIME_APPDIRECTORY")]
+    runtime_appdirectory: Option<String>,
+    /// Skip files and directories named `.*` under the app directory.
+    #[arg(long, env = "RUNTIME_IGNOREDOTFILES", value_parser = BoolishValueParser::new())]
+    runtime_ignoredotfiles: Option<bool>,
+    /// true: read the files of the subdirectory whose path starts with
+    /// `$RUNTIME_APPDIRECTORY.` (`/` read as `.`); false: every file under
+    /// the app directory.
+    #[arg(long, env = "RUNTIME_WATCH_ROOT", value_parser = BoolishValueParser::new())]
+    runtime_watch_root: Option<bool>,
 }
 
 /// The value of the first of `names` set (and not empty) in the
@@ -113,6 +151,65 @@ pub fn first_env(names: &[&str]) -> Option<String> {
 }
 
 impl EnvoySettings {
+    /// The limits' directory and layout: `given` (CONFIG_DIR) as a flat
+    /// directory; else envoyproxy/ratelimit's runtime layout when any
+    /// RUNTIME_* is set (their defaults for the others); else `config`.
+    pub fn limits_dir(&self, given: Option<PathBuf>) -> LimitsDir {
+        if let Some(dir) = given {
+            return LimitsDir::Flat(dir);
+        }
+        let runtime_set = self.runtime_root.is_some()
+            || self.runtime_subdirectory.is_some()
+            || self.runtime_appdirectory.is_some()
+            || self.runtime_ignoredotfiles.is_some()
+            || self.runtime_watch_root.is_some();
+        if !runtime_set {
+            return LimitsDir::Flat(PathBuf::from("config"));
+        }
+        let runtime = Runtime {
+            root: self
+                .runtime_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/srv/runtime_data/current")),
+            subdirectory: self.runtime_subdirectory.clone().unwrap_or_default(),
+            app_directory: self
+                .runtime_appdirectory
+                .clone()
+                .unwrap_or_else(|| "config".into()),
+            ignore_dotfiles: self.runtime_ignoredotfiles.unwrap_or(false),
+            watch_root: self.runtime_watch_root.unwrap_or(true),
+        };
+        if runtime.watch_root && runtime.subdirectory.is_empty() {
+            tracing::warn!("RUNTIME_SUBDIRECTORY is empty with RUNTIME_WATCH_ROOT=true: no limits files are read (as envoyproxy/ratelimit)");
+        }
+        LimitsDir::Runtime(runtime)
+    }
+
+    /// The gRPC listen address: `own` (GRPC_ADDR), else
+    /// `$GRPC_HOST:$GRPC_PORT`.
+    pub fn grpc_addr(&self, own: Option<std::net::SocketAddr>) -> String {
+        match own {
+            Some(addr) => addr.to_string(),
+            None if self.grpc_host.contains(':') => {
+                format!("[{}]:{}", self.grpc_host, self.grpc_port)
+            }
+            None => format!("{}:{}", self.grpc_host, self.grpc_port),
+        }
+    }
+
+    /// Refuses a backend other than Redis (or memory, without REDIS_URL).
+    pub fn check_backend(&self) -> Result<()> {
+        match self.backend_type.to_ascii_lowercase().as_str() {
+            "redis" | "" => Ok(()),
+            "memcache" => Err(startup(
+                "BACKEND_TYPE=memcache is not supported: ratekeeper keeps counters in Redis (REDIS_URL) or, without it, in memory",
+            )),
+            other => Err(startup(format!(
+                "BACKEND_TYPE {other:?} is not supported: redis (the default)"
+            ))),
+        }
+    }
+
     pub fn config_type(&self) -> Result<ConfigType> {
         match self.config_type.to_ascii_uppercase().as_str() {
             "FILE" => Ok(ConfigType::File),

@@ -3,7 +3,6 @@
 //! health probe, with graceful shutdown.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -41,7 +40,7 @@ pub struct Server {
     /// Where gRPC is served (already bound, so port 0 works).
     pub grpc: TcpListener,
     /// The limits directory, watched for changes when set.
-    pub config_dir: Option<PathBuf>,
+    pub config_dir: Option<crate::config::LimitsDir>,
     /// The config to start with.
     pub config: SharedConfig,
     /// Health is NOT_SERVING while the config in force has no domain

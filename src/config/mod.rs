@@ -9,6 +9,7 @@
 pub mod compile;
 pub mod description;
 pub mod file;
+pub mod runtime;
 pub mod watch;
 pub mod xds;
 pub mod xds_client;
@@ -43,6 +44,35 @@ pub struct DomainConfig {
     pub options: DomainOptions,
 }
 
+/// Where the limits files are, and which files of it are limits files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitsDir {
+    /// `*.yaml` / `*.yml` directly in the directory, hidden entries
+    /// skipped: ratekeeper's `--config-dir`.
+    Flat(PathBuf),
+    /// envoyproxy/ratelimit's runtime layout (`RUNTIME_*`).
+    Runtime(runtime::Runtime),
+}
+
+impl LimitsDir {
+    /// The limits files, sorted by path.
+    pub fn files(&self) -> Result<Vec<PathBuf>, ConfigError> {
+        match self {
+            LimitsDir::Flat(dir) => limits_files(dir),
+            LimitsDir::Runtime(runtime) => runtime.files(),
+        }
+    }
+}
+
+impl std::fmt::Display for LimitsDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitsDir::Flat(dir) => dir.display().fmt(f),
+            LimitsDir::Runtime(runtime) => runtime.base().display().fmt(f),
+        }
+    }
+}
+
 /// Every domain of one successfully loaded limits directory.
 #[derive(Debug, Default)]
 pub struct Config {
@@ -53,14 +83,24 @@ impl Config {
     /// Loads every `*.yaml` / `*.yml` file directly in `dir` (following
     /// symlinks, skipping hidden entries such as a ConfigMap's `..data`).
     pub fn load_dir(dir: &Path) -> Result<Config, ConfigError> {
-        Config::check_dir(dir).map_err(|errors| first(errors, dir))
+        Config::load(&LimitsDir::Flat(dir.to_owned()))
+    }
+
+    /// Loads every limits file of `dir`.
+    pub fn load(dir: &LimitsDir) -> Result<Config, ConfigError> {
+        Config::check(dir).map_err(|errors| first(errors, Path::new(&dir.to_string())))
     }
 
     /// Loads as [`Config::load_dir`] does, but reads on past a bad file:
     /// every file's (first) error and every duplicate domain, in file order.
     /// What `ratekeeper validate` reports.
     pub fn check_dir(dir: &Path) -> Result<Config, Vec<ConfigError>> {
-        let files = limits_files(dir).map_err(|error| vec![error])?;
+        Config::check(&LimitsDir::Flat(dir.to_owned()))
+    }
+
+    /// As [`Config::check_dir`], for either layout.
+    pub fn check(dir: &LimitsDir) -> Result<Config, Vec<ConfigError>> {
+        let files = dir.files().map_err(|error| vec![error])?;
         Config::collect(files.into_iter().map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, format!("cannot read: {e}")))?;

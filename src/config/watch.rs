@@ -7,11 +7,11 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{limits_files, Config};
+use super::{Config, LimitsDir};
 use crate::error::ConfigError;
 
 /// The config in force; cheap to clone and to read.
@@ -42,8 +42,8 @@ impl SharedConfig {
 }
 
 /// A fingerprint of the directory's limits files: names and contents.
-pub fn fingerprint(dir: &Path) -> Option<u64> {
-    let files = limits_files(dir).ok()?;
+pub fn fingerprint(dir: &LimitsDir) -> Option<u64> {
+    let files = dir.files().ok()?;
     let mut hasher = DefaultHasher::new();
     for path in files {
         path.hash(&mut hasher);
@@ -55,7 +55,7 @@ pub fn fingerprint(dir: &Path) -> Option<u64> {
 /// Reloads `shared` from `dir` whenever its fingerprint changes, until the
 /// task is dropped. A config that fails to load is logged and counted, and
 /// the running one stays.
-pub async fn watch(dir: PathBuf, shared: SharedConfig, interval: Duration) {
+pub async fn watch(dir: LimitsDir, shared: SharedConfig, interval: Duration) {
     let mut last = fingerprint(&dir);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -66,9 +66,9 @@ pub async fn watch(dir: PathBuf, shared: SharedConfig, interval: Duration) {
             continue;
         }
         last = now;
-        match Config::load_dir(&dir) {
+        match Config::load(&dir) {
             Ok(config) => {
-                tracing::info!(dir = %dir.display(), domains = ?config.domain_names(), "limits reloaded");
+                tracing::info!(%dir, domains = ?config.domain_names(), "limits reloaded");
                 shared.replace(config);
                 record_load(Ok(()));
             }

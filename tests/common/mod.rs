@@ -297,7 +297,7 @@ impl TestServer {
         let (tx, rx) = oneshot::channel();
         let server = Server {
             grpc,
-            config_dir,
+            config_dir: config_dir.map(ratekeeper::config::LimitsDir::Flat),
             config: config.clone(),
             health_needs_domains: false,
             store,

@@ -1,0 +1,178 @@
+//! envoyproxy/ratelimit's environment read by the `ratekeeper` binary as
+//! theirs reads it: Go durations, the runtime directory layout, the backend
+//! choice, log settings, `GRPC_HOST`, and the one warning naming the
+//! variables that have no effect here.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::{descriptor, free_port, request, Ratekeeper};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const LIMITS: &str =
+    "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// The binary run to completion (it is expected to refuse to start): its
+/// stderr.
+fn refused(env: &[(&str, &str)]) -> String {
+    let output: Output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .args(["--http-addr", "off", "--debug-addr", "off"])
+        .env_remove("REDIS_URL")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Whether the second request for one user is refused (the limit is 1 an
+/// hour): the limits file was loaded.
+async fn limited(server: &Ratekeeper) -> bool {
+    let mut client = server.client().await;
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    client.should_rate_limit(ask()).await.unwrap();
+    let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    answer.overall_code == Code::OverLimit as i32
+}
+
+#[tokio::test]
+async fn go_durations_and_logrus_log_settings_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1.5s"),
+            ("REDIS_TIMEOUT", "250ms"),
+            ("LOG_LEVEL", "WARNING"),
+            ("LOG_FORMAT", "JSON"),
+        ],
+    );
+    assert!(limited(&server).await);
+    drop(server);
+    let stderr = refused(&[("GRPC_MAX_CONNECTION_AGE", "90x")]);
+    assert!(stderr.contains("bad duration \"90x\""), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_runtime_layout_loads_every_file_under_the_app_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("srv/rl/config");
+    // Any name, any depth; a file beside the app directory is not read.
+    write(&config.join("nested/deeper/web.conf"), LIMITS);
+    write(
+        &root.path().join("srv/rl/other.yaml"),
+        "not: [a limits file",
+    );
+    let root_env = root.path().join("srv").display().to_string();
+    for watch_root in ["true", "false"] {
+        let env = [
+            ("RUNTIME_ROOT", root_env.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("RUNTIME_WATCH_ROOT", watch_root),
+        ];
+        let server = Ratekeeper::spawn_in(root.path(), &[], &env);
+        assert!(limited(&server).await, "RUNTIME_WATCH_ROOT={watch_root}");
+    }
+
+    // Dot files are read unless RUNTIME_IGNOREDOTFILES (a broken one here).
+    write(&config.join(".hidden/broken"), "domain: [");
+    let env = [
+        ("RUNTIME_ROOT", root_env.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+    ];
+    let stderr = refused(&env);
+    assert!(stderr.contains(".hidden/broken"), "{stderr}");
+    let mut with_ignore = env.to_vec();
+    with_ignore.push(("RUNTIME_IGNOREDOTFILES", "true"));
+    let server = Ratekeeper::spawn_in(root.path(), &[], &with_ignore);
+    assert!(limited(&server).await);
+
+    // RUNTIME_APPDIRECTORY names the directory.
+    std::fs::rename(&config, root.path().join("srv/rl/limits")).unwrap();
+    with_ignore.push(("RUNTIME_APPDIRECTORY", "limits"));
+    let server = Ratekeeper::spawn_in(root.path(), &[], &with_ignore);
+    assert!(limited(&server).await);
+}
+
+#[test]
+fn memcache_is_refused_at_start() {
+    let stderr = refused(&[("BACKEND_TYPE", "memcache")]);
+    assert!(
+        stderr.contains("BACKEND_TYPE=memcache is not supported"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn their_settings_without_effect_are_named_in_one_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("REDIS_PIPELINE_WINDOW", "1ms"),
+            ("DISABLE_STATS", "true"),
+            ("MEMCACHE_SRV", "_memcache._tcp"),
+            ("BACKEND_TYPE", "redis"),
+        ],
+    );
+    assert!(limited(&server).await);
+    let logs = server.logs();
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("envoyproxy/ratelimit settings set but ignored"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    for name in [
+        "REDIS_PIPELINE_WINDOW (",
+        "DISABLE_STATS (use `METRICS_ADDR=off`)",
+        "MEMCACHE_SRV (",
+    ] {
+        assert!(warnings[0].contains(name), "{name}: {logs}");
+    }
+    assert!(!warnings[0].contains("BACKEND_TYPE ("), "{logs}");
+}
+
+#[test]
+fn grpc_host_and_port_name_the_grpc_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("l.yaml"), LIMITS);
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["--config-dir", &dir.path().display().to_string()])
+        .args([
+            "--metrics-addr",
+            "off",
+            "--http-addr",
+            "off",
+            "--debug-addr",
+            "off",
+        ])
+        .env_remove("GRPC_ADDR")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains(&format!("grpc=127.0.0.1:{port} ")), "{line}");
+}
