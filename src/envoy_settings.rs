@@ -18,6 +18,7 @@ use ratekeeper::config::runtime::Runtime;
 use ratekeeper::config::xds_client::{Backoff, ClientTls, XdsSettings};
 use ratekeeper::config::LimitsDir;
 use ratekeeper::tls::TlsFiles;
+use ratekeeper::vocab::Topology;
 use ratekeeper::{Error, Result};
 use rustls::pki_types::ServerName;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
@@ -121,6 +122,19 @@ pub struct EnvoySettings {
     /// `10s`), unless REDIS_CONNECT_TIMEOUT_MS / REDIS_TIMEOUT_MS are given.
     #[arg(long, env = "REDIS_TIMEOUT", value_parser = super::duration)]
     pub redis_timeout: Option<Duration>,
+    /// `tcp` or `unix`: with `unix` (a single Redis), REDIS_URL is the path
+    /// of Redis's Unix socket. Unset: a REDIS_URL starting with `/` is one.
+    #[arg(long, env = "REDIS_SOCKET_TYPE")]
+    redis_socket_type: Option<String>,
+    /// Password of the sentinels (REDIS_TYPE=sentinel); REDIS_AUTH is the
+    /// master's. Never logged.
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
+    redis_sentinel_auth: Option<String>,
+    /// Size of the over-limit cache (keys known to be full until their
+    /// window ends, answered without Redis), in bytes; 0 turns it off.
+    /// Unset: 100000 keys.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES")]
+    local_cache_size_in_bytes: Option<usize>,
     /// envoyproxy/ratelimit's runtime root. With any RUNTIME_* set (and no
     /// CONFIG_DIR), the limits are every file under
     /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`.
@@ -195,6 +209,45 @@ impl EnvoySettings {
             }
             None => format!("{}:{}", self.grpc_host, self.grpc_port),
         }
+    }
+
+    /// REDIS_URL with envoyproxy/ratelimit's REDIS_SOCKET_TYPE and
+    /// REDIS_SENTINEL_AUTH applied: a socket path as a `unix://` URL, the
+    /// sentinels' password in each sentinel's address.
+    pub fn redis_url(&self, url: &str, topology: Topology) -> Result<String> {
+        let unix = match self
+            .redis_socket_type
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+        {
+            None => url.starts_with('/'),
+            Some(kind) if kind == "unix" => true,
+            Some(kind) if kind == "tcp" || kind.is_empty() => false,
+            Some(other) => {
+                return Err(startup(format!(
+                    "REDIS_SOCKET_TYPE {other:?} is not supported: tcp or unix"
+                )))
+            }
+        };
+        match topology {
+            Topology::Single if unix && !url.contains("://") => {
+                let path = std::path::absolute(url)
+                    .map_err(|e| startup(format!("REDIS_URL: the socket path: {e}")))?;
+                Ok(format!("unix://{}", path.display()))
+            }
+            Topology::Sentinel => Ok(match &self.redis_sentinel_auth {
+                Some(auth) if !auth.is_empty() => with_sentinel_password(url, auth),
+                _ => url.to_owned(),
+            }),
+            _ => Ok(url.to_owned()),
+        }
+    }
+
+    /// The over-limit cache's capacity in keys, from
+    /// LOCAL_CACHE_SIZE_IN_BYTES (`None`: the default).
+    pub fn over_cache_keys(&self) -> Option<usize> {
+        self.local_cache_size_in_bytes
+            .map(|bytes| bytes.div_ceil(ratekeeper::service::over_cache::BYTES_PER_KEY))
     }
 
     /// Refuses a backend other than Redis (or memory, without REDIS_URL).
@@ -324,6 +377,32 @@ fn startup(message: impl Into<String>) -> Error {
     Error::Startup(message.into())
 }
 
+/// `mastername,host:port,...` with `password` in each sentinel's address
+/// (`redis://:password@host:port`); an address given as a URL is kept.
+fn with_sentinel_password(url: &str, password: &str) -> String {
+    let encoded: String = password
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    url.split(',')
+        .enumerate()
+        .map(|(i, part)| {
+            let part = part.trim();
+            if i == 0 || part.is_empty() || part.contains("://") {
+                part.to_owned()
+            } else {
+                format!("redis://:{encoded}@{part}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The host of `host:port` (`[v6]:port` too).
 fn host(address: &str) -> &str {
     let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
@@ -359,7 +438,7 @@ fn headers(text: &str) -> Result<MetadataMap> {
 
 #[cfg(test)]
 mod tests {
-    use super::{headers, host, node_metadata};
+    use super::{headers, host, node_metadata, with_sentinel_password};
 
     #[test]
     fn their_list_formats_are_read_as_theirs() {
@@ -380,5 +459,9 @@ mod tests {
         );
         assert_eq!(host("envoy-gateway:18001"), "envoy-gateway");
         assert_eq!(host("[::1]:18001"), "::1");
+        assert_eq!(
+            with_sentinel_password("mymaster, s1:26379,redis://s2:26379", "p@ss:w"),
+            "mymaster,redis://:p%40ss%3Aw@s1:26379,redis://s2:26379"
+        );
     }
 }

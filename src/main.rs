@@ -383,7 +383,7 @@ async fn run(cli: Cli) -> Result<()> {
             let settings = RedisSettings {
                 tls,
                 topology: cli.redis_type.into(),
-                url: url.clone(),
+                url: cli.envoy.redis_url(url, cli.redis_type.into())?,
                 auth,
                 connections: cli.redis_pool_size,
                 lanes,
@@ -452,6 +452,7 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 Values::Raw
             },
+            over_cache_keys: cli.envoy.over_cache_keys(),
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

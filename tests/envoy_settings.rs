@@ -9,7 +9,7 @@ use std::io::BufRead;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{descriptor, free_port, request, Ratekeeper};
+use common::{descriptor, free_port, request, Ratekeeper, RedisServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMITS: &str =
@@ -175,4 +175,57 @@ fn grpc_host_and_port_name_the_grpc_listener() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(line.contains(&format!("grpc=127.0.0.1:{port} ")), "{line}");
+}
+
+#[tokio::test]
+async fn redis_socket_type_unix_counts_in_redis_through_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock").display().to_string();
+    let redis = RedisServer::spawn(free_port(), &["--unixsocket", &socket]);
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[("REDIS_URL", &socket), ("REDIS_SOCKET_TYPE", "unix")],
+    );
+    assert!(limited(&server).await);
+    let mut redis_conn = redis.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("rk:*")
+        .query(&mut redis_conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "the counter is in that Redis: {keys:?}");
+    assert!(
+        server.logs().contains("store=\"redis\""),
+        "{}",
+        server.logs()
+    );
+}
+
+/// Limiter calls Redis sees for 5 requests of one user over a limit of 1,
+/// with `env` set.
+async fn redis_calls_for_five_requests(env: &[(&str, &str)]) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = redis.url();
+    let mut env = env.to_vec();
+    env.push(("REDIS_URL", &url));
+    let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    let mut client = server.client().await;
+    for _ in 0..5 {
+        let ask = request("web", vec![descriptor(&[("user", "a")])]);
+        client.should_rate_limit(ask).await.unwrap();
+    }
+    common::limiter_calls(&mut redis.client().get_connection().unwrap())
+}
+
+#[tokio::test]
+async fn local_cache_size_zero_turns_the_over_limit_cache_off() {
+    // Requests 3 to 5 are refused: from the cache when it is on, 3 calls
+    // fewer. The counts also hold the lanes' start-up and the store probe's
+    // calls (one more probe in a slow run: hence 2, not 3).
+    let off = redis_calls_for_five_requests(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]).await;
+    let on = redis_calls_for_five_requests(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1000000")]).await;
+    assert!(off >= on + 2, "off {off}, on {on}");
 }

@@ -57,6 +57,9 @@ pub struct LimiterSettings {
     pub max_detailed_series: usize,
     /// Raw or hashed descriptor values in keys and labels.
     pub values: Values,
+    /// Most keys the over-limit cache remembers (0: off); `None`:
+    /// [`super::over_cache::DEFAULT_CAPACITY`].
+    pub over_cache_keys: Option<usize>,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -80,7 +83,10 @@ impl RateLimiter {
         RateLimiter {
             config,
             local: Arc::new(LocalFallback::new(&store, settings.expected_replicas)),
-            over: Arc::new(OverCache::new(store.generation())),
+            over: Arc::new(match settings.over_cache_keys {
+                Some(keys) => OverCache::with_capacity(store.generation(), keys),
+                None => OverCache::new(store.generation()),
+            }),
             store,
             counters: Arc::new(RuleCounters::new(
                 settings.max_detailed_series,
