@@ -114,6 +114,11 @@ pub struct EnvoySettings {
     /// gRPC listen port (with GRPC_HOST), when GRPC_ADDR is not given.
     #[arg(long, env = "GRPC_PORT", default_value_t = 8081)]
     grpc_port: u16,
+    /// Serve gRPC on this Unix socket instead of TCP (GRPC_ADDR, GRPC_HOST
+    /// and GRPC_PORT then unused). A socket file left by an earlier run is
+    /// replaced.
+    #[arg(long, env = "GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
     /// The counters' store: `redis` (REDIS_URL; unset: in memory). The
     /// memcache backend is not supported.
     #[arg(long, env = "BACKEND_TYPE", default_value = "redis")]

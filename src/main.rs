@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::{Config, LimitsDir};
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::http;
+use ratekeeper::incoming::Listener;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
@@ -407,8 +408,14 @@ async fn run(cli: Cli) -> Result<()> {
         )?),
         None => None,
     };
-    let grpc = bind(&grpc_addr, "gRPC").await?;
-    let grpc_addr = local_addr(&grpc)?;
+    let grpc = match &cli.envoy.grpc_uds {
+        Some(path) => Listener::Unix(bind_unix(path)?),
+        None => bind(&grpc_addr, "gRPC").await?.into(),
+    };
+    let grpc_addr = grpc.describe().map_err(|source| Error::Io {
+        context: "gRPC listener address".into(),
+        source,
+    })?;
     let metrics_addr = match metrics {
         Some((listener, handle)) => {
             let addr = local_addr(&listener)?;
@@ -647,6 +654,28 @@ fn write_limiter(cli: &Cli) -> Result<()> {
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|source| Error::Io {
         context: format!("cannot listen for {what} on {addr}"),
+        source,
+    })
+}
+
+/// Listens on the Unix socket `path`, replacing a socket file an earlier
+/// run left (any other file there is an error).
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    let context = || {
+        format!(
+            "cannot listen for gRPC on the Unix socket {}",
+            path.display()
+        )
+    };
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        std::fs::remove_file(path).map_err(|source| Error::Io {
+            context: context(),
+            source,
+        })?;
+    }
+    tokio::net::UnixListener::bind(path).map_err(|source| Error::Io {
+        context: context(),
         source,
     })
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use futures_util::future::join_all;
-use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -16,7 +15,7 @@ use tonic_health::ServingStatus;
 use crate::config::watch::{self, SharedConfig};
 use crate::health::Readiness;
 use crate::http;
-use crate::incoming::{deal, incoming};
+use crate::incoming::{deal, incoming, Listener};
 use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::holds::Holds;
@@ -38,7 +37,7 @@ pub const LIVENESS_SERVICE: &str = "liveness";
 #[derive(Debug)]
 pub struct Server {
     /// Where gRPC is served (already bound, so port 0 works).
-    pub grpc: TcpListener,
+    pub grpc: Listener,
     /// The limits directory, watched for changes when set.
     pub config_dir: Option<crate::config::LimitsDir>,
     /// The config to start with.
@@ -103,7 +102,7 @@ impl Default for ConnectionLimits {
 impl Server {
     /// Serves until `shutdown` resolves, then drains in-flight calls.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-        let addr = self.grpc.local_addr().map_err(|source| Error::Io {
+        let addr = self.grpc.describe().map_err(|source| Error::Io {
             context: "gRPC listener".into(),
             source,
         })?;

@@ -35,7 +35,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("PORT", Same("")),
     ("DEBUG_HOST", Same("the debug listener serves `/rlconfig` only")),
     ("DEBUG_PORT", Same("")),
-    ("GRPC_UDS", NotYet("not yet: gRPC is served on TCP only")),
+    ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP")),
     ("GRPC_HOST", Same("with `GRPC_PORT`; `GRPC_ADDR` (own) wins")),
     ("GRPC_PORT", Same("with `GRPC_HOST`; `GRPC_ADDR` (own) wins")),
     ("GRPC_MAX_CONNECTION_AGE", Same("Go duration syntax, default `24h`")),

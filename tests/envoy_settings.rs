@@ -229,3 +229,36 @@ async fn local_cache_size_zero_turns_the_over_limit_cache_off() {
     let on = redis_calls_for_five_requests(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1000000")]).await;
     assert!(off >= on + 2, "off {off}, on {on}");
 }
+
+/// A TCP port relaying each connection to the Unix socket at `path` (so
+/// the usual gRPC client can reach a server listening only there).
+async fn relay_to(path: std::path::PathBuf) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let mut unix = tokio::net::UnixStream::connect(&path).await.unwrap();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn grpc_uds_serves_should_rate_limit_on_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let socket = dir.path().join("grpc.sock");
+    // A stale socket file of an earlier run is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let mut server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[("GRPC_UDS", &socket.display().to_string())],
+    );
+    assert_eq!(server.grpc, format!("unix:{}", socket.display()));
+    server.grpc = relay_to(socket).await;
+    assert!(limited(&server).await);
+}

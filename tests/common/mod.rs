@@ -296,7 +296,7 @@ impl TestServer {
         let config = SharedConfig::new(config);
         let (tx, rx) = oneshot::channel();
         let server = Server {
-            grpc,
+            grpc: grpc.into(),
             config_dir: config_dir.map(ratekeeper::config::LimitsDir::Flat),
             config: config.clone(),
             health_needs_domains: false,
