@@ -241,7 +241,7 @@ fn readme_table() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{ignored, readme_table, SETTINGS};
+    use super::{ignored, readme_table, Same, SETTINGS};
 
     const BEGIN: &str = "<!-- settings table: from src/settings_compat.rs -->\n";
     const END: &str = "<!-- end of settings table -->";
@@ -270,6 +270,39 @@ mod tests {
             table,
             "README's settings table is out of date: UPDATE_README=1 cargo test --bin ratekeeper readme_table"
         );
+    }
+
+    /// Their names read with `std::env` (main.rs, envoy_settings.rs) rather
+    /// than as a flag's `env`.
+    const READ_DIRECTLY: &[&str] = &[
+        "HOST",
+        "PORT",
+        "DEBUG_HOST",
+        "DEBUG_PORT",
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+    ];
+
+    /// A "same" row is read, and a variable read is a "same" row: the
+    /// table cannot claim what the flags do not do (nor miss what they do).
+    #[test]
+    fn same_means_read() {
+        use clap::CommandFactory;
+        let mut read: Vec<String> = crate::Cli::command()
+            .get_arguments()
+            .filter_map(|arg| arg.get_env())
+            .map(|env| env.to_string_lossy().into_owned())
+            .collect();
+        read.extend(READ_DIRECTLY.iter().map(|name| (*name).to_owned()));
+        for (name, status) in SETTINGS {
+            let is_read = read.iter().any(|r| r == name);
+            assert_eq!(
+                is_read,
+                matches!(status, Same(_)),
+                "{name}: read {is_read}, but the table says {status:?}"
+            );
+        }
     }
 
     #[test]
