@@ -9,7 +9,7 @@ use std::io::BufRead;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{descriptor, free_port, request, Ratekeeper, RedisServer};
+use common::{descriptor, free_port, request, Ratekeeper, RedisServer, Sentinel};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMITS: &str =
@@ -261,4 +261,34 @@ async fn grpc_uds_serves_should_rate_limit_on_a_unix_socket() {
     assert_eq!(server.grpc, format!("unix:{}", socket.display()));
     server.grpc = relay_to(socket).await;
     assert!(limited(&server).await);
+}
+
+#[tokio::test]
+async fn redis_sentinel_auth_is_the_sentinels_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = RedisServer::start();
+    let sentinel = Sentinel::start_with(master.port, dir.path(), "requirepass s3cret:x\n");
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_SENTINEL_AUTH", "s3cret:x"),
+        ("FAILURE_MODE", "unavailable"),
+    ];
+    let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    // Through the sentinels to the master: the counter is there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut client = server.client().await;
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    while client.should_rate_limit(ask()).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{}", server.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut redis_conn = master.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("rk:*")
+        .query(&mut redis_conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
 }

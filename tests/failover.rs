@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, TestServer};
+use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, Sentinel, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
@@ -1128,51 +1128,6 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     // leaves two masters, and what A admitted then is lost with A's data.
     assert_recovered("sentinel", &answers, moved, FAILOVER_DEADLINE);
     server.stop().await;
-}
-
-/// A `redis-server --sentinel` watching the master at `master_port` (named
-/// `mymaster`, quorum 1, down after 500 ms), stopped by PID when dropped.
-struct Sentinel {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Sentinel {
-    fn start(master_port: u16, dir: &std::path::Path) -> Sentinel {
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "sentinel monitor mymaster 127.0.0.1 {master_port} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n"
-            ),
-        )
-        .unwrap();
-        let port = common::free_port();
-        let child = std::process::Command::new("redis-server")
-            .arg(&conf)
-            .args([
-                "--sentinel",
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server --sentinel");
-        let sentinel = Sentinel { child, port };
-        // Let the sentinel find the master and its replica.
-        std::thread::sleep(Duration::from_millis(1_500));
-        sentinel
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The over-limit cache answers a full counter without asking Redis. When

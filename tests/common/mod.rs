@@ -738,3 +738,54 @@ pub fn http_call(addr: &str, method: &str, path: &str, body: &str) -> HttpAnswer
         .unwrap_or_default();
     HttpAnswer { status, body }
 }
+
+/// A `redis-server --sentinel` watching the master at `master_port` (named
+/// `mymaster`, quorum 1, down after 500 ms), stopped by PID when dropped.
+pub struct Sentinel {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Sentinel {
+    pub fn start(master_port: u16, dir: &std::path::Path) -> Sentinel {
+        Sentinel::start_with(master_port, dir, "")
+    }
+
+    /// As [`Sentinel::start`], with `extra` lines in its configuration
+    /// (e.g. `requirepass`).
+    pub fn start_with(master_port: u16, dir: &std::path::Path, extra: &str) -> Sentinel {
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor mymaster 127.0.0.1 {master_port} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n{extra}"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = std::process::Command::new("redis-server")
+            .arg(&conf)
+            .args([
+                "--sentinel",
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let sentinel = Sentinel { child, port };
+        // Let the sentinel find the master and its replica.
+        std::thread::sleep(Duration::from_millis(1_500));
+        sentinel
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
