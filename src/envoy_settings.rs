@@ -135,6 +135,10 @@ pub struct EnvoySettings {
     /// master's. Never logged.
     #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
     redis_sentinel_auth: Option<String>,
+    /// Redis TLS: check the certificate chain but not that it names the
+    /// host (single Redis and cluster).
+    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_parser = BoolishValueParser::new())]
+    pub redis_tls_skip_hostname_verification: bool,
     /// Size of the over-limit cache (keys known to be full until their
     /// window ends, answered without Redis), in bytes; 0 turns it off.
     /// Unset: 100000 keys.

@@ -377,7 +377,11 @@ async fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 };
                 let ca = cli.redis_tls_ca.as_deref().map(read_file).transpose()?;
-                Some(RedisTls { ca, client })
+                Some(RedisTls {
+                    ca,
+                    client,
+                    skip_hostname_verification: cli.envoy.redis_tls_skip_hostname_verification,
+                })
             } else {
                 None
             };

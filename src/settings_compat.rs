@@ -111,7 +111,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("REDIS_TLS_CLIENT_CERT", Same("")),
     ("REDIS_TLS_CLIENT_KEY", Same("")),
     ("REDIS_TLS_CACERT", Same("")),
-    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", NotYet("not yet: the host name is always verified")),
+    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Same("single Redis and cluster; with sentinel, a start-up error")),
     ("REDIS_PIPELINE_WINDOW", NotApplicable(PIPELINING)),
     ("REDIS_PIPELINE_LIMIT", NotApplicable(PIPELINING)),
     ("REDIS_CLUSTER_PIPELINE_PARALLELISM", NotApplicable(PIPELINING)),

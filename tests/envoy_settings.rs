@@ -292,3 +292,92 @@ async fn redis_sentinel_auth_is_the_sentinels_password() {
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
 }
+
+/// A TLS-only `redis-server` whose certificate names `redis.example` (not
+/// 127.0.0.1), signed by `dir/ca.crt`; killed when dropped.
+struct MisnamedTlsRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl MisnamedTlsRedis {
+    fn start(dir: &Path) -> MisnamedTlsRedis {
+        common::make_certs(dir, "DNS:redis.example");
+        let file = |name: &str| dir.join(name).display().to_string();
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--tls-auth-clients",
+                "no",
+            ])
+            .args(["--tls-cert-file", &file("server.crt")])
+            .args(["--tls-key-file", &file("server.key")])
+            .args(["--tls-ca-cert-file", &file("ca.crt")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "TLS redis-server did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        MisnamedTlsRedis { child, port }
+    }
+}
+
+impl Drop for MisnamedTlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn redis_tls_skip_hostname_verification_checks_the_chain_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = MisnamedTlsRedis::start(dir.path());
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let ca = dir.path().join("ca.crt").display().to_string();
+    let with = |skip: &'static str| {
+        [
+            ("REDIS_URL", url.clone()),
+            ("REDIS_TLS_CACERT", ca.clone()),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", skip.to_owned()),
+            ("FAILURE_MODE", "unavailable".to_owned()),
+        ]
+    };
+    let answers = |skip: &'static str| {
+        let env = with(skip);
+        let dir = dir.path().join("limits");
+        async move {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let server = Ratekeeper::spawn_with_env(&dir, &[], &env);
+            let mut client = server.client().await;
+            // Redis is connected in the background: allow it 3 s.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            loop {
+                let ask = request("web", vec![descriptor(&[("user", "a")])]);
+                if client.should_rate_limit(ask).await.is_ok() {
+                    return true;
+                }
+                if std::time::Instant::now() > deadline {
+                    eprintln!("{}", server.logs());
+                    return false;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(!answers("false").await, "the name is checked by default");
+    assert!(answers("true").await, "only the chain is checked");
+}

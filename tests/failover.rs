@@ -467,76 +467,11 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
     assert!(!e.message().contains(SECRET), "{e:?}");
 }
 
-/// Throwaway CA, server and client certificates made with the openssl CLI.
-fn make_certs(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let status = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl must be installed");
-        assert!(status.success(), "openssl {args:?}");
-    };
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=rk-test-ca",
-    ]);
-    for name in ["server", "client"] {
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "1",
-            "-extfile",
-            "ext.cnf",
-        ]);
-    }
-}
-
 #[tokio::test]
 async fn tls_with_client_certificates_and_auth() {
     const SECRET: &str = "tls-pa55";
     let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
+    common::make_certs(dir.path(), "IP:127.0.0.1,DNS:localhost");
     let file = |name: &str| dir.path().join(name).display().to_string();
     let port = common::free_port();
     let redis = std::process::Command::new("redis-server")

@@ -789,3 +789,66 @@ impl Drop for Sentinel {
         let _ = self.child.wait();
     }
 }
+
+/// Throwaway CA, server and client certificates made with the openssl CLI,
+/// in `dir`: `ca.crt`, `server.crt`/`.key`, `client.crt`/`.key`, each valid
+/// for `san` (`subjectAltName` syntax, e.g. `IP:127.0.0.1,DNS:localhost`).
+pub fn make_certs(dir: &std::path::Path, san: &str) {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl must be installed");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName={san}\n")).unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=rk-test-ca",
+    ]);
+    for name in ["server", "client"] {
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ]);
+    }
+}
