@@ -208,7 +208,8 @@ struct Cli {
     /// Log format: `json` (any case), else text.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
-    /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names.
+    /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names,
+    /// GRPC_HOST/PORT/UDS, RUNTIME_*, BACKEND_TYPE, Redis extras.
     #[command(flatten)]
     envoy: EnvoySettings,
     // Hidden, not settings of the server: the bench/ scripts that time or
