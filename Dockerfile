@@ -12,7 +12,7 @@
 #
 # With no setting at all it serves the example limits in examples/config/,
 # from ./config under the working directory /etc/ratekeeper (the default
-# limits directory when RUNTIME_ROOT and CONFIG_DIR are unset). Mount your
+# limits directory when CONFIG_DIR and every RUNTIME_* are unset). Mount your
 # own directory there, or point CONFIG_DIR or RUNTIME_ROOT elsewhere.
 #
 # It runs as uid/gid 65534 (nobody, as Envoy Gateway's Deployment asks) and

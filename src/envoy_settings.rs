@@ -3,7 +3,10 @@
 //! sets only those): where the limits come from (`CONFIG_TYPE`, the xDS
 //! client's `CONFIG_GRPC_XDS_*` / `XDS_CLIENT_*`), start-up without limits,
 //! and the gRPC server's TLS (`GRPC_SERVER_*`, `GRPC_CLIENT_*`, aliases of
-//! ratekeeper's own `GRPC_TLS_*`).
+//! ratekeeper's own `GRPC_TLS_*`), where gRPC listens (`GRPC_HOST`,
+//! `GRPC_PORT`), the limits directory's layout (`RUNTIME_*`), the backend
+//! (`BACKEND_TYPE`) and `REDIS_TIMEOUT`. What is done with each of their
+//! variables is listed in `settings_compat`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,10 +14,12 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::ArgAction;
+use ratekeeper::config::runtime::Runtime;
 use ratekeeper::config::xds_client::{Backoff, ClientTls, XdsSettings};
-use ratekeeper::config::LoadOptions;
+use ratekeeper::config::{LimitsDir, LoadOptions};
 use ratekeeper::service::rls::GlobalModes;
 use ratekeeper::tls::TlsFiles;
+use ratekeeper::vocab::Topology;
 use ratekeeper::{Error, Result};
 use rustls::pki_types::ServerName;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
@@ -104,6 +109,61 @@ pub struct EnvoySettings {
     /// The client certificate must be valid for this DNS name or IP.
     #[arg(long, env = "GRPC_CLIENT_TLS_SAN")]
     grpc_client_tls_san: Option<String>,
+    /// gRPC listen host (with GRPC_PORT), when GRPC_ADDR is not given.
+    #[arg(long, env = "GRPC_HOST", default_value = "0.0.0.0")]
+    grpc_host: String,
+    /// gRPC listen port (with GRPC_HOST), when GRPC_ADDR is not given.
+    #[arg(long, env = "GRPC_PORT", default_value_t = 8081)]
+    grpc_port: u16,
+    /// Serve gRPC on this Unix socket instead of TCP (GRPC_ADDR, GRPC_HOST
+    /// and GRPC_PORT then unused). A socket file left by an earlier run is
+    /// replaced.
+    #[arg(long, env = "GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+    /// The counters' store: `redis` (REDIS_URL; unset: in memory). The
+    /// memcache backend is not supported.
+    #[arg(long, env = "BACKEND_TYPE", default_value = "redis")]
+    backend_type: String,
+    /// Deadline of connecting to Redis and of each call (Go syntax, e.g.
+    /// `10s`), unless REDIS_CONNECT_TIMEOUT_MS / REDIS_TIMEOUT_MS are given.
+    #[arg(long, env = "REDIS_TIMEOUT", value_parser = super::duration)]
+    pub redis_timeout: Option<Duration>,
+    /// `tcp` or `unix`: with `unix` (a single Redis), REDIS_URL is the path
+    /// of Redis's Unix socket. Unset: a REDIS_URL starting with `/` is one.
+    #[arg(long, env = "REDIS_SOCKET_TYPE")]
+    redis_socket_type: Option<String>,
+    /// Password of the sentinels (REDIS_TYPE=sentinel); REDIS_AUTH is the
+    /// master's. Never logged.
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
+    redis_sentinel_auth: Option<String>,
+    /// Redis TLS: check the certificate chain but not that it names the
+    /// host (single Redis and cluster).
+    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_parser = BoolishValueParser::new())]
+    pub redis_tls_skip_hostname_verification: bool,
+    /// Size of the over-limit cache (keys known to be full until their
+    /// window ends, answered without Redis), in bytes; 0 turns it off.
+    /// Unset: 100000 keys.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES")]
+    local_cache_size_in_bytes: Option<usize>,
+    /// envoyproxy/ratelimit's runtime root. With any RUNTIME_* set (and no
+    /// CONFIG_DIR), the limits are every file under
+    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`.
+    #[arg(long, env = "RUNTIME_ROOT")]
+    runtime_root: Option<PathBuf>,
+    /// Subdirectory of the runtime root.
+    #[arg(long, env = "RUNTIME_SUBDIRECTORY")]
+    runtime_subdirectory: Option<String>,
+    /// The runtime's app directory (under the subdirectory).
+    #[arg(long, env = "RUNTIME_APPDIRECTORY")]
+    runtime_appdirectory: Option<String>,
+    /// Skip files and directories named `.*` under the app directory.
+    #[arg(long, env = "RUNTIME_IGNOREDOTFILES", value_parser = BoolishValueParser::new())]
+    runtime_ignoredotfiles: Option<bool>,
+    /// true: read the files of the subdirectory whose path starts with
+    /// `$RUNTIME_APPDIRECTORY.` (`/` read as `.`); false: every file under
+    /// the app directory.
+    #[arg(long, env = "RUNTIME_WATCH_ROOT", value_parser = BoolishValueParser::new())]
+    runtime_watch_root: Option<bool>,
 }
 
 /// The value of the first of `names` set (and not empty) in the
@@ -115,6 +175,104 @@ pub fn first_env(names: &[&str]) -> Option<String> {
 }
 
 impl EnvoySettings {
+    /// The limits' directory and layout: `given` (CONFIG_DIR) as a flat
+    /// directory; else envoyproxy/ratelimit's runtime layout when any
+    /// RUNTIME_* is set (their defaults for the others); else `config`.
+    pub fn limits_dir(&self, given: Option<PathBuf>) -> LimitsDir {
+        if let Some(dir) = given {
+            return LimitsDir::Flat(dir);
+        }
+        let runtime_set = self.runtime_root.is_some()
+            || self.runtime_subdirectory.is_some()
+            || self.runtime_appdirectory.is_some()
+            || self.runtime_ignoredotfiles.is_some()
+            || self.runtime_watch_root.is_some();
+        if !runtime_set {
+            return LimitsDir::Flat(PathBuf::from("config"));
+        }
+        let runtime = Runtime {
+            root: self
+                .runtime_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/srv/runtime_data/current")),
+            subdirectory: self.runtime_subdirectory.clone().unwrap_or_default(),
+            app_directory: self
+                .runtime_appdirectory
+                .clone()
+                .unwrap_or_else(|| "config".into()),
+            ignore_dotfiles: self.runtime_ignoredotfiles.unwrap_or(false),
+            watch_root: self.runtime_watch_root.unwrap_or(true),
+        };
+        if runtime.watch_root && runtime.subdirectory.is_empty() {
+            tracing::warn!("RUNTIME_SUBDIRECTORY is empty with RUNTIME_WATCH_ROOT=true: no limits files are read (as envoyproxy/ratelimit)");
+        }
+        LimitsDir::Runtime(runtime)
+    }
+
+    /// The gRPC listen address: `own` (GRPC_ADDR), else
+    /// `$GRPC_HOST:$GRPC_PORT`.
+    pub fn grpc_addr(&self, own: Option<std::net::SocketAddr>) -> String {
+        match own {
+            Some(addr) => addr.to_string(),
+            None if self.grpc_host.contains(':') => {
+                format!("[{}]:{}", self.grpc_host, self.grpc_port)
+            }
+            None => format!("{}:{}", self.grpc_host, self.grpc_port),
+        }
+    }
+
+    /// REDIS_URL with envoyproxy/ratelimit's REDIS_SOCKET_TYPE and
+    /// REDIS_SENTINEL_AUTH applied: a socket path as a `unix://` URL, the
+    /// sentinels' password in each sentinel's address.
+    pub fn redis_url(&self, url: &str, topology: Topology) -> Result<String> {
+        let unix = match self
+            .redis_socket_type
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+        {
+            None => url.starts_with('/'),
+            Some(kind) if kind == "unix" => true,
+            Some(kind) if kind == "tcp" || kind.is_empty() => false,
+            Some(other) => {
+                return Err(startup(format!(
+                    "REDIS_SOCKET_TYPE {other:?} is not supported: tcp or unix"
+                )))
+            }
+        };
+        match topology {
+            Topology::Single if unix && !url.contains("://") => {
+                let path = std::path::absolute(url)
+                    .map_err(|e| startup(format!("REDIS_URL: the socket path: {e}")))?;
+                Ok(format!("unix://{}", path.display()))
+            }
+            Topology::Sentinel => Ok(match &self.redis_sentinel_auth {
+                Some(auth) if !auth.is_empty() => with_sentinel_password(url, auth),
+                _ => url.to_owned(),
+            }),
+            _ => Ok(url.to_owned()),
+        }
+    }
+
+    /// The over-limit cache's capacity in keys, from
+    /// LOCAL_CACHE_SIZE_IN_BYTES (`None`: the default).
+    pub fn over_cache_keys(&self) -> Option<usize> {
+        self.local_cache_size_in_bytes
+            .map(|bytes| bytes.div_ceil(ratekeeper::service::over_cache::BYTES_PER_KEY))
+    }
+
+    /// Refuses a backend other than Redis (or memory, without REDIS_URL).
+    pub fn check_backend(&self) -> Result<()> {
+        match self.backend_type.to_ascii_lowercase().as_str() {
+            "redis" | "" => Ok(()),
+            "memcache" => Err(startup(
+                "BACKEND_TYPE=memcache is not supported: ratekeeper keeps counters in Redis (REDIS_URL) or, without it, in memory",
+            )),
+            other => Err(startup(format!(
+                "BACKEND_TYPE {other:?} is not supported: redis (the default)"
+            ))),
+        }
+    }
+
     pub fn config_type(&self) -> Result<ConfigType> {
         match self.config_type.to_ascii_uppercase().as_str() {
             "FILE" => Ok(ConfigType::File),
@@ -231,6 +389,32 @@ fn startup(message: impl Into<String>) -> Error {
     Error::Startup(message.into())
 }
 
+/// `mastername,host:port,...` with `password` in each sentinel's address
+/// (`redis://:password@host:port`); an address given as a URL is kept.
+fn with_sentinel_password(url: &str, password: &str) -> String {
+    let encoded: String = password
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    url.split(',')
+        .enumerate()
+        .map(|(i, part)| {
+            let part = part.trim();
+            if i == 0 || part.is_empty() || part.contains("://") {
+                part.to_owned()
+            } else {
+                format!("redis://:{encoded}@{part}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The host of `host:port` (`[v6]:port` too).
 fn host(address: &str) -> &str {
     let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
@@ -304,7 +488,7 @@ impl EnvoyModes {
 
 #[cfg(test)]
 mod tests {
-    use super::{headers, host, node_metadata};
+    use super::{headers, host, node_metadata, with_sentinel_password};
 
     #[test]
     fn their_list_formats_are_read_as_theirs() {
@@ -325,5 +509,9 @@ mod tests {
         );
         assert_eq!(host("envoy-gateway:18001"), "envoy-gateway");
         assert_eq!(host("[::1]:18001"), "::1");
+        assert_eq!(
+            with_sentinel_password("mymaster, s1:26379,redis://s2:26379", "p@ss:w"),
+            "mymaster,redis://:p%40ss%3Aw@s1:26379,redis://s2:26379"
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! handshake happens here too, off the accept loop. One task accepts and
 //! deals the connections to the serving lanes (see `lanes`); its
 //! [`accept`], which pauses after a failed accept, serves the HTTP
-//! listeners too (`http`).
+//! listeners too (`http`). gRPC may also listen on a Unix socket
+//! (envoyproxy/ratelimit's `GRPC_UDS`): its connections take the same path.
 
 use std::future::Future;
 use std::io;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
@@ -29,9 +30,118 @@ use crate::tls::ReloadingTls;
 /// Bytes of the HTTP/2 client preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE_BYTES: usize = 24;
 
+/// Where gRPC listens: TCP, or a Unix socket.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+impl Listener {
+    /// The address, for logs: `host:port`, or `unix:PATH`.
+    pub fn describe(&self) -> io::Result<String> {
+        match self {
+            Listener::Tcp(listener) => Ok(listener.local_addr()?.to_string()),
+            Listener::Unix(listener) => {
+                let addr = listener.local_addr()?;
+                let path = addr.as_pathname().map(|p| p.display().to_string());
+                Ok(format!("unix:{}", path.unwrap_or_default()))
+            }
+        }
+    }
+
+    /// The next connection, as a std socket (see [`deal`]), with Nagle off
+    /// on TCP.
+    async fn accept_std(&self) -> io::Result<StdSocket> {
+        match self {
+            Listener::Tcp(listener) => {
+                let (stream, _) = accept(listener).await;
+                let _ = stream.set_nodelay(true);
+                stream.into_std().map(StdSocket::Tcp)
+            }
+            Listener::Unix(listener) => loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => return stream.into_std().map(StdSocket::Unix),
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(ACCEPT_BACK_OFF).await;
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// An accepted socket between the accepting task and its lane.
+enum StdSocket {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+/// An accepted socket, registered with its lane's runtime.
+enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Socket {
+    fn from_std(socket: StdSocket) -> io::Result<Socket> {
+        match socket {
+            StdSocket::Tcp(stream) => TcpStream::from_std(stream).map(Socket::Tcp),
+            StdSocket::Unix(stream) => UnixStream::from_std(stream).map(Socket::Unix),
+        }
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_write(cx, data),
+            Socket::Unix(s) => Pin::new(s).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Socket::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
 /// A connection that must deliver its first bytes in time.
 pub struct Deadlined {
-    inner: TcpStream,
+    inner: Socket,
     /// Running until the preface has arrived.
     deadline: Option<Pin<Box<Sleep>>>,
     received: usize,
@@ -40,7 +150,7 @@ pub struct Deadlined {
 }
 
 impl Deadlined {
-    fn new(inner: TcpStream, timeout: Duration, load: Load) -> Self {
+    fn new(inner: Socket, timeout: Duration, load: Load) -> Self {
         Deadlined {
             inner,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
@@ -69,7 +179,7 @@ impl Drop for Load {
 
 /// An accepted socket on its way to a lane, already counted there.
 pub struct Dealt {
-    stream: std::net::TcpStream,
+    stream: StdSocket,
     load: Load,
 }
 
@@ -123,7 +233,14 @@ impl Connected for Deadlined {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.inner.connect_info()
+        match &self.inner {
+            Socket::Tcp(stream) => stream.connect_info(),
+            // No IP addresses on a Unix socket.
+            Socket::Unix(_) => TcpConnectInfo {
+                local_addr: None,
+                remote_addr: None,
+            },
+        }
     }
 }
 
@@ -191,13 +308,11 @@ impl Connected for Accepted {
 /// close free their lane's share for the next ones. They travel as std
 /// sockets: a Tokio socket belongs to the runtime that registered it, and
 /// each lane must register its own so that its reads wake its own thread.
-pub async fn deal(listener: TcpListener, lanes: Vec<mpsc::Sender<Dealt>>) {
+pub async fn deal(listener: Listener, lanes: Vec<mpsc::Sender<Dealt>>) {
     let loads: Vec<Arc<AtomicUsize>> = lanes.iter().map(|_| Arc::default()).collect();
     let mut next = 0;
     loop {
-        let (stream, _) = accept(&listener).await;
-        let _ = stream.set_nodelay(true);
-        let stream = match stream.into_std() {
+        let stream = match listener.accept_std().await {
             Ok(stream) => stream,
             Err(error) => {
                 tracing::warn!(%error, "cannot hand an accepted connection over");
@@ -263,7 +378,7 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         while let Some(Dealt { stream, load }) = dealt.recv().await {
-            let stream = match TcpStream::from_std(stream) {
+            let stream = match Socket::from_std(stream) {
                 Ok(stream) => Deadlined::new(stream, handshake_timeout, load),
                 Err(error) => {
                     tracing::warn!(%error, "cannot take an accepted connection");

@@ -11,9 +11,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
 use ratekeeper::config::watch::{record_load, SharedConfig};
 use ratekeeper::config::xds_client::XdsSettings;
-use ratekeeper::config::{Config, LoadOptions};
+use ratekeeper::config::{Config, LimitsDir, LoadOptions};
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
 use ratekeeper::http;
+use ratekeeper::incoming::Listener;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
@@ -26,6 +27,7 @@ use tokio::net::TcpListener;
 
 mod admin_cli;
 mod envoy_settings;
+mod settings_compat;
 use envoy_settings::{ConfigType, EnvoyModes, EnvoySettings};
 mod stats_settings;
 use stats_settings::StatsSettings;
@@ -50,13 +52,13 @@ const VERSION: &str = concat!(
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Directory of limits files (envoyproxy/ratelimit YAML, one domain each).
-    /// Default: `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config` when RUNTIME_ROOT
-    /// is set (envoyproxy/ratelimit's layout), else `config`.
+    /// Directory of limits files (envoyproxy/ratelimit YAML, one domain each):
+    /// its `*.yaml` / `*.yml`. Default: with any RUNTIME_* set,
+    /// envoyproxy/ratelimit's runtime layout (see RUNTIME_ROOT), else `config`.
     #[arg(long, env = "CONFIG_DIR")]
     config_dir: Option<PathBuf>,
-    /// gRPC listen address. Default `0.0.0.0:$GRPC_PORT` when GRPC_PORT is
-    /// set (envoyproxy/ratelimit's name), else `0.0.0.0:8081`.
+    /// gRPC listen address. Default `$GRPC_HOST:$GRPC_PORT`
+    /// (envoyproxy/ratelimit's names), i.e. `0.0.0.0:8081`.
     #[arg(long, env = "GRPC_ADDR")]
     grpc_addr: Option<SocketAddr>,
     /// Prometheus metrics listen address, or `off`. Default `0.0.0.0:9090`;
@@ -140,17 +142,19 @@ struct Cli {
     /// CPU limits included).
     #[arg(long, env = "SERVING_THREADS")]
     serving_threads: Option<NonZeroUsize>,
-    /// Deadline of one Redis call, in milliseconds.
-    #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 20)]
-    redis_timeout_ms: u64,
+    /// Deadline of one Redis call, in milliseconds. Default 20, or
+    /// REDIS_TIMEOUT when that is set.
+    #[arg(long, env = "REDIS_TIMEOUT_MS")]
+    redis_timeout_ms: Option<u64>,
     /// Call the limiter by `EVALSHA` only, never as a Redis function
     /// (`FCALL`): for proxies or managed Redis that pass scripts but not
     /// functions. (Without it, Redis before 7.0 is detected and gets scripts.)
     #[arg(long, env = "REDIS_SCRIPTS_ONLY", value_parser = BoolishValueParser::new())]
     redis_scripts_only: bool,
-    /// Deadline for connecting to Redis, in milliseconds.
-    #[arg(long, env = "REDIS_CONNECT_TIMEOUT_MS", default_value_t = 1_000)]
-    redis_connect_timeout_ms: u64,
+    /// Deadline for connecting to Redis, in milliseconds. Default 1000, or
+    /// REDIS_TIMEOUT when that is set.
+    #[arg(long, env = "REDIS_CONNECT_TIMEOUT_MS")]
+    redis_connect_timeout_ms: Option<u64>,
     /// Prefix of every counter key.
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = keys::DEFAULT_PREFIX)]
     key_prefix: String,
@@ -197,20 +201,22 @@ struct Cli {
     /// may stay silent.
     #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
-    /// Close client connections this old (e.g. `1h`), so clients rebalance
-    /// across replicas. Default: never.
-    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = duration)]
-    max_connection_age: Option<Duration>,
+    /// Close client connections this old (Go syntax, e.g. `1h30m`), so
+    /// clients rebalance across replicas (envoyproxy/ratelimit's default).
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = duration, default_value = "24h")]
+    max_connection_age: Duration,
     /// Time a connection past its maximum age gets to finish its calls.
-    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = duration, default_value = "30s")]
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = duration, default_value = "1h")]
     max_connection_age_grace: Duration,
-    /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a directive.
+    /// Log filter: `error`, `warn` (or `warning`), `info`, `debug`,
+    /// `trace` in any case (`fatal`, `panic`: `error`), or a directive.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     log_level: String,
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text)]
-    log_format: LogFormatArg,
-    /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names.
+    /// Log format: `json` (any case), else text.
+    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
+    log_format: String,
+    /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names,
+    /// GRPC_HOST/PORT/UDS, RUNTIME_*, BACKEND_TYPE, Redis extras.
     #[command(flatten)]
     envoy: EnvoySettings,
     #[command(flatten)]
@@ -323,19 +329,23 @@ impl From<TopologyArg> for Topology {
     }
 }
 
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormatArg {
-    Text,
-    Json,
+/// The tracing filter for LOG_LEVEL: logrus's level names (any case,
+/// `warning`, `fatal`, `panic`) as tracing's, a directive as it is.
+fn log_filter(level: &str) -> String {
+    match level.to_ascii_lowercase().as_str() {
+        "warning" => "warn".into(),
+        "fatal" | "panic" => "error".into(),
+        lower => lower.to_owned(),
+    }
 }
 
-impl From<LogFormatArg> for LogFormat {
-    fn from(arg: LogFormatArg) -> Self {
-        match arg {
-            LogFormatArg::Text => LogFormat::Text,
-            LogFormatArg::Json => LogFormat::Json,
-        }
+/// LOG_FORMAT as envoyproxy/ratelimit reads it: `json` in any case, else
+/// text.
+fn log_format(format: &str) -> LogFormat {
+    if format.eq_ignore_ascii_case("json") {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
     }
 }
 
@@ -345,7 +355,9 @@ impl From<LogFormatArg> for LogFormat {
 async fn main() {
     let cli = Cli::parse();
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
-        let dir = config_dir(dir.clone().or_else(|| cli.config_dir.clone()));
+        let dir = cli
+            .envoy
+            .limits_dir(dir.clone().or_else(|| cli.config_dir.clone()));
         validate(&dir, cli.envoy_modes.load_options())
     } else if let Some(Command::Admin(args)) = &cli.command {
         admin_cli::run(args).await
@@ -361,7 +373,9 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    telemetry::init_logging(&cli.log_level.to_ascii_lowercase(), cli.log_format.into())?;
+    telemetry::init_logging(&log_filter(&cli.log_level), log_format(&cli.log_format))?;
+    settings_compat::warn_ignored();
+    cli.envoy.check_backend()?;
     if cli.key_prefix.contains(['{', '}']) {
         return Err(Error::Startup(
             "the key prefix must not contain '{' or '}'".into(),
@@ -400,7 +414,7 @@ async fn run(cli: Cli) -> Result<()> {
     }
     let near_limit_ratio = cli.stats.near_limit_ratio()?;
 
-    let config_dir = config_dir(cli.config_dir.clone());
+    let config_dir = cli.envoy.limits_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
         ConfigType::File => (
             load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?,
@@ -428,30 +442,30 @@ async fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 };
                 let ca = cli.redis_tls_ca.as_deref().map(read_file).transpose()?;
-                Some(RedisTls { ca, client })
+                Some(RedisTls {
+                    ca,
+                    client,
+                    skip_hostname_verification: cli.envoy.redis_tls_skip_hostname_verification,
+                })
             } else {
                 None
             };
             let settings = RedisSettings {
                 tls,
                 topology: cli.redis_type.into(),
-                url: url.clone(),
+                url: cli.envoy.redis_url(url, cli.redis_type.into())?,
                 auth,
                 connections: cli.redis_pool_size,
                 lanes,
-                connect_timeout: Duration::from_millis(cli.redis_connect_timeout_ms),
-                call_timeout: Duration::from_millis(cli.redis_timeout_ms),
+                connect_timeout: redis_timeout(cli.redis_connect_timeout_ms, 1_000, &cli.envoy),
+                call_timeout: redis_timeout(cli.redis_timeout_ms, 20, &cli.envoy),
                 functions: !cli.redis_scripts_only,
             };
             Store::Redis(Arc::new(RedisStore::new(&settings, None)?))
         }
     };
 
-    let grpc_addr = match (cli.grpc_addr, std::env::var("GRPC_PORT")) {
-        (Some(addr), _) => addr.to_string(),
-        (None, Ok(port)) => format!("0.0.0.0:{port}"),
-        (None, Err(_)) => "0.0.0.0:8081".into(),
-    };
+    let grpc_addr = cli.envoy.grpc_addr(cli.grpc_addr);
     let tls = match cli.envoy.grpc_tls(
         cli.grpc_tls_cert.as_deref(),
         cli.grpc_tls_key.as_deref(),
@@ -463,8 +477,14 @@ async fn run(cli: Cli) -> Result<()> {
         )?),
         None => None,
     };
-    let grpc = bind(&grpc_addr, "gRPC").await?;
-    let grpc_addr = local_addr(&grpc)?;
+    let grpc = match &cli.envoy.grpc_uds {
+        Some(path) => Listener::Unix(bind_unix(path)?),
+        None => bind(&grpc_addr, "gRPC").await?.into(),
+    };
+    let grpc_addr = grpc.describe().map_err(|source| Error::Io {
+        context: "gRPC listener address".into(),
+        source,
+    })?;
     let metrics_addr = match metrics {
         Some((listener, handle)) => {
             let addr = local_addr(&listener)?;
@@ -517,13 +537,14 @@ async fn run(cli: Cli) -> Result<()> {
             },
             near_limit_ratio,
             modes: cli.envoy_modes.modes(),
+            over_cache_keys: cli.envoy.over_cache_keys(),
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
         limits: ConnectionLimits {
             tls,
             handshake_timeout: Duration::from_millis(cli.handshake_timeout_ms),
-            max_connection_age: cli.max_connection_age,
+            max_connection_age: Some(cli.max_connection_age),
             max_connection_age_grace: cli.max_connection_age_grace,
             ..ConnectionLimits::default()
         },
@@ -538,15 +559,15 @@ async fn run(cli: Cli) -> Result<()> {
 /// directory that cannot be loaded yet (missing, or a bad file) starts the
 /// server with no limits; the watcher loads it when it changes.
 fn load_files(
-    dir: &std::path::Path,
+    dir: &LimitsDir,
     load_options: LoadOptions,
     envoy: &EnvoySettings,
 ) -> Result<SharedConfig> {
-    let config = Config::load_dir_with(dir, load_options);
+    let config = Config::load(dir, load_options);
     record_load(config.as_ref().map(|_| ()));
     match config {
         Ok(config) => {
-            tracing::info!(dir = %dir.display(), domains = ?config.domain_names(), "limits loaded");
+            tracing::info!(%dir, domains = ?config.domain_names(), "limits loaded");
             Ok(SharedConfig::new(config))
         }
         Err(error) if envoy.force_start_without_initial_config => {
@@ -576,23 +597,21 @@ async fn subscribe_xds(envoy: &EnvoySettings, load_options: LoadOptions) -> Resu
     Ok(shared)
 }
 
-/// The limits directory: the one given, else
-/// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config` when RUNTIME_ROOT is set
-/// (envoyproxy/ratelimit's layout), else `config`.
-fn config_dir(given: Option<PathBuf>) -> PathBuf {
-    given.unwrap_or_else(|| match std::env::var_os("RUNTIME_ROOT") {
-        Some(root) => PathBuf::from(root)
-            .join(std::env::var_os("RUNTIME_SUBDIRECTORY").unwrap_or_default())
-            .join("config"),
-        None => PathBuf::from("config"),
-    })
+/// A Redis deadline: the flag in milliseconds, else REDIS_TIMEOUT, else
+/// `default_ms`.
+fn redis_timeout(flag_ms: Option<u64>, default_ms: u64, envoy: &EnvoySettings) -> Duration {
+    match (flag_ms, envoy.redis_timeout) {
+        (Some(ms), _) => Duration::from_millis(ms),
+        (None, Some(timeout)) => timeout,
+        (None, None) => Duration::from_millis(default_ms),
+    }
 }
 
 /// `ratekeeper validate`: the directory loaded as the server loads it, but
 /// with every file's error reported (one `file:line: reason` line each, on
 /// stderr) rather than the first.
-fn validate(dir: &Path, options: LoadOptions) -> Result<()> {
-    let config = match Config::check_dir_with(dir, options) {
+fn validate(dir: &LimitsDir, options: LoadOptions) -> Result<()> {
+    let config = match Config::check(dir, options) {
         Ok(config) => config,
         Err(errors) => {
             for error in &errors {
@@ -600,22 +619,18 @@ fn validate(dir: &Path, options: LoadOptions) -> Result<()> {
             }
             let n = errors.len();
             let s = if n == 1 { "" } else { "s" };
-            return Err(Error::Startup(format!("{}: {n} error{s}", dir.display())));
+            return Err(Error::Startup(format!("{dir}: {n} error{s}")));
         }
     };
-    let files = ratekeeper::config::limits_files(dir)?.len();
+    let files = dir.files()?.len();
     let domains = config.domain_names();
     if domains.is_empty() {
         // Valid (the server starts, allowing everything), but in a CI job
         // more likely a wrong path.
-        eprintln!(
-            "warning: {}: no domains: every request would be allowed",
-            dir.display()
-        );
+        eprintln!("warning: {dir}: no domains: every request would be allowed");
     }
     println!(
-        "{}: ok, {files} limits file{}, {} domain{} ({})",
-        dir.display(),
+        "{dir}: ok, {files} limits file{}, {} domain{} ({})",
         if files == 1 { "" } else { "s" },
         domains.len(),
         if domains.len() == 1 { "" } else { "s" },
@@ -624,10 +639,10 @@ fn validate(dir: &Path, options: LoadOptions) -> Result<()> {
     Ok(())
 }
 
-/// Parses `500ms`, `30s`, `2m`, `1h` (or seconds) for clap.
+/// Parses a Go duration (`500ms`, `1h30m`, `1.5h`; or seconds) for clap.
 fn duration(text: &str) -> std::result::Result<Duration, String> {
     ratekeeper::duration::parse_duration(text)
-        .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 2m, 1h"))
+        .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 1h30m, 1.5h"))
 }
 
 /// The metrics listener's address: METRICS_ADDR, or with USE_PROMETHEUS=true
@@ -763,6 +778,28 @@ fn write_limiter(cli: &Cli) -> Result<()> {
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|source| Error::Io {
         context: format!("cannot listen for {what} on {addr}"),
+        source,
+    })
+}
+
+/// Listens on the Unix socket `path`, replacing a socket file an earlier
+/// run left (any other file there is an error).
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    let context = || {
+        format!(
+            "cannot listen for gRPC on the Unix socket {}",
+            path.display()
+        )
+    };
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        std::fs::remove_file(path).map_err(|source| Error::Io {
+            context: context(),
+            source,
+        })?;
+    }
+    tokio::net::UnixListener::bind(path).map_err(|source| Error::Io {
+        context: context(),
         source,
     })
 }

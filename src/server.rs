@@ -3,12 +3,10 @@
 //! health probe, with graceful shutdown.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use futures_util::future::join_all;
-use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -18,7 +16,7 @@ use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
 use crate::health::Readiness;
 use crate::http;
-use crate::incoming::{deal, incoming};
+use crate::incoming::{deal, incoming, Listener};
 use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::admin_leases::AdminLeases;
@@ -41,9 +39,9 @@ pub const LIVENESS_SERVICE: &str = "liveness";
 #[derive(Debug)]
 pub struct Server {
     /// Where gRPC is served (already bound, so port 0 works).
-    pub grpc: TcpListener,
+    pub grpc: Listener,
     /// The limits directory, watched for changes when set.
-    pub config_dir: Option<PathBuf>,
+    pub config_dir: Option<crate::config::LimitsDir>,
     /// How the directory's files make domains on a reload.
     pub load_options: LoadOptions,
     /// The config to start with.
@@ -108,7 +106,7 @@ impl Default for ConnectionLimits {
 impl Server {
     /// Serves until `shutdown` resolves, then drains in-flight calls.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-        let addr = self.grpc.local_addr().map_err(|source| Error::Io {
+        let addr = self.grpc.describe().map_err(|source| Error::Io {
             context: "gRPC listener".into(),
             source,
         })?;
@@ -129,7 +127,7 @@ impl Server {
         };
         // What the admin API's `/v1/config` says the limits come from.
         let config_source = match &self.config_dir {
-            Some(dir) => dir.display().to_string(),
+            Some(dir) => dir.to_string(),
             None => "xds".to_owned(),
         };
         let serves_without_store = self.limiter.failure_mode.serves_without_store();

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, TestServer};
+use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, Sentinel, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
@@ -467,76 +467,11 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
     assert!(!e.message().contains(SECRET), "{e:?}");
 }
 
-/// Throwaway CA, server and client certificates made with the openssl CLI.
-fn make_certs(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let status = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl must be installed");
-        assert!(status.success(), "openssl {args:?}");
-    };
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=rk-test-ca",
-    ]);
-    for name in ["server", "client"] {
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "1",
-            "-extfile",
-            "ext.cnf",
-        ]);
-    }
-}
-
 #[tokio::test]
 async fn tls_with_client_certificates_and_auth() {
     const SECRET: &str = "tls-pa55";
     let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
+    common::make_certs(dir.path(), "IP:127.0.0.1,DNS:localhost");
     let file = |name: &str| dir.path().join(name).display().to_string();
     let port = common::free_port();
     let redis = std::process::Command::new("redis-server")
@@ -1128,51 +1063,6 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     // leaves two masters, and what A admitted then is lost with A's data.
     assert_recovered("sentinel", &answers, moved, FAILOVER_DEADLINE);
     server.stop().await;
-}
-
-/// A `redis-server --sentinel` watching the master at `master_port` (named
-/// `mymaster`, quorum 1, down after 500 ms), stopped by PID when dropped.
-struct Sentinel {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Sentinel {
-    fn start(master_port: u16, dir: &std::path::Path) -> Sentinel {
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "sentinel monitor mymaster 127.0.0.1 {master_port} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n"
-            ),
-        )
-        .unwrap();
-        let port = common::free_port();
-        let child = std::process::Command::new("redis-server")
-            .arg(&conf)
-            .args([
-                "--sentinel",
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server --sentinel");
-        let sentinel = Sentinel { child, port };
-        // Let the sentinel find the master and its replica.
-        std::thread::sleep(Duration::from_millis(1_500));
-        sentinel
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The over-limit cache answers a full counter without asking Redis. When

@@ -10,6 +10,7 @@ pub mod compile;
 pub mod description;
 pub mod file;
 mod merge;
+pub mod runtime;
 mod value_metric;
 pub mod watch;
 pub mod xds;
@@ -45,6 +46,35 @@ pub struct DomainConfig {
     pub options: DomainOptions,
 }
 
+/// Where the limits files are, and which files of it are limits files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitsDir {
+    /// `*.yaml` / `*.yml` directly in the directory, hidden entries
+    /// skipped: ratekeeper's `--config-dir`.
+    Flat(PathBuf),
+    /// envoyproxy/ratelimit's runtime layout (`RUNTIME_*`).
+    Runtime(runtime::Runtime),
+}
+
+impl LimitsDir {
+    /// The limits files, sorted by path.
+    pub fn files(&self) -> Result<Vec<PathBuf>, ConfigError> {
+        match self {
+            LimitsDir::Flat(dir) => limits_files(dir),
+            LimitsDir::Runtime(runtime) => runtime.files(),
+        }
+    }
+}
+
+impl std::fmt::Display for LimitsDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitsDir::Flat(dir) => dir.display().fmt(f),
+            LimitsDir::Runtime(runtime) => runtime.base().display().fmt(f),
+        }
+    }
+}
+
 /// How a directory's files make domains.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -67,24 +97,24 @@ impl Config {
     /// Loads every `*.yaml` / `*.yml` file directly in `dir` (following
     /// symlinks, skipping hidden entries such as a ConfigMap's `..data`).
     pub fn load_dir(dir: &Path) -> Result<Config, ConfigError> {
-        Config::load_dir_with(dir, LoadOptions::default())
+        Config::load(&LimitsDir::Flat(dir.to_owned()), LoadOptions::default())
     }
 
-    /// [`Config::load_dir`] with `options`.
-    pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
-        Config::check_dir_with(dir, options).map_err(|errors| first(errors, dir))
+    /// Loads every limits file of `dir`, read with `options`.
+    pub fn load(dir: &LimitsDir, options: LoadOptions) -> Result<Config, ConfigError> {
+        Config::check(dir, options).map_err(|errors| first(errors, Path::new(&dir.to_string())))
     }
 
     /// Loads as [`Config::load_dir`] does, but reads on past a bad file:
     /// every file's (first) error and every duplicate domain, in file order.
     /// What `ratekeeper validate` reports.
     pub fn check_dir(dir: &Path) -> Result<Config, Vec<ConfigError>> {
-        Config::check_dir_with(dir, LoadOptions::default())
+        Config::check(&LimitsDir::Flat(dir.to_owned()), LoadOptions::default())
     }
 
-    /// [`Config::check_dir`] with `options`.
-    pub fn check_dir_with(dir: &Path, options: LoadOptions) -> Result<Config, Vec<ConfigError>> {
-        let files = limits_files(dir).map_err(|error| vec![error])?;
+    /// As [`Config::check_dir`], for either layout, read with `options`.
+    pub fn check(dir: &LimitsDir, options: LoadOptions) -> Result<Config, Vec<ConfigError>> {
+        let files = dir.files().map_err(|error| vec![error])?;
         let parsed = files.into_iter().map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, format!("cannot read: {e}")))?;

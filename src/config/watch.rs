@@ -7,11 +7,11 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{limits_files, Config, LoadOptions};
+use super::{Config, LimitsDir, LoadOptions};
 use crate::error::ConfigError;
 
 /// The config in force; cheap to clone and to read.
@@ -42,8 +42,8 @@ impl SharedConfig {
 }
 
 /// A fingerprint of the directory's limits files: names and contents.
-pub fn fingerprint(dir: &Path) -> Option<u64> {
-    let files = limits_files(dir).ok()?;
+pub fn fingerprint(dir: &LimitsDir) -> Option<u64> {
+    let files = dir.files().ok()?;
     let mut hasher = DefaultHasher::new();
     for path in files {
         path.hash(&mut hasher);
@@ -56,7 +56,7 @@ pub fn fingerprint(dir: &Path) -> Option<u64> {
 /// fingerprint changes, until the task is dropped. A config that fails to
 /// load is logged and counted, and the running one stays.
 pub async fn watch(
-    (dir, options): (PathBuf, LoadOptions),
+    (dir, options): (LimitsDir, LoadOptions),
     shared: SharedConfig,
     interval: Duration,
 ) {
@@ -70,9 +70,9 @@ pub async fn watch(
             continue;
         }
         last = now;
-        match Config::load_dir_with(&dir, options) {
+        match Config::load(&dir, options) {
             Ok(config) => {
-                tracing::info!(dir = %dir.display(), domains = ?config.domain_names(), "limits reloaded");
+                tracing::info!(%dir, domains = ?config.domain_names(), "limits reloaded");
                 shared.replace(config);
                 record_load(Ok(()));
             }

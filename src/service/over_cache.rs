@@ -20,14 +20,19 @@ use std::sync::RwLock;
 use crate::limiter::{Algorithm, Check, Outcome};
 use crate::store::Generation;
 
-/// Most keys remembered; past it, expired entries are dropped first and new
-/// ones not added until there is room.
-const CAPACITY: usize = 100_000;
+/// Most keys remembered by default; past it, expired entries are dropped
+/// first and new ones not added until there is room.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// What one remembered key costs, about (the key, its two numbers, the
+/// map's share), for sizing the cache in bytes as envoyproxy/ratelimit's
+/// `LOCAL_CACHE_SIZE_IN_BYTES` does.
+pub const BYTES_PER_KEY: usize = 128;
 
 /// Every request asks the cache, so asking takes no exclusive lock: readers
 /// share a read lock, and while nothing is remembered (a service whose
 /// callers all stay under their limits) no lock at all.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OverCache {
     /// Key -> (until, in the store's clock's milliseconds; the limit).
     entries: RwLock<HashMap<String, (u64, u64)>>,
@@ -36,6 +41,14 @@ pub struct OverCache {
     /// The store's generation, and the one `entries` were learnt in.
     generation: Generation,
     learnt_in: AtomicU64,
+    /// Most keys remembered (0: the cache is off).
+    capacity: usize,
+}
+
+impl Default for OverCache {
+    fn default() -> Self {
+        OverCache::new(Generation::default())
+    }
 }
 
 /// Whether `outcome` shows `check`'s counter full: at its limit, refusing
@@ -48,12 +61,21 @@ fn full(check: &Check, outcome: &Outcome) -> bool {
 }
 
 impl OverCache {
-    /// An empty cache, dropped whenever `generation` changes.
+    /// An empty cache of [`DEFAULT_CAPACITY`] keys, dropped whenever
+    /// `generation` changes.
     pub fn new(generation: Generation) -> Self {
+        OverCache::with_capacity(generation, DEFAULT_CAPACITY)
+    }
+
+    /// As [`OverCache::new`], remembering at most `capacity` keys (0: none,
+    /// every request asks the store).
+    pub fn with_capacity(generation: Generation, capacity: usize) -> Self {
         OverCache {
+            entries: RwLock::default(),
+            any: AtomicBool::new(false),
             learnt_in: AtomicU64::new(generation.current()),
             generation,
-            ..OverCache::default()
+            capacity,
         }
     }
 
@@ -82,7 +104,7 @@ impl OverCache {
     /// even one more hit, and enforced).
     /// `now_ms` is the store's clock (tests pin it).
     pub fn learn(&self, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
-        if !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
+        if self.capacity == 0 || !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
             return;
         }
         self.drop_if_stale();
@@ -93,9 +115,9 @@ impl OverCache {
             if !full(check, outcome) {
                 continue;
             }
-            if entries.len() >= CAPACITY {
+            if entries.len() >= self.capacity {
                 entries.retain(|_, (until, _)| *until > now);
-                if entries.len() >= CAPACITY {
+                if entries.len() >= self.capacity {
                     return;
                 }
             }
@@ -225,6 +247,25 @@ mod tests {
         assert!(cache.answer(&fw, 1_010).is_some());
         cache.forget(&["a".to_owned()]);
         assert!(cache.answer(&fw, 1_010).is_none(), "the counter was reset");
+    }
+
+    #[test]
+    fn remembers_at_most_its_capacity_and_nothing_at_zero() {
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+        };
+        let off = OverCache::with_capacity(Generation::default(), 0);
+        let a = [check("a", Algorithm::FixedWindow, 3)];
+        off.learn(&a, &[full], 1_000);
+        assert!(off.answer(&a, 1_010).is_none(), "capacity 0: off");
+        let one = OverCache::with_capacity(Generation::default(), 1);
+        let b = [check("b", Algorithm::FixedWindow, 3)];
+        one.learn(&a, &[full], 1_000);
+        one.learn(&b, &[full], 1_000);
+        assert!(one.answer(&a, 1_010).is_some());
+        assert!(one.answer(&b, 1_010).is_none(), "no room for a second key");
     }
 
     #[test]

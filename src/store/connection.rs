@@ -76,6 +76,9 @@ pub struct RedisTls {
     pub ca: Option<Vec<u8>>,
     /// Client certificate and key, for mutual TLS.
     pub client: Option<(Vec<u8>, Vec<u8>)>,
+    /// Check the certificate chain but not that it names the host
+    /// (envoyproxy/ratelimit's `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`).
+    pub skip_hostname_verification: bool,
 }
 
 impl RedisTls {
@@ -351,7 +354,10 @@ impl Connections {
                     .collect::<Result<Vec<_>>>()?;
                 let mut builder = ClusterClientBuilder::new(nodes);
                 if let Some(tls) = &s.tls {
-                    builder = builder.tls(TlsMode::Secure).certs(tls.certificates());
+                    builder = builder
+                        .tls(TlsMode::Secure)
+                        .certs(tls.certificates())
+                        .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
                 }
                 let client = builder
                     .connection_timeout(s.connect_timeout)
@@ -381,9 +387,9 @@ impl Connections {
                     SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
                 if let Some(tls) = &s.tls {
                     node_info = node_info.set_tls_mode(TlsMode::Secure);
-                    if tls.ca.is_some() || tls.client.is_some() {
+                    if tls.ca.is_some() || tls.client.is_some() || tls.skip_hostname_verification {
                         return Err(Error::Startup(
-                            "sentinel: TLS with a custom CA or client certificate is not supported"
+                            "sentinel: TLS with a custom CA, a client certificate or without host name verification is not supported"
                                 .into(),
                         ));
                     }
@@ -465,11 +471,21 @@ fn is_stale(error: &RedisError) -> bool {
 impl RedisSettings {
     /// A client for one node, with TLS certificates when configured.
     fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
-        let client = match &self.tls {
-            Some(tls) => redis::Client::build_with_tls(info, tls.certificates()),
-            None => redis::Client::open(info),
+        let invalid =
+            |e: RedisError| Error::Startup(format!("invalid Redis settings ({:?})", e.kind()));
+        let Some(tls) = &self.tls else {
+            return redis::Client::open(info).map_err(invalid);
         };
-        client.map_err(|e| Error::Startup(format!("invalid Redis settings ({:?})", e.kind())))
+        let client = redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid)?;
+        if !tls.skip_hostname_verification {
+            return Ok(client);
+        }
+        // The certificates are in the address's TLS parameters only once
+        // built; the flag goes there too.
+        let info = client.get_connection_info().clone();
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(true);
+        redis::Client::open(info.set_addr(addr)).map_err(invalid)
     }
 
     /// The comma-separated parts of `url` (cluster and sentinel).
@@ -527,6 +543,7 @@ mod tests {
             tls: Some(RedisTls {
                 ca: None,
                 client: Some((b"cert".to_vec(), b"key-secret".to_vec())),
+                skip_hostname_verification: false,
             }),
         };
         let debug = format!("{settings:?}");

@@ -326,8 +326,8 @@ impl TestServer {
         let config = SharedConfig::new(config);
         let (tx, rx) = oneshot::channel();
         let server = Server {
-            grpc,
-            config_dir,
+            grpc: grpc.into(),
+            config_dir: config_dir.map(ratekeeper::config::LimitsDir::Flat),
             load_options: Default::default(),
             config: config.clone(),
             health_needs_domains: false,
@@ -772,4 +772,118 @@ pub fn http_call(addr: &str, method: &str, path: &str, body: &str) -> HttpAnswer
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default();
     HttpAnswer { status, body }
+}
+
+/// A `redis-server --sentinel` watching the master at `master_port` (named
+/// `mymaster`, quorum 1, down after 500 ms), stopped by PID when dropped.
+pub struct Sentinel {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Sentinel {
+    pub fn start(master_port: u16, dir: &std::path::Path) -> Sentinel {
+        Sentinel::start_with(master_port, dir, "")
+    }
+
+    /// As [`Sentinel::start`], with `extra` lines in its configuration
+    /// (e.g. `requirepass`).
+    pub fn start_with(master_port: u16, dir: &std::path::Path, extra: &str) -> Sentinel {
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor mymaster 127.0.0.1 {master_port} 1\nsentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n{extra}"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = std::process::Command::new("redis-server")
+            .arg(&conf)
+            .args([
+                "--sentinel",
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let sentinel = Sentinel { child, port };
+        // Let the sentinel find the master and its replica.
+        std::thread::sleep(Duration::from_millis(1_500));
+        sentinel
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Throwaway CA, server and client certificates made with the openssl CLI,
+/// in `dir`: `ca.crt`, `server.crt`/`.key`, `client.crt`/`.key`, each valid
+/// for `san` (`subjectAltName` syntax, e.g. `IP:127.0.0.1,DNS:localhost`).
+pub fn make_certs(dir: &std::path::Path, san: &str) {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl must be installed");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName={san}\n")).unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=rk-test-ca",
+    ]);
+    for name in ["server", "client"] {
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ]);
+    }
 }

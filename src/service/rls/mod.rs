@@ -65,6 +65,9 @@ pub struct LimiterSettings {
     /// Where the `near_limit` counters start.
     pub near_limit_ratio: NearLimitRatio,
     pub modes: GlobalModes,
+    /// Most keys the over-limit cache remembers (0: off); `None`:
+    /// [`super::over_cache::DEFAULT_CAPACITY`].
+    pub over_cache_keys: Option<usize>,
 }
 
 /// envoyproxy/ratelimit's global answer switches. All off by default, and
@@ -103,7 +106,10 @@ impl RateLimiter {
         RateLimiter {
             config,
             local: Arc::new(LocalFallback::new(&store, settings.expected_replicas)),
-            over: Arc::new(OverCache::new(store.generation())),
+            over: Arc::new(match settings.over_cache_keys {
+                Some(keys) => OverCache::with_capacity(store.generation(), keys),
+                None => OverCache::new(store.generation()),
+            }),
             store,
             counters: Arc::new(RuleCounters::new(
                 settings.max_detailed_series,

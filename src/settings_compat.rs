@@ -1,0 +1,326 @@
+//! Every environment variable of envoyproxy/ratelimit's `settings.go`, with
+//! what ratekeeper does with it: one table, so that none is silently
+//! ignored. At start-up the ones set in the environment that are not read
+//! under their own name are named in one warning, each with why; README's
+//! settings table is this table (a test keeps them equal).
+
+/// What ratekeeper does with one of envoyproxy/ratelimit's variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Read under the same name, with the same meaning (the text adds any
+    /// difference worth knowing; empty: none).
+    Same(&'static str),
+    /// Not read; ratekeeper's own setting does the job.
+    Own(&'static str),
+    /// Not read: it cannot apply here, for the reason given.
+    NotApplicable(&'static str),
+    /// Not read yet.
+    NotYet(&'static str),
+}
+
+use Status::{NotApplicable, NotYet, Own, Same};
+
+const MEMCACHE: &str =
+    "the memcache backend is not supported (`BACKEND_TYPE=memcache` stops the start-up)";
+const PIPELINING: &str =
+    "each Redis connection pipelines every call on it by itself; there is no window or limit to tune";
+const DOGSTATSD: &str =
+    "not yet: statsd lines carry tags as `name.__k=v` (their gostats form), not DogStatsD's `|#k:v`";
+const AT_START: &str = "read at start-up (theirs: again at each reload)";
+const PER_SECOND: &str = "not yet: one Redis serves every limit (no second per-second Redis)";
+const TRACING: &str = "not yet: tracing (another branch)";
+const LIMITS: &str = "not yet (another branch)";
+
+/// envoyproxy/ratelimit's variables, in `settings.go`'s order.
+pub const SETTINGS: &[(&str, Status)] = &[
+    ("HOST", Same("")),
+    ("PORT", Same("")),
+    ("DEBUG_HOST", Same("the debug listener serves `/rlconfig` only")),
+    ("DEBUG_PORT", Same("")),
+    ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP")),
+    ("GRPC_HOST", Same("with `GRPC_PORT`; `GRPC_ADDR` (own) wins")),
+    ("GRPC_PORT", Same("with `GRPC_HOST`; `GRPC_ADDR` (own) wins")),
+    ("GRPC_MAX_CONNECTION_AGE", Same("Go duration syntax, default `24h`")),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", Same("Go duration syntax, default `1h`")),
+    ("GRPC_SERVER_USE_TLS", Same("")),
+    ("GRPC_SERVER_TLS_CERT", Same("")),
+    ("GRPC_SERVER_TLS_KEY", Same("")),
+    ("GRPC_CLIENT_TLS_CACERT", Same("")),
+    ("GRPC_CLIENT_TLS_SAN", Same("")),
+    ("LOG_LEVEL", Same("default `info` (theirs `WARN`); also a tracing filter directive")),
+    ("LOG_FORMAT", Same("`json` in any case, else text")),
+    ("CONFIG_TYPE", Same("")),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Same("")),
+    ("CONFIG_GRPC_XDS_NODE_ID", Same("")),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", Same("")),
+    ("CONFIG_GRPC_XDS_SERVER_URL", Same("")),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        NotApplicable("it has no effect there either (their retry interceptor allows no retry); `XDS_CLIENT_BACKOFF_*` set the waits"),
+    ),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Same("")),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Same("")),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Same("")),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Same("")),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Same("")),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Same("")),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Same("")),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Same("")),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Same("")),
+    ("XDS_CLIENT_BACKOFF_JITTER", Same("")),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Same("")),
+    ("USE_DOG_STATSD", NotYet(DOGSTATSD)),
+    ("USE_DOG_STATSD_MOGRIFIERS", NotYet(DOGSTATSD)),
+    ("USE_STATSD", Same("default off unless `STATSD_HOST` is set (theirs: on); UDP, not TCP")),
+    ("STATSD_HOST", Same("")),
+    ("STATSD_PORT", Same("")),
+    ("EXTRA_TAGS", Same("")),
+    ("STATS_FLUSH_INTERVAL", Same("statsd only (Prometheus is scraped)")),
+    ("DISABLE_STATS", Own("`METRICS_ADDR=off`")),
+    ("USE_PROMETHEUS", Same("metrics are served without it too")),
+    ("PROMETHEUS_ADDR", Same("")),
+    ("PROMETHEUS_PATH", Same("")),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        NotApplicable("metrics are Prometheus-native (`ratekeeper_*`), not mapped from statsd names"),
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        NotApplicable("durations are in seconds (`ratekeeper_request_duration_seconds`), as Prometheus advises"),
+    ),
+    ("RUNTIME_ROOT", Same("default `/srv/runtime_data/current`; with no `RUNTIME_*` and no `CONFIG_DIR` (own) set, the limits are `./config/*.yaml`")),
+    ("RUNTIME_SUBDIRECTORY", Same("")),
+    ("RUNTIME_APPDIRECTORY", Same("every file under it, recursively, is a limits file")),
+    ("RUNTIME_IGNOREDOTFILES", Same("")),
+    ("RUNTIME_WATCH_ROOT", Same("which files are read; changes are found by polling (`RELOAD_INTERVAL_MS`)")),
+    ("EXPIRATION_JITTER_MAX_SECONDS", NotYet("not yet: key TTLs are the window's")),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", Same("the over-limit cache's size, a key counted as 128 bytes; 0 turns it off; unset, 100000 keys (theirs: off)")),
+    ("NEAR_LIMIT_RATIO", Same("")),
+    ("CACHE_KEY_PREFIX", Same("default `rk:`; the key format differs (see Differences)")),
+    ("BACKEND_TYPE", Same("`redis` only: `memcache` stops the start-up")),
+    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", NotYet(LIMITS)),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", Same("")),
+    ("LIMIT_LIMIT_HEADER", Same("")),
+    ("LIMIT_REMAINING_HEADER", Same("")),
+    ("LIMIT_RESET_HEADER", Same("")),
+    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Same("")),
+    ("REDIS_SOCKET_TYPE", Same("`unix`: `REDIS_URL` is the path of a single Redis's socket; unset, a `REDIS_URL` starting with `/` is one (theirs: `unix` by default)")),
+    ("REDIS_TYPE", Same("")),
+    ("REDIS_URL", Same("unset: counters in memory (one replica)")),
+    ("REDIS_POOL_SIZE", Same("connections in all, each multiplexed (default 4)")),
+    ("REDIS_AUTH", Same("")),
+    ("REDIS_TLS", Same("")),
+    ("REDIS_TLS_CLIENT_CERT", Same("")),
+    ("REDIS_TLS_CLIENT_KEY", Same("")),
+    ("REDIS_TLS_CACERT", Same("")),
+    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Same("single Redis and cluster; with sentinel, a start-up error")),
+    ("REDIS_PIPELINE_WINDOW", NotApplicable(PIPELINING)),
+    ("REDIS_PIPELINE_LIMIT", NotApplicable(PIPELINING)),
+    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", NotApplicable(PIPELINING)),
+    ("REDIS_PERSECOND", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_SOCKET_TYPE", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_TYPE", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_URL", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_POOL_SIZE", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_AUTH", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_TLS", NotYet(PER_SECOND)),
+    ("REDIS_SENTINEL_AUTH", Same("")),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", NotYet(PER_SECOND)),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        NotApplicable("readiness follows a probe of the store and `FAILURE_MODE` (see Redis: topologies and failures)"),
+    ),
+    ("REDIS_TIMEOUT", Same("the deadline of connecting and of each call, unless `REDIS_CONNECT_TIMEOUT_MS` / `REDIS_TIMEOUT_MS` (own) are set")),
+    ("REDIS_PERSECOND_TIMEOUT", NotYet(PER_SECOND)),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        NotApplicable("connections are multiplexed: a call never waits for a free one"),
+    ),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", NotYet(PER_SECOND)),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        NotApplicable("the server starts without Redis and connects in the background (answers follow `FAILURE_MODE` meanwhile)"),
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        NotApplicable("the server starts without Redis and connects in the background"),
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        NotApplicable("the server starts without Redis and connects in the background"),
+    ),
+    ("MEMCACHE_HOST_PORT", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_MAX_IDLE_CONNS", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_SRV", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_SRV_REFRESH", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_TLS", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_TLS_CLIENT_CERT", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_TLS_CLIENT_KEY", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_TLS_CACERT", NotApplicable(MEMCACHE)),
+    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", NotApplicable(MEMCACHE)),
+    ("SHADOW_MODE", Same(AT_START)),
+    ("QUOTA_MODE", Same(AT_START)),
+    ("RESPONSE_DYNAMIC_METADATA", Same(AT_START)),
+    ("MERGE_DOMAIN_CONFIG", Same(AT_START)),
+    ("TRACING_ENABLED", NotYet(TRACING)),
+    ("TRACING_SERVICE_NAME", NotYet(TRACING)),
+    ("TRACING_SERVICE_NAMESPACE", NotYet(TRACING)),
+    ("TRACING_SERVICE_INSTANCE_ID", NotYet(TRACING)),
+    ("TRACING_EXPORTER_PROTOCOL", NotYet(TRACING)),
+    ("TRACING_SAMPLING_RATE", NotYet(TRACING)),
+];
+
+impl Status {
+    /// Why a variable set with this status has no effect (`None`: it has).
+    fn ignored_because(self) -> Option<String> {
+        match self {
+            Same(_) => None,
+            Own(own) => Some(format!("use {own}")),
+            NotApplicable(why) => Some(why.to_owned()),
+            NotYet(why) => Some(why.to_owned()),
+        }
+    }
+
+    /// The README's "here" column.
+    #[cfg(test)]
+    fn describe(self) -> String {
+        match self {
+            Same("") => "same".to_owned(),
+            Same(note) => format!("same; {note}"),
+            Own(own) => format!("ratekeeper's own {own}"),
+            NotApplicable(why) => format!("not applicable: {why}"),
+            NotYet(why) => why.to_owned(),
+        }
+    }
+}
+
+/// Those of `set` (names of variables in the environment) that are
+/// envoyproxy/ratelimit's and have no effect here, each with why.
+pub fn ignored<'a>(set: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, String)> {
+    let mut ignored: Vec<(&str, String)> = set
+        .into_iter()
+        .filter_map(|name| {
+            let (_, status) = SETTINGS.iter().find(|(known, _)| *known == name)?;
+            Some((name, status.ignored_because()?))
+        })
+        .collect();
+    ignored.sort();
+    ignored
+}
+
+/// Logs, in one warning, every envoyproxy/ratelimit variable set in the
+/// environment that has no effect here.
+pub fn warn_ignored() {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    let ignored = ignored(names.iter().map(String::as_str));
+    if ignored.is_empty() {
+        return;
+    }
+    let list: Vec<String> = ignored
+        .iter()
+        .map(|(name, why)| format!("{name} ({why})"))
+        .collect();
+    tracing::warn!(
+        "envoyproxy/ratelimit settings set but ignored: {}",
+        list.join("; ")
+    );
+}
+
+/// README's table of envoyproxy/ratelimit's settings, as Markdown.
+#[cfg(test)]
+fn readme_table() -> String {
+    let mut table = String::from("| theirs | here |\n|---|---|\n");
+    for (name, status) in SETTINGS {
+        table.push_str(&format!("| `{name}` | {} |\n", status.describe()));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ignored, readme_table, Same, SETTINGS};
+
+    const BEGIN: &str = "<!-- settings table: from src/settings_compat.rs -->\n";
+    const END: &str = "<!-- end of settings table -->";
+
+    /// README's table is this module's; `UPDATE_README=1` rewrites it.
+    #[test]
+    fn readme_table_is_this_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(path).expect("README.md");
+        let start = readme
+            .find(BEGIN)
+            .expect("README has the table's start marker")
+            + BEGIN.len();
+        let end = start
+            + readme[start..]
+                .find(END)
+                .expect("README has the end marker");
+        let table = readme_table();
+        if readme[start..end] != table && std::env::var_os("UPDATE_README").is_some() {
+            let updated = format!("{}{table}{}", &readme[..start], &readme[end..]);
+            std::fs::write(path, updated).expect("write README.md");
+            return;
+        }
+        assert_eq!(
+            readme[start..end],
+            table,
+            "README's settings table is out of date: UPDATE_README=1 cargo test --bin ratekeeper readme_table"
+        );
+    }
+
+    /// Their names read with `std::env` (main.rs, envoy_settings.rs) rather
+    /// than as a flag's `env`.
+    const READ_DIRECTLY: &[&str] = &[
+        "HOST",
+        "PORT",
+        "DEBUG_HOST",
+        "DEBUG_PORT",
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+    ];
+
+    /// A "same" row is read, and a variable read is a "same" row: the
+    /// table cannot claim what the flags do not do (nor miss what they do).
+    #[test]
+    fn same_means_read() {
+        use clap::CommandFactory;
+        let mut read: Vec<String> = crate::Cli::command()
+            .get_arguments()
+            .filter_map(|arg| arg.get_env())
+            .map(|env| env.to_string_lossy().into_owned())
+            .collect();
+        read.extend(READ_DIRECTLY.iter().map(|name| (*name).to_owned()));
+        for (name, status) in SETTINGS {
+            let is_read = read.iter().any(|r| r == name);
+            assert_eq!(
+                is_read,
+                matches!(status, Same(_)),
+                "{name}: read {is_read}, but the table says {status:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_setting_is_listed_once() {
+        let mut names: Vec<&str> = SETTINGS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names.len(), 114, "settings.go has 114 variables");
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 114, "a variable is listed twice");
+    }
+
+    #[test]
+    fn only_theirs_that_do_nothing_are_named() {
+        let found = ignored(["MEMCACHE_SRV", "REDIS_URL", "PATH", "DISABLE_STATS"]);
+        let names: Vec<&str> = found.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["DISABLE_STATS", "MEMCACHE_SRV"]);
+        assert!(found[0].1.contains("METRICS_ADDR=off"), "{found:?}");
+    }
+}

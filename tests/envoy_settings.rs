@@ -1,0 +1,383 @@
+//! envoyproxy/ratelimit's environment read by the `ratekeeper` binary as
+//! theirs reads it: Go durations, the runtime directory layout, the backend
+//! choice, log settings, `GRPC_HOST`, and the one warning naming the
+//! variables that have no effect here.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::{descriptor, free_port, request, Ratekeeper, RedisServer, Sentinel};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const LIMITS: &str =
+    "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// The binary run to completion (it is expected to refuse to start): its
+/// stderr.
+fn refused(env: &[(&str, &str)]) -> String {
+    let output: Output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .args(["--http-addr", "off", "--debug-addr", "off"])
+        .env_remove("REDIS_URL")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Whether the second request for one user is refused (the limit is 1 an
+/// hour): the limits file was loaded.
+async fn limited(server: &Ratekeeper) -> bool {
+    let mut client = server.client().await;
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    client.should_rate_limit(ask()).await.unwrap();
+    let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    answer.overall_code == Code::OverLimit as i32
+}
+
+#[tokio::test]
+async fn go_durations_and_logrus_log_settings_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1.5s"),
+            ("REDIS_TIMEOUT", "250ms"),
+            ("LOG_LEVEL", "WARNING"),
+            ("LOG_FORMAT", "JSON"),
+        ],
+    );
+    assert!(limited(&server).await);
+    drop(server);
+    let stderr = refused(&[("GRPC_MAX_CONNECTION_AGE", "90x")]);
+    assert!(stderr.contains("bad duration \"90x\""), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_runtime_layout_loads_every_file_under_the_app_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("srv/rl/config");
+    // Any name, any depth; a file beside the app directory is not read.
+    write(&config.join("nested/deeper/web.conf"), LIMITS);
+    write(
+        &root.path().join("srv/rl/other.yaml"),
+        "not: [a limits file",
+    );
+    let root_env = root.path().join("srv").display().to_string();
+    for watch_root in ["true", "false"] {
+        let env = [
+            ("RUNTIME_ROOT", root_env.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("RUNTIME_WATCH_ROOT", watch_root),
+        ];
+        let server = Ratekeeper::spawn_in(root.path(), &[], &env);
+        assert!(limited(&server).await, "RUNTIME_WATCH_ROOT={watch_root}");
+    }
+
+    // Dot files are read unless RUNTIME_IGNOREDOTFILES (a broken one here).
+    write(&config.join(".hidden/broken"), "domain: [");
+    let env = [
+        ("RUNTIME_ROOT", root_env.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+    ];
+    let stderr = refused(&env);
+    assert!(stderr.contains(".hidden/broken"), "{stderr}");
+    let mut with_ignore = env.to_vec();
+    with_ignore.push(("RUNTIME_IGNOREDOTFILES", "true"));
+    let server = Ratekeeper::spawn_in(root.path(), &[], &with_ignore);
+    assert!(limited(&server).await);
+
+    // RUNTIME_APPDIRECTORY names the directory.
+    std::fs::rename(&config, root.path().join("srv/rl/limits")).unwrap();
+    with_ignore.push(("RUNTIME_APPDIRECTORY", "limits"));
+    let server = Ratekeeper::spawn_in(root.path(), &[], &with_ignore);
+    assert!(limited(&server).await);
+}
+
+#[test]
+fn memcache_is_refused_at_start() {
+    let stderr = refused(&[("BACKEND_TYPE", "memcache")]);
+    assert!(
+        stderr.contains("BACKEND_TYPE=memcache is not supported"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn their_settings_without_effect_are_named_in_one_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("REDIS_PIPELINE_WINDOW", "1ms"),
+            ("DISABLE_STATS", "true"),
+            ("MEMCACHE_SRV", "_memcache._tcp"),
+            ("BACKEND_TYPE", "redis"),
+        ],
+    );
+    assert!(limited(&server).await);
+    let logs = server.logs();
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("envoyproxy/ratelimit settings set but ignored"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    for name in [
+        "REDIS_PIPELINE_WINDOW (",
+        "DISABLE_STATS (use `METRICS_ADDR=off`)",
+        "MEMCACHE_SRV (",
+    ] {
+        assert!(warnings[0].contains(name), "{name}: {logs}");
+    }
+    assert!(!warnings[0].contains("BACKEND_TYPE ("), "{logs}");
+}
+
+#[test]
+fn grpc_host_and_port_name_the_grpc_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("l.yaml"), LIMITS);
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["--config-dir", &dir.path().display().to_string()])
+        .args([
+            "--metrics-addr",
+            "off",
+            "--http-addr",
+            "off",
+            "--debug-addr",
+            "off",
+        ])
+        .env_remove("GRPC_ADDR")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains(&format!("grpc=127.0.0.1:{port} ")), "{line}");
+}
+
+#[tokio::test]
+async fn redis_socket_type_unix_counts_in_redis_through_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock").display().to_string();
+    let redis = RedisServer::spawn(free_port(), &["--unixsocket", &socket]);
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[("REDIS_URL", &socket), ("REDIS_SOCKET_TYPE", "unix")],
+    );
+    assert!(limited(&server).await);
+    let mut redis_conn = redis.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("rk:*")
+        .query(&mut redis_conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "the counter is in that Redis: {keys:?}");
+    assert!(
+        server.logs().contains("store=\"redis\""),
+        "{}",
+        server.logs()
+    );
+}
+
+/// Limiter calls Redis sees for 5 requests of one user over a limit of 1,
+/// with `env` set.
+async fn redis_calls_for_five_requests(env: &[(&str, &str)]) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = redis.url();
+    let mut env = env.to_vec();
+    env.push(("REDIS_URL", &url));
+    let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    let mut client = server.client().await;
+    for _ in 0..5 {
+        let ask = request("web", vec![descriptor(&[("user", "a")])]);
+        client.should_rate_limit(ask).await.unwrap();
+    }
+    common::limiter_calls(&mut redis.client().get_connection().unwrap())
+}
+
+#[tokio::test]
+async fn local_cache_size_zero_turns_the_over_limit_cache_off() {
+    // Requests 3 to 5 are refused: from the cache when it is on, 3 calls
+    // fewer. The counts also hold the lanes' start-up and the store probe's
+    // calls (one more probe in a slow run: hence 2, not 3).
+    let off = redis_calls_for_five_requests(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]).await;
+    let on = redis_calls_for_five_requests(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1000000")]).await;
+    assert!(off >= on + 2, "off {off}, on {on}");
+}
+
+/// A TCP port relaying each connection to the Unix socket at `path` (so
+/// the usual gRPC client can reach a server listening only there).
+async fn relay_to(path: std::path::PathBuf) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let mut unix = tokio::net::UnixStream::connect(&path).await.unwrap();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn grpc_uds_serves_should_rate_limit_on_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let socket = dir.path().join("grpc.sock");
+    // A stale socket file of an earlier run is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let mut server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[("GRPC_UDS", &socket.display().to_string())],
+    );
+    assert_eq!(server.grpc, format!("unix:{}", socket.display()));
+    server.grpc = relay_to(socket).await;
+    assert!(limited(&server).await);
+}
+
+#[tokio::test]
+async fn redis_sentinel_auth_is_the_sentinels_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = RedisServer::start();
+    let sentinel = Sentinel::start_with(master.port, dir.path(), "requirepass s3cret:x\n");
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_SENTINEL_AUTH", "s3cret:x"),
+        ("FAILURE_MODE", "unavailable"),
+    ];
+    let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    // Through the sentinels to the master: the counter is there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut client = server.client().await;
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    while client.should_rate_limit(ask()).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{}", server.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut redis_conn = master.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("rk:*")
+        .query(&mut redis_conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}
+
+/// A TLS-only `redis-server` whose certificate names `redis.example` (not
+/// 127.0.0.1), signed by `dir/ca.crt`; killed when dropped.
+struct MisnamedTlsRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl MisnamedTlsRedis {
+    fn start(dir: &Path) -> MisnamedTlsRedis {
+        common::make_certs(dir, "DNS:redis.example");
+        let file = |name: &str| dir.join(name).display().to_string();
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--tls-auth-clients",
+                "no",
+            ])
+            .args(["--tls-cert-file", &file("server.crt")])
+            .args(["--tls-key-file", &file("server.key")])
+            .args(["--tls-ca-cert-file", &file("ca.crt")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "TLS redis-server did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        MisnamedTlsRedis { child, port }
+    }
+}
+
+impl Drop for MisnamedTlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn redis_tls_skip_hostname_verification_checks_the_chain_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = MisnamedTlsRedis::start(dir.path());
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let ca = dir.path().join("ca.crt").display().to_string();
+    let with = |skip: &'static str| {
+        [
+            ("REDIS_URL", url.clone()),
+            ("REDIS_TLS_CACERT", ca.clone()),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", skip.to_owned()),
+            ("FAILURE_MODE", "unavailable".to_owned()),
+        ]
+    };
+    let answers = |skip: &'static str| {
+        let env = with(skip);
+        let dir = dir.path().join("limits");
+        async move {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let server = Ratekeeper::spawn_with_env(&dir, &[], &env);
+            let mut client = server.client().await;
+            // Redis is connected in the background: allow it 3 s.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            loop {
+                let ask = request("web", vec![descriptor(&[("user", "a")])]);
+                if client.should_rate_limit(ask).await.is_ok() {
+                    return true;
+                }
+                if std::time::Instant::now() > deadline {
+                    eprintln!("{}", server.logs());
+                    return false;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(!answers("false").await, "the name is checked by default");
+    assert!(answers("true").await, "only the chain is checked");
+}
