@@ -13,7 +13,7 @@ B.fw = function() return {
     return s.count + c.need > c.limit
   end,
   apply = function(s, c, now)
-    s.count = s.count + c.hits
+    s.count = s.count + charge(c, s.count)
   end,
   report = function(s, c, over, applied, now)
     return math.max(c.limit - s.count, 0), (s.window + 1) * c.period - now

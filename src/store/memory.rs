@@ -315,6 +315,7 @@ mod tests {
             burst: 0,
             hits,
             enforce: true,
+            charges: false,
         }
     }
 

@@ -30,6 +30,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
+use crate::limiter::Algorithm;
+
 use self::failure::{degraded, Fallback, LocalFallback};
 use self::plan::Plan;
 use self::respond::allow_all;
@@ -57,6 +59,19 @@ pub struct LimiterSettings {
     pub max_detailed_series: usize,
     /// Raw or hashed descriptor values in keys and labels.
     pub values: Values,
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`:
+    /// fixed windows drop hits over the limit unless a limit says otherwise.
+    pub stop_increment_when_over_limit: bool,
+}
+
+impl LimiterSettings {
+    /// Whether a limit of `algorithm` that sets no `charges:` records hits
+    /// over the limit: envoyproxy/ratelimit's fixed window does (its
+    /// counters pass the limit), so files in its format and xDS configs get
+    /// its outcome; ratekeeper's own algorithms do not.
+    pub fn charges(&self, algorithm: Algorithm) -> bool {
+        algorithm == Algorithm::FixedWindow && !self.stop_increment_when_over_limit
+    }
 }
 
 /// The `ShouldRateLimit` implementation.

@@ -167,6 +167,9 @@ fn check(
         burst: rate.effective_burst(),
         hits: hits(request, descriptor),
         enforce: !rule.is_some_and(|r| r.shadow_mode),
+        charges: rate
+            .charges
+            .unwrap_or_else(|| settings.charges(rate.algorithm)),
     }
 }
 
