@@ -106,6 +106,15 @@ end)
 -- The hits of check c a state holding `count` hits records: all of them, up
 -- to a count of twice the limit (a debt of at most one limit). Admitted hits
 -- always fit. Twin of `recordable` in src/limiter/mod.rs, which says why.
+-- Comparisons rather than math.min/max: every admitted hit comes here, and
+-- the two calls into C cost a one-key batch of fixed-window requests 6% more
+-- of Redis's instructions (bench/lua_instructions.sh, shape `same`).
 local function charge(c, count)
-  return math.min(c.hits, math.max(2 * c.limit - count, 0))
+  local room = 2 * c.limit - count
+  if c.hits <= room then
+    return c.hits
+  elseif room > 0 then
+    return room
+  end
+  return 0
 end
