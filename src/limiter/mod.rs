@@ -256,7 +256,9 @@ pub struct Outcome {
 /// budget past the limit is repaid in full. Admitted hits always fit (their
 /// count stays within the limit). Twin: `charge` in `lua/prelude.lua`.
 pub fn recordable(check: &Check, count: u64) -> u64 {
-    check.hits.min(check.limit.saturating_mul(2).saturating_sub(count))
+    check
+        .hits
+        .min(check.limit.saturating_mul(2).saturating_sub(count))
 }
 
 /// Hits above this are treated as this (any real limit is a `u32`), so sums
