@@ -43,7 +43,7 @@ PY
 # The limiter call the Redis ceilings time (after `EVALSHA <sha>` or
 # `FCALL <function>`): one fixed-window check on one of 1M keys, as
 # ratekeeper sends a one-descriptor request when it is alone in its call.
-LIMITER_CALL=(1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' '' '1 1' 'fw 1000000000 3600000 0 1 1')
+LIMITER_CALL=(1 'rk:{bench_fw|user_id=key__rand_int__}:fw.3600' '' '1 1' 'fw 1000000000 3600000 0 1 1 0')
 
 # write_limiter DIR: the limiter as ratekeeper loads it, DIR/script.lua
 # (EVALSHA) and DIR/library.lua (FCALL), written by the ratekeeper binary

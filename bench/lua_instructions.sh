@@ -45,14 +45,14 @@ call_args() {
         else
             keys+=("rk:{bench_fw|user_id=key${i}-__rand_int__}:fw.3600")
         fi
-        args+=('1 1' 'fw 1000000000 3600000 0 1 1')
+        args+=('1 1' 'fw 1000000000 3600000 0 1 1 0')
     done
     CALL=("$requests" "${keys[@]}" "${args[@]}")
 }
 
 # sliding_log_args HITS: one sliding-log check on one of 1,000 keys.
 sliding_log_args() {
-    CALL=(1 'rk:{bench_sl|user_id=key__rand_int__}:slw.3600' '' '1 1' "sl 4000000000 3600000 0 $1 1")
+    CALL=(1 'rk:{bench_sl|user_id=key__rand_int__}:slw.3600' '' '1 1' "sl 4000000000 3600000 0 $1 1 0")
 }
 
 for script in "$@"; do

@@ -93,7 +93,7 @@ for hits in $HITS; do
     start=$(date +%s.%N)
     redis-benchmark -h 127.0.0.1 -p "$port" -c "$CLIENTS" -n "$CALLS" -r "$KEYS" -q \
         FCALL "$function" 1 'rk:{bench_sl|user_id=key__rand_int__}:slw.3600' '' '1 1' \
-        "sl 4000000000 3600000 0 $hits 1" >/dev/null
+        "sl 4000000000 3600000 0 $hits 1 0" >/dev/null
     end=$(date +%s.%N)
     kill "$pinger_pid"
     wait "$pinger_pid" || true

@@ -62,7 +62,7 @@ local function request(k0, a0, n, all_or_nothing)
     if over and c.enforce then
       blocked = true
     end
-    local applied = (not over) and c.hits > 0
+    local applied = c.hits > 0 and (c.charges or not over)
     if applied then
       if undoable and before[key] == nil then
         before[key] = copy(s)
@@ -90,8 +90,9 @@ local function request(k0, a0, n, all_or_nothing)
     return true
   end
   if blocked and all_or_nothing then
-    -- A refused request consumes nothing: put back what it took and report
-    -- every check against the states as they were before it.
+    -- A refused request consumes nothing but its charges: put back what it
+    -- took, record the hits of its checks that take charges, in order, and
+    -- report every check against the states so left.
     for i = 1, n do
       local key = KEYS[k0 + i]
       if before[key] ~= nil then
@@ -99,8 +100,16 @@ local function request(k0, a0, n, all_or_nothing)
       end
     end
     for i = 1, n do
+      local c, key = checks[i], KEYS[k0 + i]
+      if c.charges and c.hits > 0 then
+        c.algo.apply(state[key], c, now)
+        save_with[key] = c
+      end
+    end
+    for i = 1, n do
       local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
-      out[o - 1], out[o] = c.algo.report(s, c, out[o - 2] == 1, false, now)
+      local charged = c.charges and c.hits > 0
+      out[o - 1], out[o] = c.algo.report(s, c, out[o - 2] == 1, charged, now)
     end
   else
     for i = 1, n do

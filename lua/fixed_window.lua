@@ -13,7 +13,14 @@ B.fw = function() return {
     return s.count + c.need > c.limit
   end,
   apply = function(s, c, now)
-    s.count = s.count + c.hits
+    -- s.count + charge(c, s.count), inlined: the default algorithm's every
+    -- admitted hit comes here, and the call cost a one-key batch 4% of
+    -- Redis's instructions (bench/lua_instructions.sh, shape `same`).
+    local count, most = s.count + c.hits, 2 * c.limit
+    if count > most then
+      count = math.max(most, s.count)
+    end
+    s.count = count
   end,
   report = function(s, c, over, applied, now)
     return math.max(c.limit - s.count, 0), (s.window + 1) * c.period - now

@@ -19,7 +19,11 @@ local function gcra() return {
     return c.limit == 0 or (s.tat - now * 1000) + c.need * t > c.burst * t
   end,
   apply = function(s, c, now)
-    s.tat = s.tat + c.hits * gcra_emission(c)
+    -- Admitted hits always fit under the bound: a full bucket plus a debt of
+    -- one limit; a charge is cut to it (hits capped before multiplying).
+    local t = gcra_emission(c)
+    local room = math.max(now * 1000 + (c.burst + c.limit) * t - s.tat, 0)
+    s.tat = s.tat + math.min(math.min(c.hits, c.burst + c.limit) * t, room)
   end,
   report = function(s, c, over, applied, now)
     local t = gcra_emission(c)
@@ -31,8 +35,12 @@ local function gcra() return {
     end
     local wait
     if over then
-      -- Until the refused hits fit; if they never can, until empty.
+      -- Until the refused hits fit (a recorded charge: until one more hit
+      -- does); if they never can, until empty.
       local need = c.need * t
+      if applied then
+        need = t
+      end
       if need <= capacity then
         wait = math.max(backlog + need - capacity, 0)
       else

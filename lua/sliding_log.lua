@@ -25,8 +25,8 @@ B.sl = function()
   local SL_TRIM = 64
   -- Running totals are rebased (the entries in the period rewritten from 0)
   -- before they would pass this, so that they stay exact in Lua's doubles:
-  -- at most once per 2^52 admitted hits, as a key's total is at most its
-  -- limit (< 2^32) just after a rebase.
+  -- at most once per 2^52 admitted hits, as a key's total is at most twice
+  -- its limit (< 2^33, lua/prelude.lua's `charge`) just after a rebase.
   local SL_REBASE = 2 ^ 52
 
   -- A member's running total and hits, and its time.
@@ -127,15 +127,20 @@ B.sl = function()
       return s.total + s.added + c.need > c.limit
     end,
     apply = function(s, c, now)
-      s.added = s.added + math.min(c.hits, c.limit)
+      s.added = s.added + charge(c, s.total + s.added)
     end,
     report = function(s, c, over, applied, now)
       local count = s.total + s.added
+      -- A recorded charge waits for the next hit; a refused request for its own.
+      local need = c.need
+      if applied then
+        need = 1
+      end
       local stamp
-      if over and c.need <= c.limit then
+      if over and need <= c.limit then
         -- The refused hits fit once `excess` of the oldest have aged out (or
         -- now, when reporting a stored state they fit into).
-        local excess = count + c.need - c.limit
+        local excess = count + need - c.limit
         if excess < 1 then
           return math.max(c.limit - count, 0), 0
         elseif excess > s.total then
@@ -156,6 +161,11 @@ B.sl = function()
       return c.period
     end,
     save = function(key, s, c, now, ttl)
+      if s.added == 0 then
+        -- Charges past the debt's bound: nothing recorded (a member holds at
+        -- least one hit).
+        return
+      end
       local top = s.top + s.added
       if top > SL_REBASE then
         top = sl_rebase(s) + s.added

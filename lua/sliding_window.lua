@@ -25,7 +25,7 @@ B.sw = function() return {
     return sw_estimate(s, c, now) + c.need > c.limit
   end,
   apply = function(s, c, now)
-    s.current = s.current + c.hits
+    s.current = s.current + charge(c, sw_estimate(s, c, now))
   end,
   report = function(s, c, over, applied, now)
     return math.max(c.limit - sw_estimate(s, c, now), 0), (s.window + 1) * c.period - now

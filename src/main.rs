@@ -530,6 +530,7 @@ async fn run(cli: Cli) -> Result<()> {
             failure_mode: cli.failure_mode.into(),
             expected_replicas: cli.expected_replicas,
             max_detailed_series: cli.max_detailed_metric_series,
+            stop_increment_when_over_limit: cli.envoy.stop_cache_key_increment_when_overlimit,
             values: if cli.hash_descriptor_values {
                 Values::Sha256
             } else {

@@ -26,6 +26,11 @@ pub struct Rate {
     pub burst: Option<u32>,
     /// `rate_limit.name`, reported in `current_limit` and used by `replaces`.
     pub name: Option<String>,
+    /// `charges:` of the limit, else of its domain: whether hits over the
+    /// limit are recorded (`record`) or a refused request consumes nothing
+    /// (`drop`); `None` leaves it to the server's default for the algorithm
+    /// (`LimiterSettings::charges`).
+    pub charges: Option<bool>,
 }
 
 impl Rate {
@@ -37,6 +42,7 @@ impl Rate {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             name: None,
+            charges: None,
         }
     }
 

@@ -29,7 +29,6 @@ const DOGSTATSD: &str =
 const AT_START: &str = "read at start-up (theirs: again at each reload)";
 const PER_SECOND: &str = "not yet: one Redis serves every limit (no second per-second Redis)";
 const TRACING: &str = "not yet: tracing (another branch)";
-const LIMITS: &str = "not yet (another branch)";
 
 /// envoyproxy/ratelimit's variables, in `settings.go`'s order.
 pub const SETTINGS: &[(&str, Status)] = &[
@@ -98,7 +97,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("NEAR_LIMIT_RATIO", Same("")),
     ("CACHE_KEY_PREFIX", Same("default `rk:`; the key format differs (see Differences)")),
     ("BACKEND_TYPE", Same("`redis` only: `memcache` stops the start-up")),
-    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", NotYet(LIMITS)),
+    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Same("also `charges: drop` per domain or limit")),
     ("LIMIT_RESPONSE_HEADERS_ENABLED", Same("")),
     ("LIMIT_LIMIT_HEADER", Same("")),
     ("LIMIT_REMAINING_HEADER", Same("")),

@@ -29,7 +29,7 @@ descriptors:
   - key: user
     rate_limits:
       - {unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 2, name: burst}
-      - {unit: day, requests_per_unit: 3, name: daily}
+      - {unit: day, requests_per_unit: 3, name: daily, charges: drop}
   - key: quiet
     rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
@@ -168,7 +168,8 @@ async fn stacked_limits_report_the_tightest_and_consume_all_or_nothing() {
             (Code::Ok, 0),
             "{store}"
         );
-        // The bucket refuses the third: the daily limit is not consumed.
+        // The bucket refuses the third: the daily limit (`charges: drop`) is
+        // not consumed.
         let r = client
             .should_rate_limit(req.clone())
             .await

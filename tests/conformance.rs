@@ -22,6 +22,7 @@ fn ck(algorithm: Algorithm, key: &str, limit: u64, period_ms: u64, burst: u64, h
         burst,
         hits,
         enforce: true,
+        charges: false,
     }
 }
 
@@ -510,10 +511,151 @@ fn mixed() -> Vec<Step> {
     ]
 }
 
+/// `check` on a limit that takes charges.
+fn charged(check: Check) -> Check {
+    Check {
+        charges: true,
+        ..check
+    }
+}
+
+/// Limits that take charges: hits over the limit are recorded (up to a count
+/// of twice the limit), so the next check is refused until the overrun has
+/// been repaid; a check (hits 0) consumes nothing.
+fn charges() -> Vec<Step> {
+    let fw = |hits| charged(c("fwc", 10, hits));
+    let sw = |hits| charged(ck(Algorithm::SlidingWindow, "swc", 10, 1_000, 0, hits));
+    let sl = |hits| charged(ck(Algorithm::SlidingLog, "slc", 10, 1_000, 0, hits));
+    let tb = |hits| charged(ck(Algorithm::TokenBucket, "tbc", 10, 1_000, 10, hits));
+    let lb = |hits| charged(ck(Algorithm::LeakyBucket, "lbc", 2, 1_000, 2, hits));
+    vec![
+        s(0, vec![fw(0)], vec![o(false, 10, 1000)], "fw: check only"),
+        s(0, vec![fw(15)], vec![o(true, 0, 1000)], "fw: 15 recorded"),
+        s(
+            100,
+            vec![fw(0)],
+            vec![o(true, 0, 900)],
+            "fw: next check refused",
+        ),
+        s(
+            100,
+            vec![fw(10)],
+            vec![o(true, 0, 900)],
+            "fw: 5 recorded (20 at most)",
+        ),
+        s(
+            1000,
+            vec![fw(0)],
+            vec![o(false, 10, 1000)],
+            "fw: a new window",
+        ),
+        s(0, vec![sw(15)], vec![o(true, 0, 1000)], "sw: 15 recorded"),
+        s(
+            1200,
+            vec![sw(0)],
+            vec![o(true, 0, 800)],
+            "sw: 15 x 0.8 = 12 still count",
+        ),
+        s(
+            1500,
+            vec![sw(0)],
+            vec![o(false, 3, 500)],
+            "sw: 15 x 0.5 = 7: 3 left",
+        ),
+        s(2000, vec![sl(4)], vec![o(false, 6, 1000)], "sl: 4 admitted"),
+        s(
+            2100,
+            vec![sl(9)],
+            vec![o(true, 0, 900)],
+            "sl: 9 recorded: 13, one hit fits once the 4 age out",
+        ),
+        s(
+            2500,
+            vec![sl(0)],
+            vec![o(true, 0, 500)],
+            "sl: next check refused",
+        ),
+        s(
+            3000,
+            vec![sl(0)],
+            vec![o(false, 1, 100)],
+            "sl: the 4 aged out: 9 held, 1 left",
+        ),
+        s(
+            3000,
+            vec![sl(30)],
+            vec![o(true, 0, 1000)],
+            "sl: 11 recorded (20 at most)",
+        ),
+        s(4000, vec![tb(0)], vec![o(false, 10, 0)], "tb: full"),
+        s(
+            4000,
+            vec![tb(15)],
+            vec![o(true, 0, 600)],
+            "tb: a debt of 5 tokens: one back in 600 ms",
+        ),
+        s(
+            4500,
+            vec![tb(0)],
+            vec![o(true, 0, 100)],
+            "tb: next check refused",
+        ),
+        s(
+            4600,
+            vec![tb(1)],
+            vec![o(false, 0, 1000)],
+            "tb: the debt repaid, one admitted",
+        ),
+        s(
+            9000,
+            vec![tb(100)],
+            vec![o(true, 0, 1100)],
+            "tb: 20 recorded: refused 1.1 s, not 10",
+        ),
+        s(
+            9000,
+            vec![lb(3)],
+            vec![o(true, 0, 1000)],
+            "lb: 3 recorded in a queue of 2",
+        ),
+        s(
+            10_000,
+            vec![lb(1)],
+            vec![o(false, 0, 500)],
+            "lb: queued behind the overrun",
+        ),
+    ]
+}
+
+/// Charges under all-or-nothing: a refused request records its charges and
+/// nothing else.
+fn charges_all_or_nothing() -> Vec<Step> {
+    let fw = |key, hits| charged(c(key, 5, hits));
+    let tb = |key, hits| ck(Algorithm::TokenBucket, key, 1, 1_000, 1, hits);
+    vec![
+        s(
+            7000,
+            vec![fw("ca1", 2), tb("ca2", 2)],
+            vec![o(false, 3, 1000), o(true, 1, 0)],
+            "the token bucket refuses; the charge is recorded anyway",
+        ),
+        s(
+            7000,
+            vec![fw("ca3", 10), tb("ca4", 1)],
+            vec![o(true, 0, 1000), o(false, 1, 0)],
+            "the charge over its limit is recorded; the admitted token bucket consumes nothing",
+        ),
+        s(
+            7000,
+            vec![fw("ca3", 0), tb("ca4", 1)],
+            vec![o(true, 0, 1000), o(false, 1, 0)],
+            "refused by the recorded charge",
+        ),
+    ]
+}
+
 #[tokio::test]
 async fn every_algorithm_agrees_on_every_store() {
-    // A start on a minute boundary, so every window in the table is aligned.
-    let start = 1_800_000_000_000u64;
     let tables = [
         ("fixed_window", fixed_window()),
         ("sliding_window", sliding_window()),
@@ -521,27 +663,43 @@ async fn every_algorithm_agrees_on_every_store() {
         ("token_bucket", token_bucket()),
         ("leaky_bucket", leaky_bucket()),
         ("mixed", mixed()),
+        ("charges", charges()),
+        ("charges_all_or_nothing", charges_all_or_nothing()),
     ];
     for backend in Backend::all() {
         for (name, table) in &tables {
-            let clock = Arc::new(ManualClock::new(start));
-            let store = backend.store(clock.clone());
-            for (i, step) in table.iter().enumerate() {
-                clock.set(start + step.at);
-                let got = store
-                    .apply(&step.checks, step.all_or_nothing)
-                    .await
-                    .expect("store");
-                assert_eq!(
-                    got,
-                    step.expect,
-                    "{} {name} step {i}: {}",
-                    backend.name(),
-                    step.why
-                );
-            }
+            run_table(&backend, name, table).await;
         }
     }
+}
+
+/// Runs `table` on a fresh store of `backend`, its clock pinned from a start
+/// on a minute boundary (so every window in the table is aligned).
+async fn run_table(backend: &Backend, name: &str, table: &[Step]) {
+    let start = 1_800_000_000_000u64;
+    let clock = Arc::new(ManualClock::new(start));
+    let store = backend.store(clock.clone());
+    for (i, step) in table.iter().enumerate() {
+        clock.set(start + step.at);
+        let got = store
+            .apply(&step.checks, step.all_or_nothing)
+            .await
+            .expect("store");
+        assert_eq!(
+            got,
+            step.expect,
+            "{} {name} step {i}: {}",
+            backend.name(),
+            step.why
+        );
+    }
+}
+
+/// The charges' table (one key per request) on a Redis Cluster as well.
+#[tokio::test]
+async fn charges_agree_on_a_redis_cluster() {
+    let cluster = Backend::Cluster(common::RedisCluster::start(3, 0));
+    run_table(&cluster, "charges", &charges()).await;
 }
 
 #[tokio::test]
@@ -943,7 +1101,7 @@ fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
         .query(&mut conn)
         .unwrap();
     let keys = ["rk:{bad|a}:fw.1000", "rk:{bad|b}:fw.1000"];
-    let good = "fw 5 1000 0 1 1";
+    let good = "fw 5 1000 0 1 1 0";
     let mut call = |by: &str, args: &[&str]| -> redis::RedisResult<Vec<i64>> {
         let mut cmd = redis::cmd(by);
         cmd.arg(if by == "FCALL" { &function } else { &sha });
@@ -951,10 +1109,10 @@ fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
         cmd.arg(args).query(&mut conn)
     };
     let malformed: [&[&str]; 8] = [
-        &["1 0", good, "1 0", "xx 5 1000 0 1 1"],
-        &["1 0", good, "1 0", "fw 5 1000 0 1"],
-        &["1 0", good, "1 0", "fw 5 -1000 0 1 1"],
-        &["1 0", good, "1 0", "fw 5 1000 0 1 2"],
+        &["1 0", good, "1 0", "xx 5 1000 0 1 1 0"],
+        &["1 0", good, "1 0", "fw 5 1000 0 1 1"],
+        &["1 0", good, "1 0", "fw 5 -1000 0 1 1 0"],
+        &["1 0", good, "1 0", "fw 5 1000 0 1 1 2"],
         &["1 0", good, "1 2", good],
         &["1 0", good, "one 0", good],
         &["1 0", good, "2 0", good],
@@ -1115,8 +1273,9 @@ async fn cluster_requests_across_slots_are_atomic_per_slot() {
     assert_eq!(out, vec![o(false, 3, 1000), o(false, 0, 1000)]);
 }
 
-/// A key of the random runs below: its algorithm, limit, period and burst.
-type KeySpec = (Algorithm, u64, u64, u64);
+/// A key of the random runs below: its algorithm, limit, period, burst and
+/// whether it takes charges.
+type KeySpec = (Algorithm, u64, u64, u64, bool);
 /// A request: all-or-nothing, and its checks as (key index, hits, enforce).
 type Request = (bool, Vec<(usize, u64, bool)>);
 
@@ -1134,7 +1293,7 @@ fn key_specs() -> impl Strategy<Value = Vec<KeySpec>> {
     // the pinned clock still counts.
     let limit = prop::sample::select(vec![1u64, 2, 4]);
     let period = prop::sample::select(vec![1_000u64, 60_000]);
-    prop::collection::vec((algorithm, limit, period, 0u64..4), 4)
+    prop::collection::vec((algorithm, limit, period, 0u64..4, prop::bool::ANY), 4)
 }
 
 fn calls() -> impl Strategy<Value = Vec<(u64, Vec<Request>)>> {
@@ -1196,9 +1355,10 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
                         let checks = checks
                             .iter()
                             .map(|&(k, hits, enforce)| {
-                                let (algorithm, limit, period_ms, burst) = specs[k];
+                                let (algorithm, limit, period_ms, burst, charges) = specs[k];
                                 Check {
                                     enforce,
+                                    charges,
                                     ..ck(algorithm, &format!("k{k}"), limit, period_ms, burst, hits)
                                 }
                             })

@@ -705,6 +705,7 @@ async fn after_the_cooldown_a_request_probes_redis_and_closes_the_circuit() {
         burst: 0,
         hits: 1,
         enforce: true,
+        charges: false,
     }];
     store.apply(&check, true).await.expect("Redis up");
     redis.kill();

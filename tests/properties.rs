@@ -38,6 +38,7 @@ fn run(
             burst,
             hits,
             enforce: true,
+            charges: false,
         };
         let outcome = store.apply(&[check], true)[0];
         if !outcome.over && hits > 0 {

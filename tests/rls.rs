@@ -14,8 +14,12 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use ratekeeper::clock::ManualClock;
 use tonic::Code as GrpcCode;
 
+// `charges: drop`: a refused request consumes nothing (all-or-nothing), as
+// the tests here expect; a fixed window otherwise records hits over its
+// limit, as envoyproxy/ratelimit's does (tests/charges.rs).
 const LIMITS: &str = r#"
 domain: api
+charges: drop
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}

@@ -55,6 +55,7 @@ type Compiled<T> = Result<T, CompileError>;
 /// Checks and compiles one domain.
 pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
     let domain = description.domain;
+    let charges = description.charges;
     if domain.is_empty() {
         return Err(CompileError::new("", "the domain must not be empty"));
     }
@@ -71,6 +72,9 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
         Ok((index, share))
     })?;
     check_replaces(&rules)?;
+    for rate in rules.iter_mut().flat_map(|rule| rule.rates.iter_mut()) {
+        rate.charges = rate.charges.or(charges);
+    }
     let mut concurrency_rules = Vec::new();
     let concurrency_root = build_level(description.concurrency, "", &mut |c, at, path| {
         Ok((
@@ -273,6 +277,7 @@ fn rate(limit: &Limit) -> Compiled<Rate> {
         algorithm: limit.algorithm.unwrap_or(Algorithm::FixedWindow),
         burst: limit.burst,
         name: limit.name.clone(),
+        charges: limit.charges,
     };
     check_rate(&rate).map_err(|reason| CompileError::new(at, reason))?;
     Ok(rate)

@@ -27,6 +27,8 @@ pub struct DomainDescription {
     pub response_headers: Option<bool>,
     /// ratekeeper: the answer while the store fails (overrides the flag).
     pub failure_mode: Option<FailureMode>,
+    /// ratekeeper: `charges:` for the domain's limits that set none.
+    pub charges: Option<bool>,
 }
 
 /// A descriptor tree node: a key, maybe a value, children, and what the node
@@ -81,6 +83,8 @@ pub struct Limit {
     pub algorithm: Option<Algorithm>,
     /// ratekeeper: bucket size / queue depth of the GCRA algorithms.
     pub burst: Option<u32>,
+    /// ratekeeper: `charges: record` (true) or `drop` (false).
+    pub charges: Option<bool>,
 }
 
 /// What a `concurrency:` node carries.

@@ -40,6 +40,8 @@ struct RawFile {
     concurrency: Option<Vec<RawConcurrency>>,
     /// ratekeeper: the answer while the store fails (overrides the flag).
     failure_mode: Option<FailureModeName>,
+    /// ratekeeper: `charges:` for the limits that set none.
+    charges: Option<ChargesName>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +73,8 @@ struct RawRateLimit {
     algorithm: Option<AlgorithmName>,
     /// ratekeeper: bucket size / queue depth of the GCRA algorithms.
     burst: Option<u32>,
+    /// ratekeeper: `record` hits over the limit, or `drop` them.
+    charges: Option<ChargesName>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -149,6 +153,7 @@ fn describe(raw: RawFile) -> Result<DomainDescription, CompileError> {
         all_or_nothing: raw.all_or_nothing,
         response_headers: raw.response_headers,
         failure_mode: raw.failure_mode.map(|FailureModeName(m)| m),
+        charges: raw.charges.map(|ChargesName(c)| c),
     })
 }
 
@@ -224,6 +229,7 @@ fn describe_limit(raw: RawRateLimit, at: String) -> desc::Limit {
             .collect(),
         algorithm: raw.algorithm.map(|AlgorithmName(a)| a),
         burst: raw.burst,
+        charges: raw.charges.map(|ChargesName(c)| c),
         at,
     }
 }
@@ -361,6 +367,24 @@ impl<'de> Deserialize<'de> for FailureModeName {
                     "unknown failure_mode {name:?}: expected open, closed, unavailable or local"
                 ))
             })
+    }
+}
+
+/// `charges: record` (true: hits over the limit are recorded) or `drop`
+/// (false: a refused request consumes nothing), checked while parsing.
+#[derive(Debug)]
+struct ChargesName(bool);
+
+impl<'de> Deserialize<'de> for ChargesName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Scalar(name) = Scalar::deserialize(d)?;
+        match name.as_str() {
+            "record" => Ok(ChargesName(true)),
+            "drop" => Ok(ChargesName(false)),
+            _ => Err(de::Error::custom(format!(
+                "unknown charges {name:?}: expected record or drop"
+            ))),
+        }
     }
 }
 

@@ -104,6 +104,7 @@ fn limit(policy: &RateLimitPolicy, at: String) -> Result<desc::Limit, CompileErr
         replaces: policy.replaces.iter().map(|r| r.name.clone()).collect(),
         algorithm: None,
         burst: None,
+        charges: None,
         at,
     })
 }

@@ -8,7 +8,8 @@
 //! Theirs prints in Go map order; here domains are sorted and a domain's
 //! rules come in file order. A rule with several (stacked) limits prints a
 //! line for each, and a limit counted by another algorithm than the fixed
-//! window says which at the end of its line.
+//! window says which at the end of its line, as does a limit that sets
+//! `charges:` (itself or through its domain).
 
 use std::fmt::Write;
 
@@ -50,6 +51,13 @@ fn dump_rule(text: &mut String, domain: &str, rule: &Rule) {
         if rate.algorithm != Algorithm::FixedWindow {
             let _ = write!(text, ", algorithm: {}", rate.algorithm.name());
         }
+        if let Some(record) = rate.charges {
+            let _ = write!(
+                text,
+                ", charges: {}",
+                if record { "record" } else { "drop" }
+            );
+        }
         text.push('\n');
     }
 }
@@ -72,13 +80,13 @@ mod tests {
     #[test]
     fn one_line_per_limit_in_their_format() {
         let web = "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n    descriptors:\n      - key: path\n        value: /login\n        shadow_mode: true\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: admin\n    rate_limit: {unlimited: true}\n";
-        let api = "domain: api\ndescriptors:\n  - key: token\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: token_bucket}\n";
+        let api = "domain: api\ndescriptors:\n  - key: token\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: token_bucket, charges: record}\n";
         let config =
             Config::from_files([(Path::new("web.yaml"), web), (Path::new("api.yaml"), api)])
                 .unwrap();
         assert_eq!(
             dump(&config),
-            "api.token: unit=HOUR requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: token_bucket\n\
+            "api.token: unit=HOUR requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: token_bucket, charges: record\n\
              web.user: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n\
              web.user.path_/login: unit=SECOND requests_per_unit=1, shadow_mode: true, quota_mode: false\n\
              web.admin: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n"

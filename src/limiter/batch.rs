@@ -3,10 +3,14 @@
 //!
 //! Each key's state is loaded once; checks are tried in order, each seeing
 //! the hits earlier checks of the request consumed from the same key. A check
-//! that is over its limit consumes nothing. With `all_or_nothing`, a request
-//! refused by any enforced check consumes nothing at all, and every outcome
-//! is reported from the stored state; otherwise (Envoy's behaviour) the
-//! checks that fit are consumed even when another refuses the request.
+//! that is over its limit consumes nothing, unless its limit takes charges
+//! (then its hits are recorded anyway: see [`super::recordable`]). With
+//! `all_or_nothing`, a request refused by any enforced check consumes nothing
+//! but its charges: the states are put back as they were before it and the
+//! hits of its checks that take charges are recorded on them, in order;
+//! every outcome is then reported from those states. Otherwise (Envoy's
+//! behaviour) the checks that fit are consumed even when another refuses the
+//! request.
 
 use super::{dispatch, Check, Outcome, Policy, State};
 
@@ -53,7 +57,7 @@ pub fn evaluate(
         let live = &mut keys[at].live;
         let over = dispatch!(&*live, s => s.is_over(check, now_ms));
         blocked |= over && check.enforce;
-        let applied = !over && check.hits > 0;
+        let applied = check.hits > 0 && (!over || check.charges);
         if applied {
             dispatch!(&mut *live, s => s.apply(check, now_ms));
             keys[at].consumed_by = Some(i);
@@ -62,12 +66,13 @@ pub fn evaluate(
         tried.push((at, over, report));
     }
     let commit = !blocked || !all_or_nothing;
-    if commit {
-        for k in &keys {
-            if let Some(i) = k.consumed_by {
-                let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
-                table.write(k.key, k.live.clone(), now_ms + ttl.max(1));
-            }
+    if !commit {
+        charges_only(&mut keys, checks, &tried, now_ms);
+    }
+    for k in &keys {
+        if let Some(i) = k.consumed_by {
+            let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
+            table.write(k.key, k.live.clone(), now_ms + ttl.max(1));
         }
     }
     checks
@@ -77,7 +82,8 @@ pub fn evaluate(
             let (remaining, reset_ms) = if commit {
                 report
             } else {
-                dispatch!(&keys[at].stored, s => s.report(check, over, false, now_ms))
+                let applied = charged(check);
+                dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms))
             };
             Outcome {
                 over,
@@ -86,4 +92,29 @@ pub fn evaluate(
             }
         })
         .collect()
+}
+
+/// Whether `check` records its hits on a refused all-or-nothing request.
+fn charged(check: &Check) -> bool {
+    check.charges && check.hits > 0
+}
+
+/// Undoes a refused all-or-nothing request but for its charges: each key
+/// back to its stored state, then the charges recorded on it in order.
+fn charges_only(
+    keys: &mut [KeyState<'_>],
+    checks: &[Check],
+    tried: &[(usize, bool, (u64, u64))],
+    now_ms: u64,
+) {
+    for k in keys.iter_mut() {
+        k.live = k.stored.clone();
+        k.consumed_by = None;
+    }
+    for (i, (check, &(at, _, _))) in checks.iter().zip(tried).enumerate() {
+        if charged(check) {
+            dispatch!(&mut keys[at].live, s => s.apply(check, now_ms));
+            keys[at].consumed_by = Some(i);
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! and again at the start of the next: up to 2x the limit within one window's
 //! length.
 
-use super::{Check, Policy, State};
+use super::{recordable, Check, Policy, State};
 
 /// The counter of the current window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +28,7 @@ impl Policy for Window {
     }
 
     fn apply(&mut self, check: &Check, _now_ms: u64) {
-        self.count += check.hits;
+        self.count += recordable(check, self.count);
     }
 
     fn report(&self, check: &Check, _over: bool, _applied: bool, now_ms: u64) -> (u64, u64) {

@@ -37,6 +37,15 @@ impl Gcra {
     fn capacity_us(check: &Check) -> u64 {
         check.burst.saturating_mul(emission_us(check))
     }
+
+    /// The most backlog a charge may leave: a full bucket plus a debt of one
+    /// limit (the bound of [`super::recordable`], in time: one period).
+    fn max_backlog_us(check: &Check) -> u64 {
+        check
+            .burst
+            .saturating_add(check.limit)
+            .saturating_mul(emission_us(check))
+    }
 }
 
 impl Policy for Gcra {
@@ -55,8 +64,12 @@ impl Policy for Gcra {
                 > Self::capacity_us(check)
     }
 
-    fn apply(&mut self, check: &Check, _now_ms: u64) {
-        self.tat_us += check.hits * emission_us(check);
+    fn apply(&mut self, check: &Check, now_ms: u64) {
+        // Admitted hits always fit under the bound; a charge is cut to it.
+        // Hits are capped before multiplying, so nothing overflows.
+        let room = (now_ms * 1_000 + Self::max_backlog_us(check)).saturating_sub(self.tat_us);
+        let hits = check.hits.min(check.burst.saturating_add(check.limit));
+        self.tat_us += hits.saturating_mul(emission_us(check)).min(room);
     }
 
     fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64) {
@@ -65,8 +78,10 @@ impl Policy for Gcra {
         let backlog = self.tat_us - now_ms * 1_000;
         let remaining = capacity.saturating_sub(backlog) / t;
         let wait_us = if over {
-            // Until the refused hits fit; if they never can, until empty.
-            match check.need().checked_mul(t) {
+            // Until the refused hits fit (a recorded charge: until one more
+            // hit does); if they never can, until empty.
+            let need = if applied { 1 } else { check.need() };
+            match need.checked_mul(t) {
                 Some(need) if need <= capacity => (backlog + need).saturating_sub(capacity),
                 _ => backlog,
             }

@@ -222,6 +222,11 @@ pub struct Check {
     pub hits: u64,
     /// Whether being over this limit refuses the request (false in shadow mode).
     pub enforce: bool,
+    /// Whether this limit takes charges: hits are recorded even when over the
+    /// limit (a cost already incurred, such as an LLM response's tokens), up
+    /// to [`recordable`]'s bound, and even when another limit refuses an
+    /// all-or-nothing request. Otherwise a refused request consumes nothing.
+    pub charges: bool,
 }
 
 impl Check {
@@ -241,6 +246,19 @@ pub struct Outcome {
     /// Milliseconds until the limit is fully restored; when over, until the
     /// refused hits would be admitted; for `leaky_bucket`, the caller's wait.
     pub reset_ms: u64,
+}
+
+/// The hits of `check` a state holding `count` hits records: all of them,
+/// up to a count of twice the limit. Debt — hits recorded past the limit —
+/// is thus at most one limit, so a charge refuses further requests for at
+/// most one period beyond what spending the whole budget would: one huge
+/// response cannot lock a user out for years, while any charge up to a full
+/// budget past the limit is repaid in full. Admitted hits always fit (their
+/// count stays within the limit). Twin: `charge` in `lua/prelude.lua`.
+pub fn recordable(check: &Check, count: u64) -> u64 {
+    check
+        .hits
+        .min(check.limit.saturating_mul(2).saturating_sub(count))
 }
 
 /// Hits above this are treated as this (any real limit is a `u32`), so sums
@@ -283,9 +301,12 @@ pub trait Policy: Sized {
     fn load(stored: Option<State>, check: &Check, now_ms: u64) -> Self;
     /// Whether `check.need()` more hits exceed the limit.
     fn is_over(&self, check: &Check, now_ms: u64) -> bool;
-    /// Consumes `check.hits`.
+    /// Consumes `check.hits` — over the limit too, for a limit that takes
+    /// charges, within the bound of [`recordable`].
     fn apply(&mut self, check: &Check, now_ms: u64);
-    /// `(remaining, reset_ms)`; `applied` is whether this check's hits were consumed.
+    /// `(remaining, reset_ms)`; `applied` is whether this check's hits were
+    /// consumed. Over and applied (a recorded charge), the reset is the time
+    /// until one more hit would be admitted.
     fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64);
     /// How long the store must keep the state, in milliseconds (> 0).
     fn ttl_ms(&self, check: &Check, now_ms: u64) -> u64;

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Check, Policy, State};
+use super::{recordable, Check, Policy, State};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Log {
@@ -57,24 +57,31 @@ impl Policy for Log {
     }
 
     fn apply(&mut self, check: &Check, now_ms: u64) {
-        // Only hits that fit are applied, so this never exceeds the limit.
-        let total = self.top().wrapping_add(check.hits.min(check.limit));
+        let hits = recordable(check, self.count());
+        if hits == 0 {
+            // A charge past the debt's bound: nothing to record (an entry
+            // holds at least one hit).
+            return;
+        }
+        let total = self.top().wrapping_add(hits);
         match self.entries.back_mut() {
             Some(newest) if newest.0 >= now_ms => newest.1 = total,
             _ => self.entries.push_back((now_ms, total)),
         }
     }
 
-    fn report(&self, check: &Check, over: bool, _applied: bool, now_ms: u64) -> (u64, u64) {
+    fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64) {
         let count = self.count();
         let remaining = check.limit.saturating_sub(count);
         let expiry = |t: u64| t + check.period_ms - now_ms;
-        let reset = if over && check.need() <= check.limit {
+        // A recorded charge waits for the next hit; a refused request for its own.
+        let need = if applied { 1 } else { check.need() };
+        let reset = if over && need <= check.limit {
             // The refused hits fit once `excess` of the oldest have aged
             // out (or now, when reporting a stored state they fit into):
             // at the expiry of the oldest entry through which that many
             // were admitted.
-            match (count + check.need()).checked_sub(check.limit) {
+            match (count + need).checked_sub(check.limit) {
                 Some(excess) if excess >= 1 => {
                     let i = self
                         .entries
@@ -112,6 +119,7 @@ mod tests {
             burst: 0,
             hits,
             enforce: true,
+            charges: false,
         }
     }
 

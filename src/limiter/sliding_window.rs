@@ -8,7 +8,7 @@
 //! previous window's hits that fall inside it but were discounted. The
 //! `sliding_window_error_vs_exact_log` test measures this on random traffic.
 
-use super::{Check, Policy, State};
+use super::{recordable, Check, Policy, State};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sliding {
@@ -51,8 +51,8 @@ impl Policy for Sliding {
         self.estimate(check, now_ms) + check.need() > check.limit
     }
 
-    fn apply(&mut self, check: &Check, _now_ms: u64) {
-        self.current += check.hits;
+    fn apply(&mut self, check: &Check, now_ms: u64) {
+        self.current += recordable(check, self.estimate(check, now_ms));
     }
 
     fn report(&self, check: &Check, _over: bool, _applied: bool, now_ms: u64) -> (u64, u64) {

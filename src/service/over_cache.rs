@@ -7,6 +7,11 @@
 //! ends, on every replica. Each entry remembers the limit it was seen with;
 //! a reload that changes the limit stops the entry from matching.
 //!
+//! Charges (a limit that records hits over its limit, `Check::charges`)
+//! keep this true: the count only grows faster. A charge answered from here
+//! is not recorded, which changes no decision: the counter is already at its
+//! limit until the window ends, when its count, however high, is dropped.
+//!
 //! Unless Redis lost the counter: after a restart or a failover to a server
 //! without the data, other replicas admit again while this one would keep
 //! refusing until the window ends. So the whole cache is dropped whenever
@@ -177,6 +182,7 @@ mod tests {
             burst: 0,
             hits: 1,
             enforce: true,
+            charges: false,
         }
     }
 

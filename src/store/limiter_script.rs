@@ -256,7 +256,7 @@ impl fmt::Display for RequestHeader {
 }
 
 /// A check's one argument: `"<tag> <limit> <period ms> <burst> <hits>
-/// <enforce 0|1>"`. One argument rather than six: Redis makes a string
+/// <enforce 0|1> <charges 0|1>"`. One argument rather than seven: Redis makes a string
 /// object and a Lua string of every argument, which cost it more than the
 /// check's own arithmetic, and the script parses each distinct one once
 /// (`lua/README.md`).
@@ -267,13 +267,14 @@ impl fmt::Display for CheckFields<'_> {
         let c = self.0;
         write!(
             f,
-            "{} {} {} {} {} {}",
+            "{} {} {} {} {} {} {}",
             c.algorithm.key_tag(),
             c.limit,
             c.period_ms,
             c.burst,
             c.hits,
-            u8::from(c.enforce)
+            u8::from(c.enforce),
+            u8::from(c.charges)
         )
     }
 }

@@ -339,6 +339,7 @@ mod tests {
             burst: 0,
             hits,
             enforce: true,
+            charges: false,
         }
     }
 

@@ -44,6 +44,7 @@ use super::over_cache::OverCache;
 use crate::config::watch::SharedConfig;
 use crate::headers::HeaderSettings;
 use crate::keys::Values;
+use crate::limiter::Algorithm;
 use crate::store::Store;
 use crate::vocab::FailureMode;
 
@@ -68,6 +69,19 @@ pub struct LimiterSettings {
     /// Most keys the over-limit cache remembers (0: off); `None`:
     /// [`super::over_cache::DEFAULT_CAPACITY`].
     pub over_cache_keys: Option<usize>,
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`:
+    /// fixed windows drop hits over the limit unless a limit says otherwise.
+    pub stop_increment_when_over_limit: bool,
+}
+
+impl LimiterSettings {
+    /// Whether a limit of `algorithm` that sets no `charges:` records hits
+    /// over the limit: envoyproxy/ratelimit's fixed window does (its
+    /// counters pass the limit), so files in its format and xDS configs get
+    /// its outcome; ratekeeper's own algorithms do not.
+    pub fn charges(&self, algorithm: Algorithm) -> bool {
+        algorithm == Algorithm::FixedWindow && !self.stop_increment_when_over_limit
+    }
 }
 
 /// envoyproxy/ratelimit's global answer switches. All off by default, and

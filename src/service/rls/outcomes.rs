@@ -44,6 +44,7 @@ mod tests {
             burst: 1,
             hits: 1,
             enforce: true,
+            charges: false,
         }
     }
 

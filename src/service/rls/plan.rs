@@ -192,6 +192,9 @@ fn check(
         burst: rate.effective_burst(),
         hits: hits(request, descriptor),
         enforce,
+        charges: rate
+            .charges
+            .unwrap_or_else(|| settings.charges(rate.algorithm)),
     }
 }
 
