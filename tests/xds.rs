@@ -859,6 +859,9 @@ async fn the_binary_under_envoy_gateways_environment_answers_over_tls_from_xds_l
     ] {
         assert!(metrics.contains(&expected), "{expected} in {metrics}");
     }
+    // Envoy Gateway's startup, readiness and liveness probes.
+    let health = common::http_call(&ratekeeper.http, "GET", "/healthcheck", "");
+    assert_eq!((health.status, health.body.trim()), (200, "OK"));
     assert_eq!(
         envoy
             .should_rate_limit(ask())
