@@ -64,6 +64,7 @@ pub mod incoming;
 pub mod keys;
 pub mod lanes;
 pub mod limiter;
+pub mod otel;
 pub mod pb;
 pub mod rules;
 pub mod server;

@@ -25,6 +25,8 @@ use tokio::net::TcpListener;
 
 mod envoy_settings;
 use envoy_settings::{ConfigType, EnvoySettings};
+mod otel_settings;
+use otel_settings::TracingArgs;
 
 // Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
 #[global_allocator]
@@ -206,6 +208,8 @@ struct Cli {
     /// envoyproxy/ratelimit's settings: limits over xDS, gRPC TLS names.
     #[command(flatten)]
     envoy: EnvoySettings,
+    #[command(flatten)]
+    tracing: TracingArgs,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -443,6 +447,7 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 Values::Raw
             },
+            tracer: cli.tracing.tracer()?,
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

@@ -17,3 +17,32 @@ pub mod rls_conf {
 /// Descriptor set of `ratekeeper.v1`, for gRPC reflection.
 pub const RATEKEEPER_DESCRIPTOR: &[u8] =
     tonic::include_file_descriptor_set!("ratekeeper_descriptor");
+
+/// OpenTelemetry's OTLP trace protocol (`opentelemetry.proto.*`), nested as
+/// its packages are: the generated code names its neighbours by
+/// `super::super::…` paths.
+pub mod otlp {
+    #![allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod common {
+        pub mod v1 {
+            tonic::include_proto!("opentelemetry.proto.common.v1");
+        }
+    }
+    pub mod resource {
+        pub mod v1 {
+            tonic::include_proto!("opentelemetry.proto.resource.v1");
+        }
+    }
+    pub mod trace {
+        pub mod v1 {
+            tonic::include_proto!("opentelemetry.proto.trace.v1");
+        }
+    }
+    pub mod collector {
+        pub mod trace {
+            pub mod v1 {
+                tonic::include_proto!("opentelemetry.proto.collector.trace.v1");
+            }
+        }
+    }
+}

@@ -39,6 +39,7 @@ use super::over_cache::OverCache;
 use crate::config::watch::SharedConfig;
 use crate::headers::HeaderSettings;
 use crate::keys::Values;
+use crate::otel::{DecisionSpan, Tracer};
 use crate::store::Store;
 use crate::vocab::FailureMode;
 
@@ -57,6 +58,8 @@ pub struct LimiterSettings {
     pub max_detailed_series: usize,
     /// Raw or hashed descriptor values in keys and labels.
     pub values: Values,
+    /// OpenTelemetry spans of decisions (off by default).
+    pub tracer: Tracer,
 }
 
 /// The `ShouldRateLimit` implementation.
@@ -103,6 +106,16 @@ impl RateLimiter {
     /// Decides one request. `Err` only for a request that cannot be
     /// evaluated, or with `failure_mode: unavailable` while the store fails.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.decide_traced(request, None).await
+    }
+
+    /// [`RateLimiter::decide`], telling a sampled call's `span` how the
+    /// outcomes were found.
+    async fn decide_traced(
+        &self,
+        request: &RateLimitRequest,
+        mut span: Option<&mut DecisionSpan>,
+    ) -> Result<RateLimitResponse, Status> {
         plan::validate(request)?;
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
@@ -113,9 +126,14 @@ impl RateLimiter {
         let plan = Plan::new(request, &domain.rules, &self.settings)?;
 
         let all_or_nothing = domain.options.all_or_nothing;
-        let stored =
-            outcomes::from_cache_or_store(&self.store, &self.over, &plan.checks, all_or_nothing)
-                .await;
+        let stored = outcomes::from_cache_or_store(
+            &self.store,
+            &self.over,
+            &plan.checks,
+            all_or_nothing,
+            span.as_deref_mut(),
+        )
+        .await;
         let (outcomes, answered_locally) = match stored {
             Ok(outcomes) => (outcomes, false),
             Err(error) => {
@@ -124,6 +142,9 @@ impl RateLimiter {
                     .failure_mode
                     .unwrap_or(self.settings.failure_mode);
                 tracing::warn!(%error, store = self.store.kind(), %mode, "store failed");
+                if let Some(span) = span {
+                    span.answered_by(mode.name());
+                }
                 match self.local.fall_back(mode, &error, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
                     Fallback::Refuse(status) => return Err(status),
@@ -155,7 +176,15 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let result = self.decide(request.get_ref()).await;
+        let result = match self.settings.tracer.begin(request.metadata()) {
+            None => self.decide(request.get_ref()).await,
+            Some(mut span) => {
+                let result = self.decide_traced(request.get_ref(), Some(&mut span)).await;
+                span.decided(request.get_ref(), &result);
+                self.settings.tracer.finish(span);
+                result
+            }
+        };
         self.duration.record(started.elapsed().as_secs_f64());
         if let Err(status) = &result {
             tracing::debug!(code = ?status.code(), message = status.message(), "request refused");
