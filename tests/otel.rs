@@ -277,3 +277,103 @@ fn a_bad_sampling_rate_or_endpoint_stops_the_start_with_a_reason() {
         assert!(stderr.contains(reason), "{env:?}: {stderr}");
     }
 }
+
+#[tokio::test]
+async fn a_redis_call_shared_by_sampled_decisions_is_one_span_the_others_link_to() {
+    let redis = RedisServer::start();
+    let (addr, mut exports) = http_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("limits.yaml"), LIMITS).unwrap();
+    let endpoint = format!("http://{addr}");
+    // One lane with one call in flight: concurrent requests queue and go
+    // together in the next call.
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--redis-pool-size",
+            "1",
+            "--serving-threads",
+            "1",
+            "--redis-timeout-ms",
+            "2000",
+        ],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ],
+    );
+    const CALLS: usize = 64;
+    let client = server.client().await;
+    let calls = (0..CALLS).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let value = format!("v{i}");
+            let req = request("d", vec![descriptor(&[("k", &value)])]);
+            client
+                .should_rate_limit(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code
+        }
+    });
+    let codes = futures_util::future::join_all(calls).await;
+    assert!(codes.iter().all(|&c| c == 1), "{codes:?}");
+
+    // Every decision and its store span, plus one span per shared call.
+    let (spans, _) = spans(&mut exports, 2 * CALLS).await;
+    let stores: Vec<&Span> = spans.iter().filter(|s| s.name == "store.apply").collect();
+    let calls: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "redis.shared_call")
+        .collect();
+    assert_eq!(stores.len(), CALLS, "one store span per decision");
+    let linked: Vec<&Span> = stores
+        .iter()
+        .copied()
+        .filter(|s| !s.links.is_empty())
+        .collect();
+    assert!(
+        !linked.is_empty(),
+        "some decisions shared a call: {calls:?}"
+    );
+    let sharing = stores
+        .iter()
+        .filter(|s| {
+            s.attributes
+                .iter()
+                .any(|kv| kv.key == "ratelimit.shared_call.requests")
+        })
+        .count();
+    assert_eq!(
+        calls.len() + linked.len(),
+        sharing,
+        "each decision in a shared call owns its span or links to it, never both"
+    );
+    for store in &linked {
+        let link = &store.links[0];
+        let call = calls
+            .iter()
+            .find(|c| c.span_id == link.span_id && c.trace_id == link.trace_id)
+            .expect("the linked call is exported once, in its owner's trace");
+        assert_ne!(call.trace_id, store.trace_id, "in another decision's trace");
+        assert!(
+            attr(call, "ratelimit.shared_call.requests")
+                .parse::<usize>()
+                .unwrap()
+                > 1
+        );
+    }
+    for call in &calls {
+        let owner = stores
+            .iter()
+            .find(|s| s.span_id == call.parent_span_id)
+            .expect("a call is the child of its owner's store span");
+        assert!(owner.links.is_empty());
+        assert_eq!(owner.trace_id, call.trace_id);
+    }
+}

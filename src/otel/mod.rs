@@ -3,7 +3,7 @@
 //! carries a W3C `traceparent` (Envoy propagates it), so ratekeeper's time
 //! shows inside Envoy's trace; a child span for the store call. Spans are
 //! exported over OTLP (HTTP protobuf or gRPC) by a background task
-//! ([`export`]); settings under envoyproxy/ratelimit's names (`TRACING_*`,
+//! (`export`); settings under envoyproxy/ratelimit's names (`TRACING_*`,
 //! `OTEL_EXPORTER_OTLP_ENDPOINT`).
 //!
 //! Cost: with tracing off, a request pays one branch ([`Tracer::begin`] on
@@ -12,6 +12,7 @@
 
 mod context;
 mod export;
+pub mod shared;
 mod span;
 
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tonic::metadata::MetadataMap;
 
-pub use self::context::{parse_traceparent, Parent, Ratio};
+pub use self::context::{new_span_id, parse_traceparent, Parent, Ratio};
 pub use self::span::{now_ns, DecisionSpan};
 use crate::pb::otlp::resource::v1::Resource;
 use crate::Result;

@@ -7,8 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
+use super::shared::{SharedCall, SpanRef};
 use crate::pb::otlp::common::v1::{any_value, AnyValue, KeyValue};
-use crate::pb::otlp::trace::v1::span::SpanKind;
+use crate::pb::otlp::trace::v1::span::{Link, SpanKind};
 use crate::pb::otlp::trace::v1::{status, Span, Status};
 
 /// Nanoseconds since the Unix epoch, as OTLP stamps spans.
@@ -48,6 +49,7 @@ pub struct StoreCall {
     end_ns: u64,
     checks: usize,
     error: Option<String>,
+    shared: Option<SharedCall>,
 }
 
 impl DecisionSpan {
@@ -68,23 +70,42 @@ impl DecisionSpan {
         }
     }
 
-    /// The store `kind` was asked `checks` checks from `start_ns` until
-    /// now; `error` when it failed.
-    pub fn store_call(
+    /// Starts the store call's child span: its ids, for the store to link
+    /// a shared call to.
+    pub fn begin_store_call(&mut self) -> SpanRef {
+        let call = StoreCall {
+            span_id: super::context::new_span_id(),
+            start_ns: now_ns(),
+            end_ns: 0,
+            checks: 0,
+            error: None,
+            shared: None,
+        };
+        let ids = SpanRef {
+            trace_id: self.trace_id,
+            span_id: call.span_id,
+        };
+        self.store_call = Some(call);
+        ids
+    }
+
+    /// Ends the store call begun last: the store `kind` was asked `checks`
+    /// checks; `error` when it failed; `shared` when a call made for
+    /// several requests carried them.
+    pub fn end_store_call(
         &mut self,
         kind: &'static str,
         checks: usize,
-        start_ns: u64,
         error: Option<String>,
+        shared: Option<SharedCall>,
     ) {
         self.store = kind;
-        self.store_call = Some(StoreCall {
-            span_id: super::context::new_span_id(),
-            start_ns,
-            end_ns: now_ns(),
-            checks,
-            error,
-        });
+        if let Some(call) = &mut self.store_call {
+            call.end_ns = now_ns();
+            call.checks = checks;
+            call.error = error;
+            call.shared = shared;
+        }
     }
 
     /// The call's domain, its descriptor count and its answer.
@@ -136,23 +157,70 @@ impl DecisionSpan {
             ..Span::default()
         });
         if let Some(call) = self.store_call {
-            out.push(Span {
-                trace_id: self.trace_id.to_vec(),
-                span_id: call.span_id.to_vec(),
-                parent_span_id: self.span_id.to_vec(),
-                flags: 1,
-                name: "store.apply".into(),
-                kind: SpanKind::Client as i32,
-                start_time_unix_nano: call.start_ns,
-                end_time_unix_nano: call.end_ns,
-                attributes: vec![
-                    text("ratelimit.store", self.store.into()),
-                    int("ratelimit.checks", call.checks as i64),
-                ],
-                status: status_of(call.error),
-                ..Span::default()
-            });
+            call.into_otlp(self.trace_id, self.span_id, self.store, out);
         }
+    }
+}
+
+impl StoreCall {
+    /// The store call's span; when a shared call carried it, that call's
+    /// span too if this decision owns it, else a link to it.
+    fn into_otlp(self, trace_id: [u8; 16], parent: [u8; 8], store: &str, out: &mut Vec<Span>) {
+        let mut attributes = vec![
+            text("ratelimit.store", store.into()),
+            int("ratelimit.checks", self.checks as i64),
+        ];
+        let mut links = Vec::new();
+        if let Some(shared) = self.shared {
+            attributes.push(int(
+                "ratelimit.shared_call.requests",
+                shared.requests as i64,
+            ));
+            if shared.owner.span_id == self.span_id {
+                out.push(shared_call_span(&shared));
+            } else {
+                links.push(Link {
+                    trace_id: shared.span.trace_id.to_vec(),
+                    span_id: shared.span.span_id.to_vec(),
+                    flags: 1,
+                    ..Link::default()
+                });
+            }
+        }
+        out.push(Span {
+            trace_id: trace_id.to_vec(),
+            span_id: self.span_id.to_vec(),
+            parent_span_id: parent.to_vec(),
+            flags: 1,
+            name: "store.apply".into(),
+            kind: SpanKind::Client as i32,
+            start_time_unix_nano: self.start_ns,
+            end_time_unix_nano: self.end_ns,
+            attributes,
+            links,
+            status: status_of(self.error),
+            ..Span::default()
+        });
+    }
+}
+
+/// The one span of a call made for several requests, a child of its
+/// owner's store span.
+fn shared_call_span(shared: &SharedCall) -> Span {
+    Span {
+        trace_id: shared.span.trace_id.to_vec(),
+        span_id: shared.span.span_id.to_vec(),
+        parent_span_id: shared.owner.span_id.to_vec(),
+        flags: 1,
+        name: "redis.shared_call".into(),
+        kind: SpanKind::Client as i32,
+        start_time_unix_nano: shared.start_ns,
+        end_time_unix_nano: shared.end_ns,
+        attributes: vec![
+            int("ratelimit.shared_call.requests", shared.requests as i64),
+            int("ratelimit.checks", shared.checks as i64),
+        ],
+        ..Span::default()
     }
 }
 

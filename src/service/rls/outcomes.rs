@@ -5,7 +5,10 @@
 //! atomic step, and the cache learns from its answer.
 
 use crate::limiter::{Check, Outcome};
-use crate::otel::{now_ns, DecisionSpan};
+use std::cell::Cell;
+
+use crate::otel::shared::{StoreCallTrace, STORE_CALL};
+use crate::otel::DecisionSpan;
 use crate::service::over_cache::OverCache;
 use crate::store::Store;
 use crate::Result;
@@ -30,10 +33,18 @@ pub async fn from_cache_or_store(
     let outcomes = match span {
         None => store.apply(checks, all_or_nothing).await,
         Some(span) => {
-            let started = now_ns();
-            let outcomes = store.apply(checks, all_or_nothing).await;
+            let trace = StoreCallTrace {
+                store_span: span.begin_store_call(),
+                shared: Cell::new(None),
+            };
+            let (outcomes, shared) = STORE_CALL
+                .scope(trace, async {
+                    let outcomes = store.apply(checks, all_or_nothing).await;
+                    (outcomes, STORE_CALL.with(|t| t.shared.get()))
+                })
+                .await;
             let error = outcomes.as_ref().err().map(ToString::to_string);
-            span.store_call(store.kind(), checks.len(), started, error);
+            span.end_store_call(store.kind(), checks.len(), error, shared);
             outcomes
         }
     }?;
