@@ -377,3 +377,33 @@ async fn a_redis_call_shared_by_sampled_decisions_is_one_span_the_others_link_to
         assert_eq!(owner.trace_id, call.trace_id);
     }
 }
+
+#[tokio::test]
+async fn a_failed_store_call_is_an_error_span_and_the_failure_mode_answers() {
+    let mut redis = RedisServer::start();
+    let (addr, mut exports) = http_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("limits.yaml"), LIMITS).unwrap();
+    let endpoint = format!("http://{addr}");
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &["--redis-url", &redis.url(), "--redis-timeout-ms", "200"],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ],
+    );
+    redis.kill();
+    let sampled = format!("00-{TRACE}-{PARENT}-01");
+    assert_eq!(call(&server, Some(sampled)).await, 1, "failure mode open");
+    let (spans, _) = spans(&mut exports, 2).await;
+    let decision = spans.iter().find(|s| s.name == "ShouldRateLimit").unwrap();
+    let store = spans.iter().find(|s| s.name == "store.apply").unwrap();
+    assert_eq!(attr(decision, "ratelimit.answered_by"), "open");
+    assert_eq!(attr(decision, "ratelimit.outcome"), "OK");
+    let status = store.status.as_ref().expect("the store call failed");
+    assert_eq!(status.code, 2, "STATUS_CODE_ERROR");
+    assert!(!status.message.is_empty());
+}

@@ -121,6 +121,9 @@ impl RateLimiter {
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
             tracing::debug!(domain = %request.domain, "unknown domain");
+            if let Some(span) = span {
+                span.answered_by("unknown_domain");
+            }
             return Ok(allow_all(&[], request.descriptors.len()));
         };
         let plan = Plan::new(request, &domain.rules, &self.settings)?;
