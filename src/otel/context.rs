@@ -79,12 +79,14 @@ impl Ratio {
     }
 
     pub fn samples(&self, trace_id: &[u8; 16]) -> bool {
-        if self.threshold == u64::MAX {
-            return true;
-        }
         let mut low = [0u8; 8];
         low.copy_from_slice(&trace_id[8..]);
-        (u64::from_be_bytes(low) >> 1) < self.threshold
+        self.samples_low(u64::from_be_bytes(low))
+    }
+
+    /// [`Ratio::samples`] given the id's last 8 bytes (big-endian).
+    pub fn samples_low(&self, low: u64) -> bool {
+        self.threshold == u64::MAX || (low >> 1) < self.threshold
     }
 }
 
@@ -110,9 +112,14 @@ pub fn random_u64() -> u64 {
 
 /// A fresh trace id.
 pub fn new_trace_id() -> [u8; 16] {
+    trace_id_with_low(random_u64())
+}
+
+/// A fresh trace id ending in `low` (big-endian).
+pub fn trace_id_with_low(low: u64) -> [u8; 16] {
     let mut id = [0u8; 16];
     id[..8].copy_from_slice(&random_u64().to_be_bytes());
-    id[8..].copy_from_slice(&random_u64().to_be_bytes());
+    id[8..].copy_from_slice(&low.to_be_bytes());
     id
 }
 

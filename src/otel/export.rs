@@ -8,7 +8,10 @@ use std::time::Duration;
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use prost::Message;
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{mpsc, Notify};
 use tonic::transport::{Channel, Endpoint};
 
 use super::span::DecisionSpan;
@@ -20,9 +23,9 @@ use crate::pb::otlp::resource::v1::Resource;
 use crate::pb::otlp::trace::v1::{ResourceSpans, ScopeSpans};
 use crate::{Error, Result};
 
-/// Most decisions in one export.
-const MAX_BATCH: usize = 512;
-/// How long a batch waits for more spans once it has one.
+/// Most decisions in one export; a queue this long wakes the exporter.
+pub(super) const MAX_BATCH: usize = 512;
+/// How long spans wait in the queue at most (short of a full batch).
 const FLUSH_AFTER: Duration = Duration::from_secs(1);
 /// An export that takes longer is abandoned (the OTLP default).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -91,38 +94,63 @@ impl Exporter {
     }
 
     /// Runs until every sender is gone.
-    pub(super) async fn run(mut self) {
+    ///
+    /// Sleeps between batches rather than waiting on the queue: a waiting
+    /// receiver would make every finished span wake this task (a syscall
+    /// on the deciding thread); a full batch wakes it early (`batch_ready`).
+    pub(super) async fn run(mut self, batch_ready: Arc<Notify>) {
         let mut failing = false;
-        while let Some(first) = self.spans.recv().await {
-            let mut batch = vec![first];
-            let flush_at = tokio::time::Instant::now() + FLUSH_AFTER;
-            while batch.len() < MAX_BATCH {
-                match tokio::time::timeout_at(flush_at, self.spans.recv()).await {
-                    Ok(Some(span)) => batch.push(span),
-                    Ok(None) | Err(_) => break,
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(FLUSH_AFTER) => {}
+                () = batch_ready.notified() => {}
+            }
+            loop {
+                let mut batch = Vec::new();
+                let closed = loop {
+                    match self.spans.try_recv() {
+                        Ok(span) => batch.push(span),
+                        Err(TryRecvError::Empty) => break false,
+                        Err(TryRecvError::Disconnected) => break true,
+                    }
+                    if batch.len() == MAX_BATCH {
+                        break false;
+                    }
+                };
+                if !batch.is_empty() {
+                    self.export(batch, &mut failing).await;
+                }
+                if closed {
+                    return;
+                }
+                if self.spans.is_empty() {
+                    break;
                 }
             }
-            let decisions = batch.len() as u64;
-            let request = self.request(batch);
-            let sent = tokio::time::timeout(EXPORT_TIMEOUT, self.send(request))
-                .await
-                .unwrap_or_else(|_| Err("timed out".into()));
-            match sent {
-                Ok(()) => {
-                    if failing {
-                        tracing::info!("trace export recovered");
-                    }
-                    failing = false;
-                    metrics::counter!("ratekeeper_trace_decisions_exported").increment(decisions);
+        }
+    }
+
+    async fn export(&mut self, batch: Vec<DecisionSpan>, failing: &mut bool) {
+        let decisions = batch.len() as u64;
+        let request = self.request(batch);
+        let sent = tokio::time::timeout(EXPORT_TIMEOUT, self.send(request))
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()));
+        match sent {
+            Ok(()) => {
+                if *failing {
+                    tracing::info!("trace export recovered");
                 }
-                Err(error) => {
-                    // Once per outage, not once per batch.
-                    if !failing {
-                        tracing::warn!(%error, "trace export failed; spans are dropped until it works");
-                    }
-                    failing = true;
-                    metrics::counter!("ratekeeper_trace_export_failures").increment(1);
+                *failing = false;
+                metrics::counter!("ratekeeper_trace_decisions_exported").increment(decisions);
+            }
+            Err(error) => {
+                // Once per outage, not once per batch.
+                if !*failing {
+                    tracing::warn!(%error, "trace export failed; spans are dropped until it works");
                 }
+                *failing = true;
+                metrics::counter!("ratekeeper_trace_export_failures").increment(1);
             }
         }
     }

@@ -17,7 +17,7 @@ mod span;
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tonic::metadata::MetadataMap;
 
 pub use self::context::{new_span_id, parse_traceparent, Parent, Ratio};
@@ -62,6 +62,8 @@ pub struct Tracer(Option<Arc<Inner>>);
 struct Inner {
     ratio: Ratio,
     spans: mpsc::Sender<DecisionSpan>,
+    /// Wakes the exporter when a batch is full.
+    batch_ready: Arc<Notify>,
     dropped: metrics::Counter,
 }
 
@@ -80,7 +82,8 @@ impl Tracer {
     pub fn start(settings: &TraceSettings) -> Result<Tracer> {
         let (sender, receiver) = mpsc::channel(QUEUE);
         let exporter = export::Exporter::new(settings, resource(settings), receiver)?;
-        tokio::spawn(exporter.run());
+        let batch_ready = Arc::new(Notify::new());
+        tokio::spawn(exporter.run(Arc::clone(&batch_ready)));
         tracing::info!(
             endpoint = %settings.endpoint,
             protocol = ?settings.protocol,
@@ -90,6 +93,7 @@ impl Tracer {
         Ok(Tracer(Some(Arc::new(Inner {
             ratio: Ratio::new(settings.sampling_rate),
             spans: sender,
+            batch_ready,
             dropped: metrics::counter!("ratekeeper_trace_decisions_dropped"),
         }))))
     }
@@ -108,6 +112,8 @@ impl Tracer {
             span.end_ns = now_ns();
             if inner.spans.try_send(span).is_err() {
                 inner.dropped.increment(1);
+            } else if inner.spans.max_capacity() - inner.spans.capacity() >= export::MAX_BATCH {
+                inner.batch_ready.notify_one();
             }
         }
     }
@@ -124,10 +130,12 @@ impl Inner {
                 .sampled
                 .then(|| DecisionSpan::new(parent.trace_id, Some(parent.span_id))),
             None => {
-                let trace_id = context::new_trace_id();
+                // The random half the sampler reads first: an unsampled
+                // call draws one number.
+                let low = context::random_u64();
                 self.ratio
-                    .samples(&trace_id)
-                    .then(|| DecisionSpan::new(trace_id, None))
+                    .samples_low(low)
+                    .then(|| DecisionSpan::new(context::trace_id_with_low(low), None))
             }
         }
     }
