@@ -1,6 +1,6 @@
 //! Generates ratekeeper's own gRPC API (`proto/ratekeeper/`) and
 //! envoyproxy/ratelimit's `RateLimitConfig` (`proto/ratelimit/`, limits over
-//! xDS), and compiles the trimmed Envoy protos in `proto/envoy/` into a descriptor set for gRPC
+//! xDS), OpenTelemetry's OTLP trace export (`proto/opentelemetry/`), and compiles the trimmed Envoy protos in `proto/envoy/` into a descriptor set for gRPC
 //! reflection. Envoy's Rust types come from the `envoy-types` crate, so no
 //! Rust code is generated for them. protoc is the vendored one: no system
 //! package needed. Also names the build's commit for `ratekeeper --version`.
@@ -47,6 +47,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
             )],
             &[PathBuf::from("proto"), include],
+        )?;
+
+    // OTLP trace export: messages, the exporter's client and the tests'
+    // receiver; not served, so kept out of the reflection descriptor set.
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(
+            &[PathBuf::from(
+                "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto",
+            )],
+            &[PathBuf::from("proto")],
         )?;
 
     println!("cargo:rerun-if-changed=proto");

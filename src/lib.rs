@@ -48,7 +48,9 @@
 //!   time source tests can pin; [`duration`] reads durations written as
 //!   text; [`vocab`] holds the words several layers share (failure mode,
 //!   Redis topology); [`error`] the error type; [`pb`] ratekeeper's own
-//!   protos and envoyproxy/ratelimit's `RateLimitConfig`.
+//!   protos, envoyproxy/ratelimit's `RateLimitConfig` and OTLP's traces.
+//! - [`otel`] traces sampled decisions as OpenTelemetry spans (a child of
+//!   the caller's `traceparent`) and exports them over OTLP.
 //!
 //! No module imports one that imports it back, directly or around a loop
 //! (`tests/module_graph.rs` checks).
@@ -66,6 +68,7 @@ pub mod incoming;
 pub mod keys;
 pub mod lanes;
 pub mod limiter;
+pub mod otel;
 pub mod pb;
 pub mod rules;
 pub mod server;

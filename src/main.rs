@@ -31,6 +31,8 @@ mod settings_compat;
 use envoy_settings::{ConfigType, EnvoyModes, EnvoySettings};
 mod stats_settings;
 use stats_settings::StatsSettings;
+mod otel_settings;
+use otel_settings::TracingArgs;
 
 // Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
 #[global_allocator]
@@ -223,6 +225,8 @@ struct Cli {
     stats: StatsSettings,
     #[command(flatten)]
     envoy_modes: EnvoyModes,
+    #[command(flatten)]
+    tracing: TracingArgs,
     // Hidden, not settings of the server: the bench/ scripts that time or
     // count the limiter alone in Redis (redis-benchmark, callgrind) take it
     // from here, as this build loads it.
@@ -539,6 +543,7 @@ async fn run(cli: Cli) -> Result<()> {
             near_limit_ratio,
             modes: cli.envoy_modes.modes(),
             over_cache_keys: cli.envoy.over_cache_keys(),
+            tracer: cli.tracing.tracer()?,
         },
         reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),

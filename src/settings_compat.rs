@@ -28,7 +28,6 @@ const DOGSTATSD: &str =
     "not yet: statsd lines carry tags as `name.__k=v` (their gostats form), not DogStatsD's `|#k:v`";
 const AT_START: &str = "read at start-up (theirs: again at each reload)";
 const PER_SECOND: &str = "not yet: one Redis serves every limit (no second per-second Redis)";
-const TRACING: &str = "not yet: tracing (another branch)";
 
 /// envoyproxy/ratelimit's variables, in `settings.go`'s order.
 pub const SETTINGS: &[(&str, Status)] = &[
@@ -164,12 +163,12 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("QUOTA_MODE", Same(AT_START)),
     ("RESPONSE_DYNAMIC_METADATA", Same(AT_START)),
     ("MERGE_DOMAIN_CONFIG", Same(AT_START)),
-    ("TRACING_ENABLED", NotYet(TRACING)),
-    ("TRACING_SERVICE_NAME", NotYet(TRACING)),
-    ("TRACING_SERVICE_NAMESPACE", NotYet(TRACING)),
-    ("TRACING_SERVICE_INSTANCE_ID", NotYet(TRACING)),
-    ("TRACING_EXPORTER_PROTOCOL", NotYet(TRACING)),
-    ("TRACING_SAMPLING_RATE", NotYet(TRACING)),
+    ("TRACING_ENABLED", Same("")),
+    ("TRACING_SERVICE_NAME", Same("default `RateLimit`, as theirs")),
+    ("TRACING_SERVICE_NAMESPACE", Same("")),
+    ("TRACING_SERVICE_INSTANCE_ID", Same("random when empty")),
+    ("TRACING_EXPORTER_PROTOCOL", Same("`http` (default) or `grpc`; no TLS to the receiver")),
+    ("TRACING_SAMPLING_RATE", Same("")),
 ];
 
 impl Status {

@@ -23,6 +23,10 @@
 //! same call deadline, so the calls a request waits behind (sent before
 //! it, or carrying requests that arrived before it) end by its own
 //! deadline: it reaches a call, or its error, in time.
+//!
+//! Tracing: a call carrying several requests, sampled ones among them, is
+//! reported back to them as one shared call (`otel::shared`), so that it
+//! appears once in a trace and the other decisions link to it.
 
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +37,8 @@ use super::caller::Caller;
 use super::limiter_script::{self, script_now, LimiterScript};
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
+use crate::otel::shared::{self, SharedCall, SpanRef};
+use crate::otel::{new_span_id, now_ns};
 use crate::{Error, Result};
 
 /// Most checks in one script call: bounds how long one call holds Redis's
@@ -61,8 +67,13 @@ struct Waiting {
     all_or_nothing: bool,
     /// Answered by then: its arrival plus the call deadline.
     deadline: Instant,
-    answer: oneshot::Sender<Result<Vec<Outcome>>>,
+    /// The store span of a sampled decision (tracing).
+    trace: Option<SpanRef>,
+    answer: oneshot::Sender<Answer>,
 }
+
+/// A request's outcomes, and for a sampled one the call that carried it.
+type Answer = (Result<Vec<Outcome>>, Option<SharedCall>);
 
 impl Batcher {
     pub fn new(
@@ -95,6 +106,7 @@ impl Batcher {
             checks: checks.to_vec(),
             all_or_nothing,
             deadline: Instant::now() + self.caller.call_timeout,
+            trace: shared::current(),
             answer,
         };
         let start = {
@@ -113,11 +125,14 @@ impl Batcher {
             tokio::spawn(Arc::clone(self).send(call));
         }
         // No timer here: `send` answers by the deadline (module doc).
-        answered.await.unwrap_or_else(|_| {
-            Err(Error::Store(
-                "the call carrying this request was lost".into(),
-            ))
-        })
+        let (result, carried_by) = answered.await.unwrap_or_else(|_| {
+            let lost = Error::Store("the call carrying this request was lost".into());
+            (Err(lost), None)
+        });
+        if let Some(call) = carried_by {
+            shared::carried_by(call);
+        }
+        result
     }
 
     /// Sends `call`, then whatever queued meanwhile, until nothing waits.
@@ -135,11 +150,28 @@ impl Batcher {
                 deliver(
                     late,
                     Err(Error::Store(format!("no answer within {waited:?}"))),
+                    None,
                 );
             }
             if !call.is_empty() {
+                // A call of one request is that request's own store span.
+                let owner = (call.len() > 1)
+                    .then(|| call.iter().find_map(|w| w.trace))
+                    .flatten();
+                let start_ns = owner.map(|_| now_ns());
                 let result = self.call(&call).await;
-                deliver(call, result);
+                let shared = owner.zip(start_ns).map(|(owner, start_ns)| SharedCall {
+                    span: SpanRef {
+                        trace_id: owner.trace_id,
+                        span_id: new_span_id(),
+                    },
+                    owner,
+                    start_ns,
+                    end_ns: now_ns(),
+                    requests: call.len(),
+                    checks: call.iter().map(|w| w.checks.len()).sum(),
+                });
+                deliver(call, result, shared);
             }
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.waiting.is_empty() {
@@ -182,14 +214,17 @@ fn next_call(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
     waiting.drain(..take).collect()
 }
 
-/// Hands each request its part of the reply (or the call's error).
-fn deliver(call: Vec<Waiting>, result: Result<Vec<Outcome>>) {
+/// Hands each request its part of the reply (or the call's error), and
+/// each sampled one the `shared` call's span.
+fn deliver(call: Vec<Waiting>, result: Result<Vec<Outcome>>, shared: Option<SharedCall>) {
+    let carried = |w: &Waiting| shared.filter(|_| w.trace.is_some());
     match result {
         Ok(outcomes) => {
             let mut rest = outcomes.into_iter();
             for w in call {
                 let mine: Vec<Outcome> = rest.by_ref().take(w.checks.len()).collect();
-                let _ = w.answer.send(Ok(mine));
+                let shared = carried(&w);
+                let _ = w.answer.send((Ok(mine), shared));
             }
         }
         Err(error) => {
@@ -198,7 +233,8 @@ fn deliver(call: Vec<Waiting>, result: Result<Vec<Outcome>>) {
                 other => other.to_string(),
             };
             for w in call {
-                let _ = w.answer.send(Err(Error::Store(message.clone())));
+                let shared = carried(&w);
+                let _ = w.answer.send((Err(Error::Store(message.clone())), shared));
             }
         }
     }

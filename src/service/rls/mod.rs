@@ -45,6 +45,7 @@ use crate::config::watch::SharedConfig;
 use crate::headers::HeaderSettings;
 use crate::keys::Values;
 use crate::limiter::Algorithm;
+use crate::otel::{DecisionSpan, Tracer};
 use crate::store::Store;
 use crate::vocab::FailureMode;
 
@@ -72,6 +73,8 @@ pub struct LimiterSettings {
     /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`:
     /// fixed windows drop hits over the limit unless a limit says otherwise.
     pub stop_increment_when_over_limit: bool,
+    /// OpenTelemetry spans of decisions (off by default).
+    pub tracer: Tracer,
 }
 
 impl LimiterSettings {
@@ -148,11 +151,24 @@ impl RateLimiter {
     /// Decides one request. `Err` only for a request that cannot be
     /// evaluated, or with `failure_mode: unavailable` while the store fails.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.decide_traced(request, None).await
+    }
+
+    /// [`RateLimiter::decide`], telling a sampled call's `span` how the
+    /// outcomes were found.
+    async fn decide_traced(
+        &self,
+        request: &RateLimitRequest,
+        mut span: Option<&mut DecisionSpan>,
+    ) -> Result<RateLimitResponse, Status> {
         plan::validate(request).inspect_err(|_| self.calls.error(CallError::Service))?;
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
             tracing::debug!(domain = %request.domain, "unknown domain");
+            if let Some(span) = span {
+                span.answered_by("unknown_domain");
+            }
             let mut response = allow_all(&[], request.descriptors.len());
             self.add_metadata(request, &[], &mut response);
             return Ok(response);
@@ -161,9 +177,14 @@ impl RateLimiter {
             .inspect_err(|_| self.calls.error(CallError::Service))?;
 
         let all_or_nothing = domain.options.all_or_nothing;
-        let stored =
-            outcomes::from_cache_or_store(&self.store, &self.over, &plan.checks, all_or_nothing)
-                .await;
+        let stored = outcomes::from_cache_or_store(
+            &self.store,
+            &self.over,
+            &plan.checks,
+            all_or_nothing,
+            span.as_deref_mut(),
+        )
+        .await;
         let (outcomes, answered_locally) = match stored {
             Ok(outcomes) => (outcomes, false),
             Err(error) => {
@@ -173,6 +194,9 @@ impl RateLimiter {
                     .failure_mode
                     .unwrap_or(self.settings.failure_mode);
                 tracing::warn!(%error, store = self.store.kind(), %mode, "store failed");
+                if let Some(span) = span {
+                    span.answered_by(mode.name());
+                }
                 match self.local.fall_back(mode, &error, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
                     Fallback::Refuse(status) => return Err(status),
@@ -218,7 +242,15 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let result = self.decide(request.get_ref()).await;
+        let result = match self.settings.tracer.begin(request.metadata()) {
+            None => self.decide(request.get_ref()).await,
+            Some(mut span) => {
+                let result = self.decide_traced(request.get_ref(), Some(&mut span)).await;
+                span.decided(request.get_ref(), &result);
+                self.settings.tracer.finish(span);
+                result
+            }
+        };
         let elapsed = started.elapsed();
         self.duration.record(elapsed.as_secs_f64());
         self.calls.call(elapsed);

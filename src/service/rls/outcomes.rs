@@ -5,23 +5,49 @@
 //! atomic step, and the cache learns from its answer.
 
 use crate::limiter::{Check, Outcome};
+use std::cell::Cell;
+
+use crate::otel::shared::{StoreCallTrace, STORE_CALL};
+use crate::otel::DecisionSpan;
 use crate::service::over_cache::OverCache;
 use crate::store::Store;
 use crate::Result;
 
-/// The checks' outcomes, from the cache or the store.
+/// The checks' outcomes, from the cache or the store; a sampled decision's
+/// `span` learns which, and the store call's time.
 pub async fn from_cache_or_store(
     store: &Store,
     over: &OverCache,
     checks: &[Check],
     all_or_nothing: bool,
+    span: Option<&mut DecisionSpan>,
 ) -> Result<Vec<Outcome>> {
     let now_ms = store.now_ms();
     if let Some(known) = over.answer(checks, now_ms) {
         metrics::counter!("ratekeeper_over_limit_cache_hits").increment(1);
+        if let Some(span) = span {
+            span.answered_by("cache");
+        }
         return Ok(known);
     }
-    let outcomes = store.apply(checks, all_or_nothing).await?;
+    let outcomes = match span {
+        None => store.apply(checks, all_or_nothing).await,
+        Some(span) => {
+            let trace = StoreCallTrace {
+                store_span: span.begin_store_call(),
+                shared: Cell::new(None),
+            };
+            let (outcomes, shared) = STORE_CALL
+                .scope(trace, async {
+                    let outcomes = store.apply(checks, all_or_nothing).await;
+                    (outcomes, STORE_CALL.with(|t| t.shared.get()))
+                })
+                .await;
+            let error = outcomes.as_ref().err().map(ToString::to_string);
+            span.end_store_call(store.kind(), checks.len(), error, shared);
+            outcomes
+        }
+    }?;
     over.learn(checks, &outcomes, now_ms);
     Ok(outcomes)
 }
@@ -56,14 +82,22 @@ mod tests {
         let fresh = Store::Memory(MemoryStore::new(clock.clone()));
         let over = OverCache::new(Generation::default());
         let fw = [check(Algorithm::FixedWindow)];
-        let first = from_cache_or_store(&store, &over, &fw, true).await.unwrap();
+        let first = from_cache_or_store(&store, &over, &fw, true, None)
+            .await
+            .unwrap();
         assert!(!first[0].over);
-        let full = from_cache_or_store(&store, &over, &fw, true).await.unwrap();
+        let full = from_cache_or_store(&store, &over, &fw, true, None)
+            .await
+            .unwrap();
         assert!(full[0].over && full[0].remaining == 0);
-        let cached = from_cache_or_store(&fresh, &over, &fw, true).await.unwrap();
+        let cached = from_cache_or_store(&fresh, &over, &fw, true, None)
+            .await
+            .unwrap();
         assert_eq!(cached, full, "answered from the cache");
         clock.advance(60_000);
-        let next = from_cache_or_store(&fresh, &over, &fw, true).await.unwrap();
+        let next = from_cache_or_store(&fresh, &over, &fw, true, None)
+            .await
+            .unwrap();
         assert!(!next[0].over, "a new window asks the store again");
     }
 
@@ -74,10 +108,16 @@ mod tests {
         let fresh = Store::Memory(MemoryStore::new(clock));
         let over = OverCache::new(Generation::default());
         let tb = [check(Algorithm::TokenBucket)];
-        from_cache_or_store(&store, &over, &tb, true).await.unwrap();
-        let full = from_cache_or_store(&store, &over, &tb, true).await.unwrap();
+        from_cache_or_store(&store, &over, &tb, true, None)
+            .await
+            .unwrap();
+        let full = from_cache_or_store(&store, &over, &tb, true, None)
+            .await
+            .unwrap();
         assert!(full[0].over);
-        let again = from_cache_or_store(&fresh, &over, &tb, true).await.unwrap();
+        let again = from_cache_or_store(&fresh, &over, &tb, true, None)
+            .await
+            .unwrap();
         assert!(!again[0].over, "the store was asked: its counter is gone");
     }
 }
