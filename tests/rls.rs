@@ -736,7 +736,7 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
         client.should_rate_limit(req.clone()).await.unwrap();
     }
     let mut conn = redis.client().get_connection().unwrap();
-    let before = common::limiter_calls(&mut conn);
+    let before = common::keyed_limiter_calls(&mut conn);
     clock.advance(10_000);
     for _ in 0..10 {
         let r = client
@@ -752,7 +752,7 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
         );
     }
     assert_eq!(
-        common::limiter_calls(&mut conn),
+        common::keyed_limiter_calls(&mut conn),
         before,
         "the hot key cost Redis nothing"
     );
@@ -760,7 +760,7 @@ async fn a_full_fixed_window_is_answered_without_redis_until_it_resets() {
     clock.set(START_MS + 60_000);
     let r = client.should_rate_limit(req).await.unwrap().into_inner();
     assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
-    assert_eq!(common::limiter_calls(&mut conn), before + 1);
+    assert_eq!(common::keyed_limiter_calls(&mut conn), before + 1);
     server.stop().await;
 }
 

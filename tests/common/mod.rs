@@ -207,6 +207,44 @@ pub fn limiter_calls(conn: &mut redis::Connection) -> u64 {
     command_calls(conn, "fcall") + command_calls(conn, "evalsha")
 }
 
+/// Limiter calls that carried checks (at least one key), counted from
+/// Redis's slow log, which this first call sets to log every command: the
+/// health probe's own limiter call (no keys) is not counted. Compare two
+/// readings; the first is where counting starts.
+pub fn keyed_limiter_calls(conn: &mut redis::Connection) -> u64 {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .arg("slowlog-max-len")
+        .arg(100_000)
+        .query(conn)
+        .expect("CONFIG SET slowlog");
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(conn)
+        .expect("SLOWLOG GET");
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).to_lowercase(),
+        _ => String::new(),
+    };
+    entries
+        .iter()
+        .filter(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                return false;
+            };
+            let Some(redis::Value::Array(args)) = fields.get(3) else {
+                return false;
+            };
+            let command = args.first().map(text).unwrap_or_default();
+            let keys = args.get(2).map(text).unwrap_or_default();
+            (command == "fcall" || command == "evalsha") && keys != "0"
+        })
+        .count() as u64
+}
+
 /// `PROPTEST_CASES` (as `make fuzz` sets it), else `default`.
 pub fn proptest_cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
