@@ -10,13 +10,14 @@ use futures_util::future::join_all;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
 use crate::health::Readiness;
 use crate::http;
-use crate::incoming::{deal, incoming, Listener};
+use crate::incoming::{deal, incoming, Dealt, Listener};
 use crate::lanes::Lanes;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::admin_leases::AdminLeases;
@@ -119,125 +120,34 @@ impl Server {
             self.limiter.values,
             holds.clone(),
         );
-        let admin_leases = AdminLeases {
-            config: self.config.clone(),
-            store: self.store.clone(),
-            key_prefix: self.limiter.key_prefix.clone(),
-            values: self.limiter.values,
-        };
-        // What the admin API's `/v1/config` says the limits come from.
-        let config_source = match &self.config_dir {
-            Some(dir) => dir.to_string(),
-            None => "xds".to_owned(),
-        };
+        let admin_api = self.admin_api();
+        let watcher = self.spawn_watcher();
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
 
         let (reporter, health) = tonic_health::server::health_reporter();
         let readiness = Readiness::new(reporter);
-        let watcher = self.config_dir.map(|dir| {
-            let load = (dir, self.load_options);
-            tokio::spawn(watch::watch(
-                load,
-                self.config.clone(),
-                self.reload_interval,
-            ))
-        });
-
-        // grpcurl 1.8 asks for v1alpha, newer clients for v1: offer both.
-        let reflection_v1 = reflection()
-            .build_v1()
-            .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
-        let reflection_v1alpha = reflection()
-            .build_v1alpha()
-            .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
 
         let lanes = Lanes::start(self.lanes)?;
         tracing::info!(%addr, store = self.store.kind(), lanes = lanes.len(), "serving gRPC");
         let limits = &self.limits;
-        let mut builder = tonic::transport::Server::builder()
-            .concurrency_limit_per_connection(limits.concurrency_per_connection)
-            .max_concurrent_streams(limits.max_streams)
-            .http2_keepalive_interval(Some(limits.keepalive_interval))
-            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-            .tcp_keepalive(Some(Duration::from_secs(60)));
-        if let Some(age) = limits.max_connection_age {
-            builder = builder
-                .max_connection_age(age)
-                .max_connection_age_grace(limits.max_connection_age_grace);
-        }
+        let builder = grpc_builder(limits);
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
+        let mut http_servers = spawn_http(
+            self.http,
+            &limiter,
+            &readiness,
+            &self.config,
+            admin_api,
+            limits.handshake_timeout,
+            &stopping,
+        );
+        let services = LaneServices {
+            limiter: &limiter,
+            concurrency: &concurrency,
+            health,
         };
-        let mut http_servers = Vec::new();
-        if let Some(listener) = self.http.api {
-            let router = http::api::router(limiter.clone(), readiness.clone());
-            http_servers.push(tokio::spawn(http::serve(
-                listener,
-                limits.handshake_timeout,
-                router,
-                stopped(stopping.clone()),
-            )));
-        }
-        if let Some(listener) = self.http.debug {
-            let router = http::debug_router(self.config.clone());
-            http_servers.push(tokio::spawn(http::serve(
-                listener,
-                limits.handshake_timeout,
-                router,
-                stopped(stopping.clone()),
-            )));
-        }
-        if let Some(admin) = self.http.admin {
-            let router = http::admin::router(
-                limiter.clone(),
-                admin_leases,
-                self.config.clone(),
-                config_source,
-                admin.token_file,
-            );
-            let (idle, stopping) = (limits.handshake_timeout, stopped(stopping.clone()));
-            http_servers.push(match admin.tls {
-                Some(tls) => tokio::spawn(http::tls_listener::serve_tls(
-                    admin.listener,
-                    idle,
-                    tls,
-                    router,
-                    stopping,
-                )),
-                None => tokio::spawn(http::serve(admin.listener, idle, router, stopping)),
-            });
-        }
-        let mut dealt = Vec::new();
-        let mut serving = Vec::new();
-        for (index, lane) in lanes.handles().iter().enumerate() {
-            let (deal_to, connections) = mpsc::channel(64);
-            dealt.push(deal_to);
-            // Each lane serves its own copy of the services, bound to its
-            // own Redis connections (see `lanes`).
-            let rls = RateLimitServiceServer::new(limiter.for_lane(index))
-                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
-            let concurrency = ConcurrencyServiceServer::new(concurrency.for_lane(index))
-                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
-            let router = builder
-                .clone()
-                .add_service(health.clone())
-                .add_service(reflection_v1.clone())
-                .add_service(reflection_v1alpha.clone())
-                .add_service(rls)
-                .add_service(concurrency);
-            let stopping = stopped(stopping.clone());
-            let (handshake_timeout, tls) = (limits.handshake_timeout, limits.tls.clone());
-            serving.push(lane.spawn(async move {
-                router
-                    .serve_with_incoming_shutdown(
-                        incoming(connections, handshake_timeout, tls),
-                        stopping,
-                    )
-                    .await
-            }));
-        }
+        let (dealt, mut serving) = serve_on_lanes(&lanes, builder, services, limits, &stopping)?;
         // The probe first: its first step sets the health statuses before
         // the first connection is dealt.
         let probe = tokio::spawn(probe_store(
@@ -293,6 +203,164 @@ impl Server {
         }
         Ok(())
     }
+
+    /// What the admin API needs beside the limiter: its view of leases, and
+    /// what its `/v1/config` says the limits come from.
+    fn admin_api(&self) -> (AdminLeases, String) {
+        let leases = AdminLeases {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            key_prefix: self.limiter.key_prefix.clone(),
+            values: self.limiter.values,
+        };
+        let source = match &self.config_dir {
+            Some(dir) => dir.to_string(),
+            None => "xds".to_owned(),
+        };
+        (leases, source)
+    }
+
+    /// Watches the limits directory, when limits come from one.
+    fn spawn_watcher(&self) -> Option<JoinHandle<()>> {
+        let dir = self.config_dir.clone()?;
+        Some(tokio::spawn(watch::watch(
+            (dir, self.load_options),
+            self.config.clone(),
+            self.reload_interval,
+        )))
+    }
+}
+
+/// The services every lane serves its own copy of.
+struct LaneServices<'a, H> {
+    limiter: &'a RateLimiter,
+    concurrency: &'a Concurrency,
+    health: HealthServer<H>,
+}
+
+type LaneServing = JoinHandle<std::result::Result<(), tonic::transport::Error>>;
+
+/// Starts gRPC on every lane: each serves its own copy of the services,
+/// bound to its own Redis connections (see `lanes`), on the connections
+/// dealt to it through the returned senders.
+fn serve_on_lanes<H: Health>(
+    lanes: &Lanes,
+    builder: tonic::transport::Server,
+    services: LaneServices<'_, H>,
+    limits: &ConnectionLimits,
+    stopping: &tokio::sync::watch::Receiver<bool>,
+) -> Result<(Vec<mpsc::Sender<Dealt>>, Vec<LaneServing>)> {
+    // grpcurl 1.8 asks for v1alpha, newer clients for v1: offer both.
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
+    let mut dealt = Vec::new();
+    let mut serving = Vec::new();
+    for (index, lane) in lanes.handles().iter().enumerate() {
+        let (deal_to, connections) = mpsc::channel(64);
+        dealt.push(deal_to);
+        let rls = RateLimitServiceServer::new(services.limiter.for_lane(index))
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let concurrency = ConcurrencyServiceServer::new(services.concurrency.for_lane(index))
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let router = builder
+            .clone()
+            .add_service(services.health.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
+            .add_service(rls)
+            .add_service(concurrency);
+        let stopping = stopped(stopping.clone());
+        let (handshake_timeout, tls) = (limits.handshake_timeout, limits.tls.clone());
+        serving.push(lane.spawn(async move {
+            router
+                .serve_with_incoming_shutdown(
+                    incoming(connections, handshake_timeout, tls),
+                    stopping,
+                )
+                .await
+        }));
+    }
+    Ok((dealt, serving))
+}
+
+/// The gRPC server's settings for every lane's connections.
+fn grpc_builder(limits: &ConnectionLimits) -> tonic::transport::Server {
+    let builder = tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(limits.concurrency_per_connection)
+        .max_concurrent_streams(limits.max_streams)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .tcp_keepalive(Some(Duration::from_secs(60)));
+    match limits.max_connection_age {
+        Some(age) => builder
+            .max_connection_age(age)
+            .max_connection_age_grace(limits.max_connection_age_grace),
+        None => builder,
+    }
+}
+
+/// Resolves once the server is asked to stop.
+async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// Starts the HTTP listeners that are configured: `/healthcheck` and
+/// `/json`, the debug listener, and the admin API (`admin_api`: its lease
+/// view and what the limits come from), each stopping with gRPC.
+fn spawn_http(
+    listeners: http::Listeners,
+    limiter: &RateLimiter,
+    readiness: &Readiness,
+    config: &SharedConfig,
+    admin_api: (AdminLeases, String),
+    idle: Duration,
+    stopping: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let mut servers = Vec::new();
+    if let Some(listener) = listeners.api {
+        let router = http::api::router(limiter.clone(), readiness.clone());
+        servers.push(tokio::spawn(http::serve(
+            listener,
+            idle,
+            router,
+            stopped(stopping.clone()),
+        )));
+    }
+    if let Some(listener) = listeners.debug {
+        let router = http::debug_router(config.clone());
+        servers.push(tokio::spawn(http::serve(
+            listener,
+            idle,
+            router,
+            stopped(stopping.clone()),
+        )));
+    }
+    if let Some(admin) = listeners.admin {
+        let (leases, config_source) = admin_api;
+        let router = http::admin::router(
+            limiter.clone(),
+            leases,
+            config.clone(),
+            config_source,
+            admin.token_file,
+        );
+        let stopping = stopped(stopping.clone());
+        servers.push(match admin.tls {
+            Some(tls) => tokio::spawn(http::tls_listener::serve_tls(
+                admin.listener,
+                idle,
+                tls,
+                router,
+                stopping,
+            )),
+            None => tokio::spawn(http::serve(admin.listener, idle, router, stopping)),
+        });
+    }
+    servers
 }
 
 fn reflection() -> tonic_reflection::server::Builder<'static> {

@@ -6,10 +6,10 @@
 
 use serde::Serialize;
 
-use super::lease_id::SET_SUFFIX;
+use super::lease_id::set_key;
 use super::rls::AdminError;
 use crate::config::watch::SharedConfig;
-use crate::keys::{counter_key, Values};
+use crate::keys::Values;
 use crate::store::{LeaseRef, Store};
 
 /// What the admin API needs to find an entity's lease set.
@@ -105,13 +105,7 @@ impl AdminLeases {
         let rule = rules.find(pairs.clone()).ok_or_else(|| {
             AdminError::BadInput(format!("no concurrency rule of {domain:?} matches"))
         })?;
-        let key = counter_key(
-            &self.key_prefix,
-            domain,
-            pairs,
-            self.values,
-            &SET_SUFFIX[1..],
-        );
+        let key = set_key(&self.key_prefix, domain, pairs, self.values);
         Ok((key, rule.path.clone(), rule.max_connections))
     }
 }

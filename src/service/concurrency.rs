@@ -16,11 +16,12 @@ use tonic::{Request, Response, Status};
 
 use super::caps;
 use super::holds::Holds;
-use super::lease_id::{LeaseId, SET_SUFFIX};
+use super::lease_id::{set_key, LeaseId};
 use super::wire::{duration, Entries};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::config::watch::SharedConfig;
-use crate::keys::{counter_key, Values};
+use crate::config::Config;
+use crate::keys::Values;
 use crate::pb::v1::concurrency_service_server::ConcurrencyService;
 use crate::pb::v1::{
     hold_event, AcquireRequest, AcquireResponse, HeartbeatRequest, HeartbeatResponse, HoldEvent,
@@ -67,52 +68,39 @@ impl Concurrency {
         }
     }
 
+    /// The lease sets `request` takes a place in, each once, with its rule.
+    fn matched_slots<'c>(
+        &self,
+        config: &'c Config,
+        request: &AcquireRequest,
+    ) -> Vec<(LeaseSlot, &'c ConcurrencyRule)> {
+        let mut matched: Vec<(LeaseSlot, &ConcurrencyRule)> = Vec::new();
+        let Some(domain) = config.domain(&request.domain) else {
+            return matched;
+        };
+        for descriptor in &request.descriptors {
+            let entries = descriptor.entries();
+            let Some(rule) = domain.concurrency.find(entries.clone()) else {
+                continue;
+            };
+            let key = set_key(&self.key_prefix, &request.domain, entries, self.values);
+            if !matched.iter().any(|(slot, _)| slot.key == key) {
+                let limit = u64::from(rule.max_connections);
+                matched.push((LeaseSlot { key, limit }, rule));
+            }
+        }
+        matched
+    }
+
     /// Acquires for `request`: the answer, and the lease when one was taken.
     async fn acquire(
         &self,
         request: &AcquireRequest,
     ) -> Result<(AcquireResponse, Option<LeaseId>), Status> {
         caps::validate(&request.domain, &request.descriptors)?;
-        let requested_ttl = match &request.lease_ttl {
-            None => None,
-            Some(d) => {
-                let ttl = Duration::try_from(*d)
-                    .map_err(|_| Status::invalid_argument("lease_ttl must not be negative"))?;
-                let (min, max) = LEASE_TTL_RANGE;
-                if ttl < min || ttl > max {
-                    return Err(Status::invalid_argument(format!(
-                        "lease_ttl must be between {min:?} and {max:?}"
-                    )));
-                }
-                Some(ttl)
-            }
-        };
+        let requested_ttl = requested_lease_ttl(request.lease_ttl.as_ref())?;
         let config = self.config.current();
-        let mut matched: Vec<(LeaseSlot, &ConcurrencyRule)> = Vec::new();
-        if let Some(domain) = config.domain(&request.domain) {
-            for descriptor in &request.descriptors {
-                let entries = descriptor.entries();
-                let Some(rule) = domain.concurrency.find(entries.clone()) else {
-                    continue;
-                };
-                let key = counter_key(
-                    &self.key_prefix,
-                    &request.domain,
-                    entries,
-                    self.values,
-                    &SET_SUFFIX[1..],
-                );
-                if !matched.iter().any(|(slot, _)| slot.key == key) {
-                    matched.push((
-                        LeaseSlot {
-                            key,
-                            limit: u64::from(rule.max_connections),
-                        },
-                        rule,
-                    ));
-                }
-            }
-        }
+        let matched = self.matched_slots(&config, request);
         if matched.is_empty() {
             // Nothing limits this connection.
             return Ok((
@@ -285,4 +273,20 @@ impl ConcurrencyService for Concurrency {
         }
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// The lease TTL a caller asked for, checked against the allowed range.
+fn requested_lease_ttl(asked: Option<&prost_types::Duration>) -> Result<Option<Duration>, Status> {
+    let Some(asked) = asked else {
+        return Ok(None);
+    };
+    let ttl = Duration::try_from(*asked)
+        .map_err(|_| Status::invalid_argument("lease_ttl must not be negative"))?;
+    let (min, max) = LEASE_TTL_RANGE;
+    if ttl < min || ttl > max {
+        return Err(Status::invalid_argument(format!(
+            "lease_ttl must be between {min:?} and {max:?}"
+        )));
+    }
+    Ok(Some(ttl))
 }

@@ -13,10 +13,21 @@ use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::file::LEASE_TTL_RANGE;
+use crate::keys::{counter_key, Values};
 use crate::store::LeaseRef;
 
 /// The suffix of every lease set key (see `keys::counter_key`).
 pub const SET_SUFFIX: &str = ":conn";
+
+/// The key of the lease set of the entity `entries` name in `domain`.
+pub fn set_key<'a>(
+    key_prefix: &str,
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    values: Values,
+) -> String {
+    counter_key(key_prefix, domain, entries, values, &SET_SUFFIX[1..])
+}
 
 /// Longest lease id accepted.
 pub const MAX_LEASE_ID_BYTES: usize = 8 * 1024;
