@@ -12,12 +12,24 @@
 -- call (cleared after each), and answers go straight into the reply.
 -- In the function library this file is the body of the one function, whose
 -- parameters are KEYS and ARGV.
-local now
-if ARGV[1] == '' then
+-- ARGV[1] is the time, `<now ms>` or '' for the server's TIME, followed
+-- by `j<ms>` when the keys this call saves get that much longer to live
+-- (EXPIRATION_JITTER_MAX_SECONDS: a random number, drawn by the caller so
+-- the script stays deterministic). The plain forms are tested first: they
+-- are the calls without jitter, which then cost what they did before it.
+local now, jitter = ARGV[1], 0
+if now ~= '' and tonumber(now) == nil then
+  local at, ms = string.match(now, '^(%d*)j(%d+)$')
+  if ms == nil then
+    return redis.error_reply('ERR malformed limiter arguments')
+  end
+  now, jitter = at, tonumber(ms)
+end
+if now == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 else
-  now = tonumber(ARGV[1])
+  now = tonumber(now)
 end
 local out = {}
 -- For the whole call, per key: its state as the requests decided so far
@@ -141,6 +153,6 @@ end
 -- Each consumed key once, with the last check that consumed from it.
 for key, c in pairs(save_with) do
   local s, algo = state[key], c.algo
-  algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
+  algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1) + jitter)
 end
 return out

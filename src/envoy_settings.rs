@@ -144,6 +144,11 @@ pub struct EnvoySettings {
     /// host (single Redis and cluster).
     #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_parser = BoolishValueParser::new())]
     pub redis_tls_skip_hostname_verification: bool,
+    /// The most seconds added, at random, to the TTL of the Redis keys a
+    /// call creates, so that the keys of one window do not all expire at
+    /// once; decisions do not change. Default 0: none (theirs: 300).
+    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 0)]
+    expiration_jitter_max_seconds: u64,
     /// Size of the over-limit cache (keys known to be full until their
     /// window ends, answered without Redis), in bytes; 0 turns it off.
     /// Unset: 100000 keys.
@@ -254,6 +259,18 @@ impl EnvoySettings {
                 _ => url.to_owned(),
             }),
             _ => Ok(url.to_owned()),
+        }
+    }
+
+    /// EXPIRATION_JITTER_MAX_SECONDS as a duration: at most a year (a TTL
+    /// Redis and the limiter's arithmetic both take).
+    pub fn expiry_jitter(&self) -> Result<Duration> {
+        const MOST: u64 = 365 * 24 * 3600;
+        match self.expiration_jitter_max_seconds {
+            seconds if seconds <= MOST => Ok(Duration::from_secs(seconds)),
+            seconds => Err(startup(format!(
+                "EXPIRATION_JITTER_MAX_SECONDS {seconds} is more than a year ({MOST})"
+            ))),
         }
     }
 

@@ -464,6 +464,7 @@ async fn run(cli: Cli) -> Result<()> {
                 connect_timeout: redis_timeout(cli.redis_connect_timeout_ms, 1_000, &cli.envoy),
                 call_timeout: redis_timeout(cli.redis_timeout_ms, 20, &cli.envoy),
                 functions: !cli.redis_scripts_only,
+                expiry_jitter: cli.envoy.expiry_jitter()?,
             };
             Store::Redis(Arc::new(RedisStore::new(&settings, None)?))
         }

@@ -91,7 +91,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("RUNTIME_APPDIRECTORY", Same("every file under it, recursively, is a limits file")),
     ("RUNTIME_IGNOREDOTFILES", Same("")),
     ("RUNTIME_WATCH_ROOT", Same("which files are read; changes are found by polling (`RELOAD_INTERVAL_MS`)")),
-    ("EXPIRATION_JITTER_MAX_SECONDS", NotYet("not yet: key TTLs are the window's")),
+    ("EXPIRATION_JITTER_MAX_SECONDS", Same("in ms steps, 0 to the maximum included; default 0: none (theirs: 300); the in-memory store's keys get none")),
     ("LOCAL_CACHE_SIZE_IN_BYTES", Same("the over-limit cache's size, a key counted as 128 bytes; 0 turns it off; unset, 100000 keys (theirs: off)")),
     ("NEAR_LIMIT_RATIO", Same("")),
     ("CACHE_KEY_PREFIX", Same("default `rk:`; the key format differs (see Differences)")),

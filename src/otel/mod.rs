@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, Notify};
 use tonic::metadata::MetadataMap;
 
-pub use self::context::{new_span_id, parse_traceparent, Parent, Ratio};
+pub use self::context::{new_span_id, parse_traceparent, random_u64, Parent, Ratio};
 pub use self::span::{now_ns, DecisionSpan};
 use crate::pb::otlp::resource::v1::Resource;
 use crate::Result;

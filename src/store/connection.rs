@@ -67,6 +67,10 @@ pub struct RedisSettings {
     /// Call the limiter as a Redis function (`FCALL`) where Redis has
     /// functions; `false`: always as a script (`EVALSHA`).
     pub functions: bool,
+    /// The most time a limiter call adds to the TTL of the keys it saves,
+    /// a random amount each call (zero: none; see
+    /// [`super::limiter_script::LimiterScript::with_expiry_jitter`]).
+    pub expiry_jitter: Duration,
 }
 
 /// TLS settings: PEM bytes, read from files at start-up.
@@ -103,6 +107,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("connect_timeout", &self.connect_timeout)
             .field("call_timeout", &self.call_timeout)
             .field("tls", &self.tls.is_some())
+            .field("expiry_jitter", &self.expiry_jitter)
             .finish_non_exhaustive()
     }
 }
@@ -540,6 +545,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             call_timeout: Duration::from_secs(1),
             functions: true,
+            expiry_jitter: Duration::ZERO,
             tls: Some(RedisTls {
                 ca: None,
                 client: Some((b"cert".to_vec(), b"key-secret".to_vec())),

@@ -63,6 +63,8 @@ pub struct LimiterScript {
     functions: AtomicBool,
     /// Bumped whenever Redis turns out to have lost the limiter.
     generation: Generation,
+    /// The most ms a call adds to the TTL of the keys it saves (0: none).
+    expiry_jitter_ms: u64,
 }
 
 impl LimiterScript {
@@ -84,6 +86,19 @@ impl LimiterScript {
             function,
             functions: AtomicBool::new(functions),
             generation: Generation::default(),
+            expiry_jitter_ms: 0,
+        }
+    }
+
+    /// Each call adds a random 0..=`max_ms` ms to the TTL of the keys it
+    /// saves (envoyproxy/ratelimit's `EXPIRATION_JITTER_MAX_SECONDS`), so
+    /// that the keys of one window do not all expire in the same instant.
+    /// Decisions do not change: a window ends when it ends, whatever its
+    /// key's TTL.
+    pub fn with_expiry_jitter(self, max_ms: u64) -> Self {
+        LimiterScript {
+            expiry_jitter_ms: max_ms,
+            ..self
         }
     }
 
@@ -211,7 +226,12 @@ impl LimiterScript {
                 cmd.arg(check.key.as_str());
             }
         }
-        cmd.arg(now);
+        if self.expiry_jitter_ms == 0 {
+            cmd.arg(now);
+        } else {
+            let jitter_ms = crate::otel::random_u64() % (self.expiry_jitter_ms + 1);
+            cmd.arg(JitteredNow { now, jitter_ms });
+        }
         for (all_or_nothing, checks) in requests {
             cmd.arg(RequestHeader {
                 checks: checks.len(),
@@ -255,6 +275,18 @@ impl fmt::Display for RequestHeader {
     }
 }
 
+/// The time argument with an expiry jitter: `"<now>j<ms>"` (`lua/README.md`).
+struct JitteredNow<'a> {
+    now: &'a str,
+    jitter_ms: u64,
+}
+
+impl fmt::Display for JitteredNow<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}j{}", self.now, self.jitter_ms)
+    }
+}
+
 /// A check's one argument: `"<tag> <limit> <period ms> <burst> <hits>
 /// <enforce 0|1> <charges 0|1>"`. One argument rather than seven: Redis makes a string
 /// object and a Lua string of every argument, which cost it more than the
@@ -279,7 +311,7 @@ impl fmt::Display for CheckFields<'_> {
     }
 }
 
-/// Both are written straight into the command's buffer, formatted there
+/// These are written straight into the command's buffer, formatted there
 /// (`Cmd`'s `write_arg_fmt`): no allocation per argument.
 macro_rules! formatted_arg {
     ($($t:ty),*) => {$(
@@ -290,7 +322,7 @@ macro_rules! formatted_arg {
         }
     )*};
 }
-formatted_arg!(RequestHeader, CheckFields<'_>);
+formatted_arg!(RequestHeader, CheckFields<'_>, JitteredNow<'_>);
 
 /// The script's reply for `checks` checks, in the order they were sent.
 pub fn outcomes(reply: &[i64], checks: usize) -> Result<Vec<Outcome>> {

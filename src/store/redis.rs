@@ -96,7 +96,9 @@ impl RedisStore {
     pub fn new(settings: &RedisSettings, clock: Option<Arc<dyn Clock>>) -> Result<Self> {
         let clustered = settings.topology == Topology::Cluster;
         let breaker = (!clustered).then(Caller::breaker);
-        let limiter = Arc::new(LimiterScript::new(settings.functions));
+        let jitter_ms = u64::try_from(settings.expiry_jitter.as_millis()).unwrap_or(u64::MAX);
+        let limiter =
+            Arc::new(LimiterScript::new(settings.functions).with_expiry_jitter(jitter_ms));
         let count = settings.lanes.max(1);
         let per_lane = settings.connections.div_ceil(count).max(1);
         let lanes = (0..count)

@@ -174,6 +174,7 @@ impl RedisServer {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
             functions,
+            expiry_jitter: Duration::ZERO,
         }
     }
 }
@@ -588,6 +589,7 @@ impl RedisCluster {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(2),
             functions: true,
+            expiry_jitter: Duration::ZERO,
         };
         Store::Redis(Arc::new(
             RedisStore::new(&settings, clock).expect("cluster store"),
