@@ -230,36 +230,13 @@ impl EnvoySettings {
         }
     }
 
-    /// REDIS_URL with envoyproxy/ratelimit's REDIS_SOCKET_TYPE and
-    /// REDIS_SENTINEL_AUTH applied: a socket path as a `unix://` URL, the
-    /// sentinels' password in each sentinel's address.
-    pub fn redis_url(&self, url: &str, topology: Topology) -> Result<String> {
-        let unix = match self
-            .redis_socket_type
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-        {
-            None => url.starts_with('/'),
-            Some(kind) if kind == "unix" => true,
-            Some(kind) if kind == "tcp" || kind.is_empty() => false,
-            Some(other) => {
-                return Err(startup(format!(
-                    "REDIS_SOCKET_TYPE {other:?} is not supported: tcp or unix"
-                )))
-            }
-        };
-        match topology {
-            Topology::Single if unix && !url.contains("://") => {
-                let path = std::path::absolute(url)
-                    .map_err(|e| startup(format!("REDIS_URL: the socket path: {e}")))?;
-                Ok(format!("unix://{}", path.display()))
-            }
-            Topology::Sentinel => Ok(match &self.redis_sentinel_auth {
-                Some(auth) if !auth.is_empty() => with_sentinel_password(url, auth),
-                _ => url.to_owned(),
-            }),
-            _ => Ok(url.to_owned()),
-        }
+    /// The main Redis's REDIS_SOCKET_TYPE and REDIS_SENTINEL_AUTH (see
+    /// [`redis_url`]).
+    pub fn redis_extras(&self) -> (Option<&str>, Option<&str>) {
+        (
+            self.redis_socket_type.as_deref(),
+            self.redis_sentinel_auth.as_deref(),
+        )
     }
 
     /// EXPIRATION_JITTER_MAX_SECONDS as a duration: at most a year (a TTL
@@ -408,6 +385,42 @@ impl EnvoySettings {
 
 fn startup(message: impl Into<String>) -> Error {
     Error::Startup(message.into())
+}
+
+/// A Redis URL with envoyproxy/ratelimit's `<var>_SOCKET_TYPE`
+/// (`socket_type`) and `<var>_SENTINEL_AUTH` (`sentinel_auth`) applied: a
+/// socket path as a `unix://` URL, the sentinels' password in each
+/// sentinel's address. `var` (`REDIS`, `REDIS_PERSECOND`) names the
+/// variables in errors.
+pub fn redis_url(
+    var: &str,
+    url: &str,
+    topology: Topology,
+    socket_type: Option<&str>,
+    sentinel_auth: Option<&str>,
+) -> Result<String> {
+    let unix = match socket_type.map(str::to_ascii_lowercase) {
+        None => url.starts_with('/'),
+        Some(kind) if kind == "unix" => true,
+        Some(kind) if kind == "tcp" || kind.is_empty() => false,
+        Some(other) => {
+            return Err(startup(format!(
+                "{var}_SOCKET_TYPE {other:?} is not supported: tcp or unix"
+            )))
+        }
+    };
+    match topology {
+        Topology::Single if unix && !url.contains("://") => {
+            let path = std::path::absolute(url)
+                .map_err(|e| startup(format!("{var}_URL: the socket path: {e}")))?;
+            Ok(format!("unix://{}", path.display()))
+        }
+        Topology::Sentinel => Ok(match sentinel_auth {
+            Some(auth) if !auth.is_empty() => with_sentinel_password(url, auth),
+            _ => url.to_owned(),
+        }),
+        _ => Ok(url.to_owned()),
+    }
 }
 
 /// `mastername,host:port,...` with `password` in each sentinel's address

@@ -18,10 +18,10 @@ use ratekeeper::incoming::Listener;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, RedisSettings, RedisStore, RedisTls, Store};
+use ratekeeper::store::{MemoryStore, Store, Stores};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::tls::{ReloadingTls, TlsFiles};
-use ratekeeper::vocab::{FailureMode, Topology};
+use ratekeeper::vocab::FailureMode;
 use ratekeeper::{keys, Error, Result};
 use tokio::net::TcpListener;
 
@@ -33,6 +33,8 @@ mod stats_settings;
 use stats_settings::StatsSettings;
 mod otel_settings;
 use otel_settings::TracingArgs;
+mod redis_settings;
+use redis_settings::{PerSecondArgs, Redis, TopologyArg};
 
 // Every request allocates (HTTP/2 frames, protobuf, keys): see BENCHMARKS.md.
 #[global_allocator]
@@ -222,6 +224,8 @@ struct Cli {
     #[command(flatten)]
     envoy: EnvoySettings,
     #[command(flatten)]
+    per_second: PerSecondArgs,
+    #[command(flatten)]
     stats: StatsSettings,
     #[command(flatten)]
     envoy_modes: EnvoyModes,
@@ -315,24 +319,6 @@ impl From<FailureModeArg> for FailureMode {
     }
 }
 
-/// `--redis-type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum TopologyArg {
-    Single,
-    Cluster,
-    Sentinel,
-}
-
-impl From<TopologyArg> for Topology {
-    fn from(arg: TopologyArg) -> Self {
-        match arg {
-            TopologyArg::Single => Topology::Single,
-            TopologyArg::Cluster => Topology::Cluster,
-            TopologyArg::Sentinel => Topology::Sentinel,
-        }
-    }
-}
-
 /// The tracing filter for LOG_LEVEL: logrus's level names (any case,
 /// `warning`, `fatal`, `panic`) as tracing's, a directive as it is.
 fn log_filter(level: &str) -> String {
@@ -388,10 +374,10 @@ async fn run(cli: Cli) -> Result<()> {
     let headers = HeaderSettings {
         enabled: cli.response_headers,
         names: HeaderNames {
-            limit: cli.header_limit,
-            remaining: cli.header_remaining,
-            reset: cli.header_reset,
-            retry_after: cli.header_retry_after,
+            limit: cli.header_limit.clone(),
+            remaining: cli.header_remaining.clone(),
+            reset: cli.header_reset.clone(),
+            retry_after: cli.header_retry_after.clone(),
         },
     };
     headers.names.validate()?;
@@ -433,42 +419,7 @@ async fn run(cli: Cli) -> Result<()> {
     let lanes = cli
         .serving_threads
         .map_or_else(ratekeeper::lanes::default_count, NonZeroUsize::get);
-    let store = match &cli.redis_url {
-        None => Store::Memory(MemoryStore::new(Arc::new(SystemClock))),
-        Some(url) => {
-            let auth = match &cli.redis_auth_file {
-                Some(file) => Some(String::from_utf8_lossy(&read_file(file)?).trim().to_owned()),
-                None => cli.redis_auth.clone(),
-            };
-            let tls = if cli.redis_tls || url.starts_with("rediss://") {
-                let client = match (&cli.redis_tls_client_cert, &cli.redis_tls_client_key) {
-                    (Some(cert), Some(key)) => Some((read_file(cert)?, read_file(key)?)),
-                    _ => None,
-                };
-                let ca = cli.redis_tls_ca.as_deref().map(read_file).transpose()?;
-                Some(RedisTls {
-                    ca,
-                    client,
-                    skip_hostname_verification: cli.envoy.redis_tls_skip_hostname_verification,
-                })
-            } else {
-                None
-            };
-            let settings = RedisSettings {
-                tls,
-                topology: cli.redis_type.into(),
-                url: cli.envoy.redis_url(url, cli.redis_type.into())?,
-                auth,
-                connections: cli.redis_pool_size,
-                lanes,
-                connect_timeout: redis_timeout(cli.redis_connect_timeout_ms, 1_000, &cli.envoy),
-                call_timeout: redis_timeout(cli.redis_timeout_ms, 20, &cli.envoy),
-                functions: !cli.redis_scripts_only,
-                expiry_jitter: cli.envoy.expiry_jitter()?,
-            };
-            Store::Redis(Arc::new(RedisStore::new(&settings, None)?))
-        }
-    };
+    let store = stores(&cli, lanes)?;
 
     let grpc_addr = cli.envoy.grpc_addr(cli.grpc_addr);
     let tls = match cli.envoy.grpc_tls(
@@ -560,6 +511,57 @@ async fn run(cli: Cli) -> Result<()> {
     }
     .run(shutdown_signal())
     .await
+}
+
+/// The counter stores: in memory without REDIS_URL; else the main Redis,
+/// and with REDIS_PERSECOND the per-second one.
+fn stores(cli: &Cli, lanes: usize) -> Result<Stores> {
+    let main = match &cli.redis_url {
+        None => None,
+        Some(url) => Some(main_redis(cli, url)?),
+    };
+    let per_second = cli.per_second.redis(main.as_ref())?;
+    let Some(main) = main else {
+        return Ok(Store::Memory(MemoryStore::new(Arc::new(SystemClock))).into());
+    };
+    let (cert, key) = (&cli.redis_tls_client_cert, &cli.redis_tls_client_key);
+    let shared = redis_settings::Shared {
+        tls_ca: cli.redis_tls_ca.as_deref(),
+        tls_client: cert.as_deref().zip(key.as_deref()),
+        skip_hostname_verification: cli.envoy.redis_tls_skip_hostname_verification,
+        lanes,
+        functions: !cli.redis_scripts_only,
+        expiry_jitter: cli.envoy.expiry_jitter()?,
+    };
+    let per_second = match per_second {
+        Some(redis) => Some(redis_settings::store(redis, &shared)?),
+        None => None,
+    };
+    Ok(Stores::new(
+        redis_settings::store(main, &shared)?,
+        per_second,
+    ))
+}
+
+/// The main Redis, from REDIS_*.
+fn main_redis<'a>(cli: &'a Cli, url: &'a str) -> Result<Redis<'a>> {
+    let auth = match &cli.redis_auth_file {
+        Some(file) => Some(String::from_utf8_lossy(&read_file(file)?).trim().to_owned()),
+        None => cli.redis_auth.clone(),
+    };
+    let (socket_type, sentinel_auth) = cli.envoy.redis_extras();
+    Ok(Redis {
+        var: "REDIS",
+        url,
+        topology: cli.redis_type.into(),
+        auth,
+        tls: cli.redis_tls,
+        connections: cli.redis_pool_size,
+        socket_type,
+        sentinel_auth,
+        connect_timeout: redis_timeout(cli.redis_connect_timeout_ms, 1_000, &cli.envoy),
+        call_timeout: redis_timeout(cli.redis_timeout_ms, 20, &cli.envoy),
+    })
 }
 
 /// The limits directory's limits. With FORCE_START_WITHOUT_INITIAL_CONFIG a

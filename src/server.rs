@@ -24,7 +24,7 @@ use crate::service::admin_leases::AdminLeases;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
 use crate::service::{caps, Concurrency, RateLimiter};
-use crate::store::Store;
+use crate::store::{Role, Store, Stores};
 use crate::tls::ReloadingTls;
 use crate::{Error, Result};
 
@@ -50,7 +50,9 @@ pub struct Server {
     /// Health is NOT_SERVING while the config in force has no domain
     /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub health_needs_domains: bool,
-    pub store: Store,
+    /// The counter stores: the main one (also the concurrency leases'), and
+    /// the per-second one when set (`REDIS_PERSECOND`).
+    pub store: Stores,
     pub limiter: LimiterSettings,
     /// How often the limits directory is checked for changes.
     pub reload_interval: Duration,
@@ -111,11 +113,11 @@ impl Server {
             context: "gRPC listener".into(),
             source,
         })?;
-        let holds = Holds::new(self.store.clone());
+        let holds = Holds::new(self.store.main().clone());
         let refresher = tokio::spawn(holds.clone().refresh_forever());
         let concurrency = Concurrency::new(
             self.config.clone(),
-            self.store.clone(),
+            self.store.main().clone(),
             self.limiter.key_prefix.clone(),
             self.limiter.values,
             holds.clone(),
@@ -129,7 +131,8 @@ impl Server {
         let readiness = Readiness::new(reporter);
 
         let lanes = Lanes::start(self.lanes)?;
-        tracing::info!(%addr, store = self.store.kind(), lanes = lanes.len(), "serving gRPC");
+        let per_second = self.store.iter().nth(1).map(|(_, store)| store.kind());
+        tracing::info!(%addr, store = self.store.main().kind(), per_second, lanes = lanes.len(), "serving gRPC");
         let limits = &self.limits;
         let builder = grpc_builder(limits);
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -209,7 +212,7 @@ impl Server {
     fn admin_api(&self) -> (AdminLeases, String) {
         let leases = AdminLeases {
             config: self.config.clone(),
-            store: self.store.clone(),
+            store: self.store.main().clone(),
             key_prefix: self.limiter.key_prefix.clone(),
             values: self.limiter.values,
         };
@@ -371,14 +374,15 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 }
 
 /// Keeps readiness ([`Readiness`]: gRPC health, HTTP `/healthcheck`) in
-/// step with the store: ready once the store has answered. After that, with
-/// a failure mode that serves without the store (`open`, `local`) it stays
-/// ready through an outage (a readiness probe must not pull every replica
-/// at once; `ratekeeper_store_up` and the logs show it); with `closed` or
-/// `unavailable` it is not ready while the store is unreachable. With
-/// `needs_domains`, it is also not ready while that config has no domain.
+/// step with the stores: ready once every store has answered. After that,
+/// with a failure mode that serves without the store (`open`, `local`) it
+/// stays ready through an outage (a readiness probe must not pull every
+/// replica at once; `ratekeeper_store_up{store}` and the logs show it);
+/// with `closed` or `unavailable` it is not ready while a store is
+/// unreachable. With `needs_domains`, it is also not ready while that
+/// config has no domain.
 async fn probe_store(
-    store: Store,
+    stores: Stores,
     lanes: Vec<Handle>,
     readiness: Readiness,
     serves_without_store: bool,
@@ -390,39 +394,50 @@ async fn probe_store(
         .await;
     let mut shown = false;
     readiness.set(shown).await;
-    let mut ever_up = false;
-    let mut was_up = None;
+    let count = stores.iter().count();
+    let (mut ever_up, mut was_up) = (vec![false; count], vec![None; count]);
     loop {
-        // Until the store has answered once, warm it up instead of pinging:
-        // readiness then means every connection is open and scripts loaded.
-        let probe = if ever_up {
-            store.ping().await
-        } else {
-            warm_up(&store, &lanes).await
-        };
-        let up = match probe {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(%error, "store health probe failed");
-                false
+        let (mut all_up, mut all_ever_up) = (true, true);
+        for (i, (role, store)) in stores.iter().enumerate() {
+            let up = probe_once(store, &lanes, ever_up[i], role).await;
+            ever_up[i] |= up;
+            let value = if up { 1.0 } else { 0.0 };
+            metrics::gauge!("ratekeeper_store_up", "store" => role.name()).set(value);
+            if was_up[i].is_some_and(|was| was != up) {
+                tracing::info!(up, store = role.name(), "store reachability changed");
             }
-        };
-        ever_up |= up;
-        metrics::gauge!("ratekeeper_store_up").set(if up { 1.0 } else { 0.0 });
+            was_up[i] = Some(up);
+            all_up &= up;
+            all_ever_up &= ever_up[i];
+        }
         let has_domains = needs_domains
             .as_ref()
             .map_or(true, |config| !config.current().is_empty());
-        let ready = (up || (ever_up && serves_without_store)) && has_domains;
+        let ready = (all_up || (all_ever_up && serves_without_store)) && has_domains;
         if ready != shown {
             readiness.set(ready).await;
             shown = ready;
         }
-        if was_up.is_some_and(|was| was != up) {
-            tracing::info!(up, "store reachability changed");
-        }
-        was_up = Some(up);
-        let pause = if up && ready { 5_000 } else { 500 };
+        let pause = if all_up && ready { 5_000 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// Whether `store` answers. Until it has answered once (`ever_up`), it is
+/// warmed up instead of pinged: readiness then means every connection is
+/// open and scripts loaded.
+async fn probe_once(store: &Store, lanes: &[Handle], ever_up: bool, role: Role) -> bool {
+    let probe = if ever_up {
+        store.ping().await
+    } else {
+        warm_up(store, lanes).await
+    };
+    match probe {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, store = role.name(), "store health probe failed");
+            false
+        }
     }
 }
 

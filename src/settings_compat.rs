@@ -26,8 +26,8 @@ const PIPELINING: &str =
     "each Redis connection pipelines every call on it by itself; there is no window or limit to tune";
 const DOGSTATSD: &str =
     "not yet: statsd lines carry tags as `name.__k=v` (their gostats form), not DogStatsD's `|#k:v`";
+const MULTIPLEXED: &str = "connections are multiplexed: a call never waits for a free one";
 const AT_START: &str = "read at start-up (theirs: again at each reload)";
-const PER_SECOND: &str = "not yet: one Redis serves every limit (no second per-second Redis)";
 
 /// envoyproxy/ratelimit's variables, in `settings.go`'s order.
 pub const SETTINGS: &[(&str, Status)] = &[
@@ -115,29 +115,29 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("REDIS_PIPELINE_WINDOW", NotApplicable(PIPELINING)),
     ("REDIS_PIPELINE_LIMIT", NotApplicable(PIPELINING)),
     ("REDIS_CLUSTER_PIPELINE_PARALLELISM", NotApplicable(PIPELINING)),
-    ("REDIS_PERSECOND", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_SOCKET_TYPE", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_TYPE", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_URL", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_POOL_SIZE", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_AUTH", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_TLS", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND", Same("counters of limits whose unit is the second in a second Redis; a request with both kinds is all-or-nothing per Redis (see Redis: topologies and failures)")),
+    ("REDIS_PERSECOND_SOCKET_TYPE", Same("as `REDIS_SOCKET_TYPE`")),
+    ("REDIS_PERSECOND_TYPE", Same("")),
+    ("REDIS_PERSECOND_URL", Same("required with `REDIS_PERSECOND=true` (theirs: a nutcracker socket by default)")),
+    ("REDIS_PERSECOND_POOL_SIZE", Same("connections in all, each multiplexed (default `REDIS_POOL_SIZE`)")),
+    ("REDIS_PERSECOND_AUTH", Same("")),
+    ("REDIS_PERSECOND_TLS", Same("with the certificates of `REDIS_TLS_*`, as theirs")),
     ("REDIS_SENTINEL_AUTH", Same("")),
-    ("REDIS_PERSECOND_SENTINEL_AUTH", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_PIPELINE_WINDOW", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_PIPELINE_LIMIT", NotYet(PER_SECOND)),
-    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", Same("")),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", NotApplicable(PIPELINING)),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", NotApplicable(PIPELINING)),
+    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", NotApplicable(PIPELINING)),
     (
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
         NotApplicable("readiness follows a probe of the store and `FAILURE_MODE` (see Redis: topologies and failures)"),
     ),
     ("REDIS_TIMEOUT", Same("the deadline of connecting and of each call, unless `REDIS_CONNECT_TIMEOUT_MS` / `REDIS_TIMEOUT_MS` (own) are set")),
-    ("REDIS_PERSECOND_TIMEOUT", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_TIMEOUT", Same("the deadline of connecting and of each call; default the main Redis's")),
     (
         "REDIS_POOL_ON_EMPTY_BEHAVIOR",
-        NotApplicable("connections are multiplexed: a call never waits for a free one"),
+        NotApplicable(MULTIPLEXED),
     ),
-    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", NotYet(PER_SECOND)),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", NotApplicable(MULTIPLEXED)),
     (
         "REDIS_STARTUP_INITIAL_INTERVAL",
         NotApplicable("the server starts without Redis and connects in the background (answers follow `FAILURE_MODE` meanwhile)"),

@@ -10,6 +10,7 @@ pub mod lease;
 pub mod limiter_script;
 pub mod memory;
 pub mod redis;
+pub mod stores;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ pub use self::generation::Generation;
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use self::stores::{Role, Stores};
 pub use crate::vocab::Topology;
 
 /// A counter store. An enum rather than a trait object: there are two, and

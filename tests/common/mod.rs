@@ -341,7 +341,7 @@ impl TestServer {
     pub async fn start_with_limiter(
         config: Config,
         config_dir: Option<PathBuf>,
-        store: Store,
+        store: impl Into<ratekeeper::store::Stores>,
         limiter: LimiterSettings,
     ) -> TestServer {
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -370,7 +370,7 @@ impl TestServer {
             load_options: Default::default(),
             config: config.clone(),
             health_needs_domains: false,
-            store,
+            store: store.into(),
             limiter,
             reload_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),

@@ -72,7 +72,7 @@ impl RateLimiter {
         let config = self.config.current();
         let plan = self.admin_plan(&config, &request)?;
         let outcomes = self
-            .store
+            .stores
             .apply(&plan.checks, false)
             .await
             .map_err(|e| AdminError::Store(e.to_string()))?;
@@ -108,11 +108,13 @@ impl RateLimiter {
         let config = self.config.current();
         let plan = self.admin_plan(&config, &request)?;
         let keys: Vec<String> = plan.checks.iter().map(|c| c.key.clone()).collect();
-        self.store
-            .delete(&keys)
+        self.stores
+            .delete(&plan.checks)
             .await
             .map_err(|e| AdminError::Store(e.to_string()))?;
-        self.over.forget(&keys);
+        for (_, over) in self.over.iter() {
+            over.forget(&keys);
+        }
         Ok((rule_of(&plan).rule, keys))
     }
 

@@ -4,6 +4,11 @@
 //! UNAVAILABLE, and `local` decides from this replica's own counters, each
 //! limit divided by the replicas expected to share it. Answers given without
 //! the store are marked in `dynamic_metadata` ([`degraded`]).
+//!
+//! With a per-second store, one of the two may fail alone: then only the
+//! failed store's checks get the failure mode's outcome (`open`: within the
+//! limit, `closed`: over it, `local`: this replica's counters), and the
+//! answer is made from those and the other store's, as from the store's.
 
 use std::sync::Arc;
 
@@ -11,12 +16,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use tonic::Status;
 
+use super::outcomes::Failed;
 use super::plan::{Applied, Plan};
 use super::respond::{allow_all, current_limit, status};
 use crate::limiter::{Check, Outcome};
 use crate::store::{MemoryStore, Store};
 use crate::vocab::FailureMode;
-use crate::Error;
 
 /// What the failure mode makes of a request.
 #[derive(Debug)]
@@ -25,9 +30,10 @@ pub enum Fallback {
     Answer(RateLimitResponse),
     /// The gRPC error to answer with (`unavailable`).
     Refuse(Status),
-    /// Outcomes from this replica's counters, to answer from as from the
-    /// store's (`local`).
-    Local(Vec<Outcome>),
+    /// Outcomes to answer from as from the store's: this replica's
+    /// counters (`local`), or for a request only one of two stores failed,
+    /// the other's outcomes with the failure mode's for the rest.
+    Outcomes(Vec<Outcome>),
 }
 
 /// This replica's counters for `failure_mode: local`, on the store's clock.
@@ -46,29 +52,83 @@ impl LocalFallback {
         }
     }
 
-    /// Applies `mode` to a request whose store call failed with `error`.
+    /// Applies `mode` to a request whose store call `failed`.
     pub fn fall_back(
         &self,
         mode: FailureMode,
-        error: &Error,
+        failed: Failed,
         plan: &Plan<'_>,
         all_or_nothing: bool,
     ) -> Fallback {
-        metrics::counter!("ratekeeper_store_errors").increment(1);
-        metrics::counter!(format!("ratekeeper_store_error_fail_{mode}")).increment(1);
+        let store = failed.store.name();
+        metrics::counter!("ratekeeper_store_errors", "store" => store).increment(1);
+        metrics::counter!(format!("ratekeeper_store_error_fail_{mode}"), "store" => store)
+            .increment(1);
+        if mode == FailureMode::Unavailable {
+            return Fallback::Refuse(Status::unavailable(format!(
+                "the rate limit store failed: {}",
+                failed.error
+            )));
+        }
+        if failed.answered.iter().any(Option::is_some) {
+            return Fallback::Outcomes(self.stand_in(mode, failed.answered, plan, all_or_nothing));
+        }
         match mode {
             FailureMode::Open => {
                 Fallback::Answer(degraded(allow_all(&plan.applied, plan.applied.len()), mode))
             }
             FailureMode::Closed => Fallback::Answer(degraded(refuse_all(&plan.applied), mode)),
-            FailureMode::Unavailable => Fallback::Refuse(Status::unavailable(format!(
-                "the rate limit store failed: {error}"
-            ))),
-            FailureMode::Local => {
+            FailureMode::Unavailable | FailureMode::Local => {
                 let shares: Vec<Check> = plan.checks.iter().map(|c| self.share(c)).collect();
-                Fallback::Local(self.store.apply(&shares, all_or_nothing))
+                Fallback::Outcomes(self.store.apply(&shares, all_or_nothing))
             }
         }
+    }
+
+    /// The `answered` outcomes, with `mode`'s standing in for the checks
+    /// whose store failed (`None`).
+    fn stand_in(
+        &self,
+        mode: FailureMode,
+        answered: Vec<Option<Outcome>>,
+        plan: &Plan<'_>,
+        all_or_nothing: bool,
+    ) -> Vec<Outcome> {
+        let failed: Vec<usize> = (0..answered.len())
+            .filter(|&i| answered[i].is_none())
+            .collect();
+        let open = |check: &Check| Outcome {
+            over: false,
+            remaining: check.limit,
+            reset_ms: 0,
+        };
+        let mut local = match mode {
+            FailureMode::Local => {
+                let shares: Vec<Check> = failed
+                    .iter()
+                    .map(|&i| self.share(&plan.checks[i]))
+                    .collect();
+                self.store.apply(&shares, all_or_nothing)
+            }
+            _ => Vec::new(),
+        }
+        .into_iter();
+        answered
+            .into_iter()
+            .zip(&plan.checks)
+            .map(|(outcome, check)| {
+                outcome.unwrap_or_else(|| match mode {
+                    FailureMode::Closed => Outcome {
+                        over: true,
+                        remaining: 0,
+                        reset_ms: check.period_ms,
+                    },
+                    // The local store answers every share it is given.
+                    FailureMode::Local => local.next().unwrap_or_else(|| open(check)),
+                    _ => open(check),
+                })
+            })
+            .collect()
     }
 
     /// `check` with this replica's share of its limit and burst.
@@ -122,6 +182,17 @@ mod tests {
     use super::super::LimiterSettings;
     use super::*;
     use crate::clock::ManualClock;
+    use crate::store::Role;
+    use crate::Error;
+
+    /// Every one of `checks` checks' store failed.
+    fn failed(checks: usize) -> Failed {
+        Failed {
+            error: Error::Store("down".into()),
+            store: Role::Main,
+            answered: vec![None; checks],
+        }
+    }
 
     fn marked(response: &RateLimitResponse) -> Option<String> {
         use envoy_types::pb::google::protobuf::value::Kind;
@@ -147,8 +218,7 @@ mod tests {
         let plan = Plan::new(&request, rules, &LimiterSettings::default()).expect("plan");
         let clock = Arc::new(ManualClock::new(60_000));
         let local = LocalFallback::new(&Store::Memory(MemoryStore::new(clock)), 3);
-        let error = Error::Store("down".into());
-        let answer = |mode| match local.fall_back(mode, &error, &plan, true) {
+        let answer = |mode| match local.fall_back(mode, failed(plan.checks.len()), &plan, true) {
             Fallback::Answer(response) => response,
             other => panic!("{mode}: {other:?}"),
         };
@@ -173,7 +243,12 @@ mod tests {
         );
         assert_eq!(marked(&closed).as_deref(), Some("closed"));
 
-        match local.fall_back(FailureMode::Unavailable, &error, &plan, true) {
+        match local.fall_back(
+            FailureMode::Unavailable,
+            failed(plan.checks.len()),
+            &plan,
+            true,
+        ) {
             Fallback::Refuse(status) => {
                 assert_eq!(status.code(), tonic::Code::Unavailable);
                 assert!(status.message().contains("down"), "{}", status.message());
@@ -184,8 +259,8 @@ mod tests {
         // 3 per minute over 3 replicas: 1 each.
         let mut admitted = Vec::new();
         for _ in 0..2 {
-            match local.fall_back(FailureMode::Local, &error, &plan, true) {
-                Fallback::Local(outcomes) => admitted.push(!outcomes[0].over),
+            match local.fall_back(FailureMode::Local, failed(plan.checks.len()), &plan, true) {
+                Fallback::Outcomes(outcomes) => admitted.push(!outcomes[0].over),
                 other => panic!("{other:?}"),
             }
         }

@@ -7,8 +7,9 @@
 //!    `limit` override), apply `replaces`, and build the checks the store
 //!    must apply;
 //! 2. `outcomes`: the checks' outcomes, from the over-limit cache when it
-//!    already knows them all, else from the store in one atomic call;
-//! 3. `failure`: only when the store failed, the domain's failure mode
+//!    already knows them all, else from the store in one atomic call (each
+//!    of the two stores its own checks, with a per-second store);
+//! 3. `failure`: only when a store failed, the domain's failure mode
 //!    answers, refuses, or decides from this replica's own counters;
 //! 4. `respond`: one status per descriptor from its tightest limit, the
 //!    overall code and the `RateLimit-*` headers; `rule_metrics` counts
@@ -46,7 +47,7 @@ use crate::headers::HeaderSettings;
 use crate::keys::Values;
 use crate::limiter::Algorithm;
 use crate::otel::{DecisionSpan, Tracer};
-use crate::store::Store;
+use crate::store::Stores;
 use crate::vocab::FailureMode;
 
 /// Settings of the rate limit service beyond the config and the store.
@@ -104,13 +105,14 @@ pub struct GlobalModes {
 #[derive(Debug, Clone)]
 pub struct RateLimiter {
     config: SharedConfig,
-    store: Store,
+    stores: Stores,
     settings: LimiterSettings,
     /// Counters for `failure_mode: local` while the store fails.
     local: Arc<LocalFallback>,
     counters: Arc<RuleCounters>,
-    /// Keys known to be full until their window ends (no store call).
-    over: Arc<OverCache>,
+    /// Keys known to be full until their window ends (no store call), one
+    /// cache per store: each forgets when its own store lost its data.
+    over: Stores<Arc<OverCache>>,
     /// Registered once: looking a metric up by name costs a registry
     /// lookup on every request.
     duration: metrics::Histogram,
@@ -119,15 +121,21 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(config: SharedConfig, store: Store, settings: LimiterSettings) -> Self {
+    pub fn new(config: SharedConfig, stores: impl Into<Stores>, settings: LimiterSettings) -> Self {
+        let stores = stores.into();
         RateLimiter {
             config,
-            local: Arc::new(LocalFallback::new(&store, settings.expected_replicas)),
-            over: Arc::new(match settings.over_cache_keys {
-                Some(keys) => OverCache::with_capacity(store.generation(), keys),
-                None => OverCache::new(store.generation()),
+            local: Arc::new(LocalFallback::new(
+                stores.main(),
+                settings.expected_replicas,
+            )),
+            over: stores.map(|store| {
+                Arc::new(match settings.over_cache_keys {
+                    Some(keys) => OverCache::with_capacity(store.generation(), keys),
+                    None => OverCache::new(store.generation()),
+                })
             }),
-            store,
+            stores,
             counters: Arc::new(RuleCounters::new(
                 settings.max_detailed_series,
                 settings.values,
@@ -143,7 +151,7 @@ impl RateLimiter {
     /// lane `lane`'s store connections.
     pub fn for_lane(&self, lane: usize) -> Self {
         RateLimiter {
-            store: self.store.for_lane(lane),
+            stores: self.stores.for_lane(lane),
             ..self.clone()
         }
     }
@@ -177,30 +185,31 @@ impl RateLimiter {
             .inspect_err(|_| self.calls.error(CallError::Service))?;
 
         let all_or_nothing = domain.options.all_or_nothing;
-        let stored = outcomes::from_cache_or_store(
-            &self.store,
+        let stored = outcomes::from_cache_or_stores(
+            &self.stores,
             &self.over,
             &plan.checks,
             all_or_nothing,
             span.as_deref_mut(),
         )
         .await;
-        let (outcomes, answered_locally) = match stored {
-            Ok(outcomes) => (outcomes, false),
-            Err(error) => {
+        let (outcomes, degraded_by) = match stored {
+            Ok(outcomes) => (outcomes, None),
+            Err(failed) => {
                 self.calls.error(CallError::Redis);
                 let mode = domain
                     .options
                     .failure_mode
                     .unwrap_or(self.settings.failure_mode);
-                tracing::warn!(%error, store = self.store.kind(), %mode, "store failed");
+                let (error, store) = (&failed.error, failed.store.name());
+                tracing::warn!(%error, store, %mode, "store failed");
                 if let Some(span) = span {
                     span.answered_by(mode.name());
                 }
-                match self.local.fall_back(mode, &error, &plan, all_or_nothing) {
+                match self.local.fall_back(mode, failed, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
                     Fallback::Refuse(status) => return Err(status),
-                    Fallback::Local(outcomes) => (outcomes, true),
+                    Fallback::Outcomes(outcomes) => (outcomes, Some(mode)),
                 }
             }
         };
@@ -214,10 +223,9 @@ impl RateLimiter {
             .then_some(&self.settings.headers.names);
         let mut response = respond::response(&plan, &verdicts, headers, self.settings.modes);
         self.add_metadata(request, &plan.applied, &mut response);
-        Ok(if answered_locally {
-            degraded(response, FailureMode::Local)
-        } else {
-            response
+        Ok(match degraded_by {
+            Some(mode) => degraded(response, mode),
+            None => response,
         })
     }
 

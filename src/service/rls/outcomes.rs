@@ -2,16 +2,87 @@
 //! cache ([`OverCache`]) answers when it knows every check's counter to be
 //! full until its window ends — the hot key of a refused caller then costs
 //! no store round trip; otherwise the store applies the checks as one
-//! atomic step, and the cache learns from its answer.
+//! atomic step, and the cache learns from its answer. With a per-second
+//! store ([`Stores`]), each store's checks go to it (and its cache) at
+//! once, and a store that fails leaves the other's outcomes standing.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use futures_util::future::join;
 
 use crate::limiter::{Check, Outcome};
-use std::cell::Cell;
-
 use crate::otel::shared::{StoreCallTrace, STORE_CALL};
 use crate::otel::DecisionSpan;
 use crate::service::over_cache::OverCache;
-use crate::store::Store;
-use crate::Result;
+use crate::store::{Role, Store, Stores};
+use crate::{Error, Result};
+
+/// A store failed: which, why, and the outcomes the other store gave.
+#[derive(Debug)]
+pub struct Failed {
+    pub error: Error,
+    pub store: Role,
+    /// Per check, its outcome where its store answered (all `None` when
+    /// the failed store held every check).
+    pub answered: Vec<Option<Outcome>>,
+}
+
+/// The checks' outcomes, each from its store or that store's cache; a
+/// sampled decision's `span` follows the main store's part.
+pub async fn from_cache_or_stores(
+    stores: &Stores,
+    overs: &Stores<Arc<OverCache>>,
+    checks: &[Check],
+    all_or_nothing: bool,
+    span: Option<&mut DecisionSpan>,
+) -> std::result::Result<Vec<Outcome>, Failed> {
+    if let Some(role) = stores.only(checks) {
+        let (store, over) = (stores.get(role), overs.get(role));
+        return from_cache_or_store(store, over, checks, all_or_nothing, span)
+            .await
+            .map_err(|error| Failed {
+                error,
+                store: role,
+                answered: vec![None; checks.len()],
+            });
+    }
+    let [main, per_second] = stores.split(checks);
+    let part = |role: Role, checks, span| {
+        from_cache_or_store(
+            stores.get(role),
+            overs.get(role),
+            checks,
+            all_or_nothing,
+            span,
+        )
+    };
+    let answers = join(
+        part(main.role, &main.checks, span),
+        part(per_second.role, &per_second.checks, None),
+    )
+    .await;
+    let mut answered = vec![None; checks.len()];
+    let mut failure = None;
+    for (part, answer) in [(main, answers.0), (per_second, answers.1)] {
+        match answer {
+            Ok(outcomes) => {
+                for (&i, outcome) in part.indices.iter().zip(outcomes) {
+                    answered[i] = Some(outcome);
+                }
+            }
+            Err(error) => failure = failure.or(Some((error, part.role))),
+        }
+    }
+    match failure {
+        None => Ok(answered.into_iter().flatten().collect()),
+        Some((error, store)) => Err(Failed {
+            error,
+            store,
+            answered,
+        }),
+    }
+}
 
 /// The checks' outcomes, from the cache or the store; a sampled decision's
 /// `span` learns which, and the store call's time.

@@ -1,0 +1,303 @@
+//! envoyproxy/ratelimit's `REDIS_PERSECOND`: the counters of limits whose
+//! unit is the second live in a second Redis, all others in the main one.
+//! Against two real redis-servers: where counters land, answers to
+//! requests spanning both, the per-second Redis down (the failure mode for
+//! its checks only), the admin API, and the binary's settings.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{descriptor, http_call, request, Ratekeeper, RedisServer, TestServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ratekeeper::clock::{Clock, ManualClock};
+use ratekeeper::config::Config;
+use ratekeeper::service::rls::LimiterSettings;
+use ratekeeper::store::Stores;
+use ratekeeper::vocab::FailureMode;
+
+/// A per-second limit (`ip`) and a per-minute one (`user`).
+const LIMITS: &str = r#"
+domain: api
+descriptors:
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#;
+
+/// A minute boundary.
+const START_MS: u64 = 1_800_000_000_000;
+
+/// Two Redis, and a server keeping per-second counters in the second.
+struct Pair {
+    main: RedisServer,
+    per_second: RedisServer,
+    server: TestServer,
+}
+
+async fn start(failure_mode: FailureMode) -> Pair {
+    let (main, per_second) = (RedisServer::start(), RedisServer::start());
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(START_MS));
+    let stores = Stores::new(
+        main.store(Some(clock.clone())),
+        Some(per_second.store(Some(clock))),
+    );
+    let config = Config::from_files([(Path::new("api.yaml"), LIMITS)]).expect("limits");
+    let limiter = LimiterSettings {
+        failure_mode,
+        ..TestServer::limiter_settings()
+    };
+    let server = TestServer::start_with_limiter(config, None, stores, limiter).await;
+    server.serving().await;
+    Pair {
+        main,
+        per_second,
+        server,
+    }
+}
+
+/// The counter keys of `redis`, sorted.
+fn keys(redis: &RedisServer) -> Vec<String> {
+    let mut conn = redis.client().get_connection().expect("connect");
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("rk:*").query(&mut conn).unwrap();
+    keys.sort();
+    keys
+}
+
+/// The fixed window's count in `key` (0 when absent).
+fn count(redis: &RedisServer, key: &str) -> u64 {
+    let mut conn = redis.client().get_connection().expect("connect");
+    let count: Option<u64> = redis::cmd("HGET")
+        .arg(key)
+        .arg("c")
+        .query(&mut conn)
+        .unwrap();
+    count.unwrap_or(0)
+}
+
+fn both() -> RateLimitRequest {
+    request(
+        "api",
+        vec![
+            descriptor(&[("ip", "10.0.0.1")]),
+            descriptor(&[("user", "alice")]),
+        ],
+    )
+}
+
+/// Overall code, then per descriptor (code, remaining).
+fn summary(answer: &RateLimitResponse) -> (i32, Vec<(i32, u32)>) {
+    let statuses = answer.statuses.iter();
+    let each = statuses.map(|s| (s.code, s.limit_remaining)).collect();
+    (answer.overall_code, each)
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+const IP_KEY: &str = "rk:{api|ip=10.0.0.1}:fw.1";
+const USER_KEY: &str = "rk:{api|user=alice}:fw.60";
+
+#[tokio::test]
+async fn per_second_counters_live_in_the_per_second_redis_and_answers_join() {
+    let pair = start(FailureMode::Open).await;
+    let mut client = pair.server.client().await;
+    let first = client.should_rate_limit(both()).await.unwrap().into_inner();
+    assert_eq!(summary(&first), (OK, vec![(OK, 1), (OK, 4)]));
+    assert_eq!(keys(&pair.per_second), [IP_KEY]);
+    assert_eq!(keys(&pair.main), [USER_KEY]);
+
+    let second = client.should_rate_limit(both()).await.unwrap().into_inner();
+    assert_eq!(summary(&second), (OK, vec![(OK, 0), (OK, 3)]));
+    // The per-second limit is full: refused. Each Redis decides its own
+    // checks, so the minute counter, in the other, still counts this one
+    // (all-or-nothing holds per store, as per Cluster slot).
+    let third = client.should_rate_limit(both()).await.unwrap().into_inner();
+    assert_eq!(summary(&third), (OVER, vec![(OVER, 0), (OK, 2)]));
+    assert_eq!(count(&pair.main, USER_KEY), 3);
+    assert_eq!(
+        count(&pair.per_second, IP_KEY),
+        3,
+        "fixed windows take charges"
+    );
+
+    let user_only = request("api", vec![descriptor(&[("user", "alice")])]);
+    let answer = client
+        .should_rate_limit(user_only)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(summary(&answer), (OK, vec![(OK, 1)]));
+    pair.server.stop().await;
+}
+
+#[tokio::test]
+async fn the_per_second_redis_down_gives_the_failure_mode_to_its_checks_only() {
+    for (mode, ip) in [
+        (FailureMode::Closed, (OVER, 0)),
+        (FailureMode::Open, (OK, 2)),
+    ] {
+        let mut pair = start(mode).await;
+        let mut client = pair.server.client().await;
+        pair.per_second.kill();
+        let answer = client.should_rate_limit(both()).await.unwrap().into_inner();
+        let overall = if ip.0 == OVER { OVER } else { OK };
+        assert_eq!(summary(&answer), (overall, vec![ip, (OK, 4)]), "{mode}");
+        let metadata = answer.dynamic_metadata.expect("marked as degraded");
+        assert!(
+            metadata.fields.contains_key("ratekeeper.store_error"),
+            "{mode}: {metadata:?}"
+        );
+        assert_eq!(
+            count(&pair.main, USER_KEY),
+            1,
+            "{mode}: the main Redis counted"
+        );
+
+        // A request of the main Redis's limits only is answered as ever.
+        let user_only = request("api", vec![descriptor(&[("user", "alice")])]);
+        let answer = client
+            .should_rate_limit(user_only)
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(summary(&answer), (OK, vec![(OK, 3)]), "{mode}");
+        assert!(answer.dynamic_metadata.is_none(), "{mode}");
+        pair.server.stop().await;
+    }
+}
+
+/// An admin API call on `entry` of domain `api`: status and body.
+async fn admin(server: &TestServer, method: &'static str, entry: &str) -> (u16, String) {
+    let (addr, path) = (
+        server.admin.to_string(),
+        format!("/v1/descriptor?domain=api&entry={entry}"),
+    );
+    let answer = tokio::task::spawn_blocking(move || http_call(&addr, method, &path, ""))
+        .await
+        .expect("admin call");
+    (answer.status, answer.body)
+}
+
+/// The remaining hits of the first limit of `entry`'s rule, by the admin API.
+async fn remaining(server: &TestServer, entry: &str) -> u64 {
+    let (status, body) = admin(server, "GET", entry).await;
+    assert_eq!(status, 200, "{body}");
+    let state: serde_json::Value = serde_json::from_str(&body).unwrap();
+    state["limits"][0]["remaining"].as_u64().expect("remaining")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_reads_and_resets_each_counter_in_its_redis() {
+    let pair = start(FailureMode::Open).await;
+    let mut client = pair.server.client().await;
+    client.should_rate_limit(both()).await.unwrap();
+    let (ip, user) = ("ip%3D10.0.0.1", "user%3Dalice");
+    assert_eq!(remaining(&pair.server, ip).await, 1);
+    assert_eq!(remaining(&pair.server, user).await, 4);
+
+    let (status, body) = admin(&pair.server, "DELETE", ip).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        keys(&pair.per_second).is_empty(),
+        "reset in the per-second Redis"
+    );
+    assert_eq!(keys(&pair.main), [USER_KEY], "the main Redis untouched");
+    assert_eq!(remaining(&pair.server, ip).await, 2);
+    pair.server.stop().await;
+}
+
+/// The binary, configured by their variables: a per-second limit counts
+/// in REDIS_PERSECOND_URL's Redis.
+#[tokio::test]
+async fn their_variables_configure_the_per_second_redis() {
+    let (main, per_second) = (RedisServer::start(), RedisServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let (main_url, per_second_url) = (main.url(), per_second.url());
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("api.yaml"), LIMITS).unwrap();
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[
+            ("REDIS_URL", main_url.as_str()),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", per_second_url.as_str()),
+            ("REDIS_PERSECOND_POOL_SIZE", "2"),
+            ("REDIS_PERSECOND_TIMEOUT", "2s"),
+        ],
+    );
+    // Serving once both Redis are warmed up (the first call's deadline
+    // is the default 20 ms).
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
+    common::until_serving(&mut health).await;
+    let mut client = server.client().await;
+    let answer = client.should_rate_limit(both()).await.unwrap().into_inner();
+    assert_eq!(summary(&answer), (OK, vec![(OK, 1), (OK, 4)]));
+    assert_eq!(keys(&per_second), [IP_KEY]);
+    assert_eq!(keys(&main), [USER_KEY]);
+    // Each Redis has its own health: `ratekeeper_store_up{store}`.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for store in ["main", "per_second"] {
+        let up = format!("ratekeeper_store_up{{store=\"{store}\"}} 1");
+        while !server.metrics().contains(&up) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{up} in {}",
+                server.metrics()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Start-up errors about the per-second Redis name its variables.
+#[test]
+fn a_bad_per_second_redis_stops_the_start_naming_the_variable() {
+    let main = RedisServer::start();
+    let main_url = main.url();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api.yaml"), LIMITS).unwrap();
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (&[("REDIS_PERSECOND", "true")], "REDIS_PERSECOND_URL"),
+        (
+            &[
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_URL", "redis://[::1"),
+            ],
+            "REDIS_PERSECOND_URL",
+        ),
+        (
+            &[
+                ("REDIS_PERSECOND", "1"),
+                ("REDIS_PERSECOND_URL", "/tmp/rk.sock"),
+                ("REDIS_PERSECOND_SOCKET_TYPE", "pipe"),
+            ],
+            "REDIS_PERSECOND_SOCKET_TYPE",
+        ),
+        (
+            &[
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_TIMEOUT", "soon"),
+            ],
+            "REDIS_PERSECOND_TIMEOUT",
+        ),
+    ];
+    for (env, named) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+            .args(["--http-addr", "off", "--debug-addr", "off"])
+            .arg("--config-dir")
+            .arg(dir.path())
+            .env("REDIS_URL", &main_url)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{env:?} started");
+        assert!(stderr.contains(named), "{env:?}: {stderr}");
+    }
+}
