@@ -266,4 +266,66 @@ mod tests {
         }
         assert_eq!(admitted, [true, false]);
     }
+
+    /// Only the per-second store failed: its check (org's per-second limit)
+    /// gets the mode's outcome, the others keep the store's.
+    #[test]
+    fn a_failed_stores_checks_alone_get_the_mode() {
+        let config = config();
+        let rules = &config.domain("d").expect("domain").rules;
+        let request = request(vec![
+            descriptor(&[("user", "a")]),
+            descriptor(&[("org", "acme")]),
+        ]);
+        let plan = Plan::new(&request, rules, &LimiterSettings::default()).expect("plan");
+        assert_eq!(plan.checks[1].period_ms, 1_000, "org's first limit");
+        let stored = |remaining| Outcome {
+            over: false,
+            remaining,
+            reset_ms: 7,
+        };
+        let answered = vec![Some(stored(2)), None, Some(stored(99))];
+        let clock = Arc::new(ManualClock::new(60_000));
+        let local = LocalFallback::new(&Store::Memory(MemoryStore::new(clock)), 3);
+        let with = |mode| {
+            let failed = Failed {
+                error: Error::Store("down".into()),
+                store: Role::PerSecond,
+                answered: answered.clone(),
+            };
+            match local.fall_back(mode, failed, &plan, true) {
+                Fallback::Outcomes(outcomes) => outcomes,
+                other => panic!("{mode}: {other:?}"),
+            }
+        };
+        let each = |outcomes: Vec<Outcome>| -> Vec<(bool, u64)> {
+            outcomes.iter().map(|o| (o.over, o.remaining)).collect()
+        };
+        assert_eq!(
+            each(with(FailureMode::Open)),
+            [(false, 2), (false, 10), (false, 99)]
+        );
+        assert_eq!(
+            each(with(FailureMode::Closed)),
+            [(false, 2), (true, 0), (false, 99)]
+        );
+        // 10 a second over 3 replicas: 4 here, one taken by this request.
+        assert_eq!(
+            each(with(FailureMode::Local)),
+            [(false, 2), (false, 3), (false, 99)]
+        );
+        match local.fall_back(
+            FailureMode::Unavailable,
+            Failed {
+                error: Error::Store("down".into()),
+                store: Role::PerSecond,
+                answered,
+            },
+            &plan,
+            true,
+        ) {
+            Fallback::Refuse(status) => assert_eq!(status.code(), tonic::Code::Unavailable),
+            other => panic!("{other:?}"),
+        }
+    }
 }
