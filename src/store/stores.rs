@@ -115,6 +115,44 @@ pub struct Part {
     pub checks: Vec<Check>,
 }
 
+/// The parts' answers put back in the request's order.
+pub struct Joined {
+    /// Per check, its outcome where its store answered.
+    pub outcomes: Vec<Option<Outcome>>,
+    /// The first part that failed: why, and which store.
+    pub failure: Option<(Error, Role)>,
+}
+
+impl Joined {
+    pub fn new(checks: usize, answers: [(Part, Result<Vec<Outcome>>); 2]) -> Joined {
+        let mut joined = Joined {
+            outcomes: vec![None; checks],
+            failure: None,
+        };
+        for (part, answer) in answers {
+            match answer {
+                Ok(outcomes) => {
+                    for (&i, outcome) in part.indices.iter().zip(outcomes) {
+                        joined.outcomes[i] = Some(outcome);
+                    }
+                }
+                Err(error) => {
+                    joined.failure = joined.failure.or(Some((error, part.role)));
+                }
+            }
+        }
+        joined
+    }
+
+    /// Every check's outcome (an error if a check got none).
+    pub fn complete(self) -> Result<Vec<Outcome>> {
+        self.outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
+            .collect()
+    }
+}
+
 impl Stores {
     /// `checks` by store, the main store's first, neither empty: for a
     /// request they span ([`Stores::only`] is `None`).
@@ -140,22 +178,17 @@ impl Stores {
             return self.get(role).apply(checks, all_or_nothing).await;
         }
         let [main, per_second] = self.split(checks);
-        let (main_outcomes, per_second_outcomes) = join(
+        let answers = join(
             self.get(main.role).apply(&main.checks, all_or_nothing),
             self.get(per_second.role)
                 .apply(&per_second.checks, all_or_nothing),
         )
         .await;
-        let mut outcomes = vec![None; checks.len()];
-        for (part, answer) in [(main, main_outcomes), (per_second, per_second_outcomes)] {
-            for (&i, outcome) in part.indices.iter().zip(answer?) {
-                outcomes[i] = Some(outcome);
-            }
+        let joined = Joined::new(checks.len(), [(main, answers.0), (per_second, answers.1)]);
+        match joined.failure {
+            Some((error, _)) => Err(error),
+            None => joined.complete(),
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
-            .collect()
     }
 
     /// Deletes the counters of `checks` (the admin API's reset), each from

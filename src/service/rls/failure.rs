@@ -64,21 +64,20 @@ impl LocalFallback {
         metrics::counter!("ratekeeper_store_errors", "store" => store).increment(1);
         metrics::counter!(format!("ratekeeper_store_error_fail_{mode}"), "store" => store)
             .increment(1);
-        if mode == FailureMode::Unavailable {
-            return Fallback::Refuse(Status::unavailable(format!(
+        let partly = failed.answered.iter().any(Option::is_some);
+        match mode {
+            FailureMode::Unavailable => Fallback::Refuse(Status::unavailable(format!(
                 "the rate limit store failed: {}",
                 failed.error
-            )));
-        }
-        if failed.answered.iter().any(Option::is_some) {
-            return Fallback::Outcomes(self.stand_in(mode, failed.answered, plan, all_or_nothing));
-        }
-        match mode {
+            ))),
+            _ if partly => {
+                Fallback::Outcomes(self.stand_in(mode, failed.answered, plan, all_or_nothing))
+            }
             FailureMode::Open => {
                 Fallback::Answer(degraded(allow_all(&plan.applied, plan.applied.len()), mode))
             }
             FailureMode::Closed => Fallback::Answer(degraded(refuse_all(&plan.applied), mode)),
-            FailureMode::Unavailable | FailureMode::Local => {
+            FailureMode::Local => {
                 let shares: Vec<Check> = plan.checks.iter().map(|c| self.share(c)).collect();
                 Fallback::Outcomes(self.store.apply(&shares, all_or_nothing))
             }

@@ -15,6 +15,7 @@ use crate::limiter::{Check, Outcome};
 use crate::otel::shared::{StoreCallTrace, STORE_CALL};
 use crate::otel::DecisionSpan;
 use crate::service::over_cache::OverCache;
+use crate::store::stores::Joined;
 use crate::store::{Role, Store, Stores};
 use crate::{Error, Result};
 
@@ -62,24 +63,17 @@ pub async fn from_cache_or_stores(
         part(per_second.role, &per_second.checks, None),
     )
     .await;
-    let mut answered = vec![None; checks.len()];
-    let mut failure = None;
-    for (part, answer) in [(main, answers.0), (per_second, answers.1)] {
-        match answer {
-            Ok(outcomes) => {
-                for (&i, outcome) in part.indices.iter().zip(outcomes) {
-                    answered[i] = Some(outcome);
-                }
-            }
-            Err(error) => failure = failure.or(Some((error, part.role))),
-        }
-    }
-    match failure {
-        None => Ok(answered.into_iter().flatten().collect()),
+    let joined = Joined::new(checks.len(), [(main, answers.0), (per_second, answers.1)]);
+    match joined.failure {
+        None => joined.complete().map_err(|error| Failed {
+            error,
+            store: Role::Main,
+            answered: vec![None; checks.len()],
+        }),
         Some((error, store)) => Err(Failed {
             error,
             store,
-            answered,
+            answered: joined.outcomes,
         }),
     }
 }
