@@ -61,7 +61,15 @@ async fn start(failure_mode: FailureMode) -> Pair {
 
 /// The counter keys of `redis`, sorted.
 fn keys(redis: &RedisServer) -> Vec<String> {
+    keys_as(redis, None)
+}
+
+/// [`keys`] of a Redis that asks for `password`.
+fn keys_as(redis: &RedisServer, password: Option<&str>) -> Vec<String> {
     let mut conn = redis.client().get_connection().expect("connect");
+    if let Some(password) = password {
+        let _: () = redis::cmd("AUTH").arg(password).query(&mut conn).unwrap();
+    }
     let mut keys: Vec<String> = redis::cmd("KEYS").arg("rk:*").query(&mut conn).unwrap();
     keys.sort();
     keys
@@ -210,12 +218,18 @@ async fn the_admin_api_reads_and_resets_each_counter_in_its_redis() {
 }
 
 /// The binary, configured by their variables: a per-second limit counts
-/// in REDIS_PERSECOND_URL's Redis.
+/// in REDIS_PERSECOND_URL's Redis, here a Unix socket with a password
+/// (the main Redis's settings code: any topology the main one takes).
 #[tokio::test]
 async fn their_variables_configure_the_per_second_redis() {
-    let (main, per_second) = (RedisServer::start(), RedisServer::start());
     let dir = tempfile::tempdir().unwrap();
-    let (main_url, per_second_url) = (main.url(), per_second.url());
+    let socket = dir.path().join("per-second.sock").display().to_string();
+    let main = RedisServer::start();
+    let per_second = RedisServer::spawn(
+        common::free_port(),
+        &["--unixsocket", &socket, "--requirepass", "s3cret"],
+    );
+    let main_url = main.url();
     let limits = dir.path().join("limits");
     std::fs::create_dir_all(&limits).unwrap();
     std::fs::write(limits.join("api.yaml"), LIMITS).unwrap();
@@ -225,7 +239,9 @@ async fn their_variables_configure_the_per_second_redis() {
         &[
             ("REDIS_URL", main_url.as_str()),
             ("REDIS_PERSECOND", "true"),
-            ("REDIS_PERSECOND_URL", per_second_url.as_str()),
+            ("REDIS_PERSECOND_URL", socket.as_str()),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "unix"),
+            ("REDIS_PERSECOND_AUTH", "s3cret"),
             ("REDIS_PERSECOND_POOL_SIZE", "2"),
             ("REDIS_PERSECOND_TIMEOUT", "2s"),
         ],
@@ -237,7 +253,7 @@ async fn their_variables_configure_the_per_second_redis() {
     let mut client = server.client().await;
     let answer = client.should_rate_limit(both()).await.unwrap().into_inner();
     assert_eq!(summary(&answer), (OK, vec![(OK, 1), (OK, 4)]));
-    assert_eq!(keys(&per_second), [IP_KEY]);
+    assert_eq!(keys_as(&per_second, Some("s3cret")), [IP_KEY]);
     assert_eq!(keys(&main), [USER_KEY]);
     // Each Redis has its own health: `ratekeeper_store_up{store}`.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
