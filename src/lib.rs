@@ -59,6 +59,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod dogstatsd;
 pub mod duration;
 pub mod error;
 pub mod headers;
@@ -74,9 +75,11 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod stat_key;
+pub mod stat_mapper;
 pub mod statsd;
 pub mod store;
 pub mod telemetry;
+pub mod their_stats;
 pub mod tls;
 pub mod vocab;
 

@@ -8,12 +8,11 @@
 //! Matching allocates nothing.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use crate::limiter::{Algorithm, Unit};
 use crate::stat_key::StatKey;
-use crate::statsd;
+use crate::their_stats::TheirCounter;
 
 /// One limit: a requests-per-unit rate counted by an algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,10 +71,10 @@ impl Rate {
 }
 
 /// Per-rule counters, under ratekeeper's names (`ratekeeper_rate_limit_*`,
-/// labels `domain` and `rule`) and under envoyproxy/ratelimit's: their
-/// Prometheus names (`ratelimit_service_rate_limit_*`, labels `domain`,
-/// `key1`, `key2` as their statsd mapping gives them) and, when statsd is
-/// on, their statsd names. Names and labels are worked out once per rule;
+/// labels `domain` and `rule`) and under envoyproxy/ratelimit's stat names
+/// ([`TheirCounter`]: statsd, and the Prometheus series their statsd
+/// mapping makes, `ratelimit_service_rate_limit_*` with labels `domain`,
+/// `key1`, `key2` by default). Names and labels are worked out once per rule;
 /// each registers on its first increment, so compiling a config touches no
 /// metrics and needs no recorder installed first.
 #[derive(Debug, Clone)]
@@ -85,6 +84,8 @@ pub struct RuleMetrics {
     pub near_limit: RuleCounter,
     pub within_limit: RuleCounter,
     pub shadow_mode: RuleCounter,
+    /// Over-limit hits the over-limit cache answered (also in `over_limit`).
+    pub over_limit_with_local_cache: RuleCounter,
 }
 
 impl RuleMetrics {
@@ -118,11 +119,12 @@ impl RuleMetrics {
             near_limit: counter("near_limit"),
             within_limit: counter("within_limit"),
             shadow_mode: counter("shadow_mode"),
+            over_limit_with_local_cache: counter("over_limit_with_local_cache"),
         }
     }
 }
 
-/// The names a rule's counters go by, shared by its five counters.
+/// The names a rule's counters go by, shared by its six counters.
 #[derive(Debug)]
 struct RuleLabels {
     domain: String,
@@ -141,8 +143,7 @@ pub struct RuleCounter {
 #[derive(Debug, Clone)]
 struct Sinks {
     ours: metrics::Counter,
-    theirs: Option<metrics::Counter>,
-    statsd: Option<statsd::Counter>,
+    theirs: Option<TheirCounter>,
 }
 
 impl RuleCounter {
@@ -155,10 +156,7 @@ impl RuleCounter {
         let sinks = self.sinks.get_or_init(|| self.register());
         sinks.ours.increment(n);
         if let Some(theirs) = &sinks.theirs {
-            theirs.increment(n);
-        }
-        if let Some(statsd) = &sinks.statsd {
-            statsd.fetch_add(n, Ordering::Relaxed);
+            theirs.add(n);
         }
     }
 
@@ -171,27 +169,10 @@ impl RuleCounter {
         let ours = format!("ratekeeper_rate_limit_{}", self.suffix);
         Sinks {
             ours: metrics::counter!(ours, "domain" => domain.clone(), "rule" => rule.clone()),
-            theirs: theirs.as_ref().map(|key| self.theirs(key)),
-            statsd: theirs.as_ref().and_then(|key| {
-                statsd::counter(&format!(
-                    "ratelimit.service.rate_limit.{}.{}",
-                    key.key, self.suffix
-                ))
-            }),
+            theirs: theirs
+                .as_ref()
+                .map(|key| TheirCounter::new(&key.stat(self.suffix))),
         }
-    }
-
-    /// The Prometheus counter their statsd mapping makes of the stat.
-    fn theirs(&self, key: &StatKey) -> metrics::Counter {
-        let name = format!("ratelimit_service_rate_limit_{}", self.suffix);
-        let mut labels = vec![
-            metrics::Label::new("domain", key.domain.clone()),
-            metrics::Label::new("key1", key.key1.clone()),
-        ];
-        if let Some(key2) = &key.key2 {
-            labels.push(metrics::Label::new("key2", key2.clone()));
-        }
-        metrics::counter!(name, labels)
     }
 }
 

@@ -80,8 +80,10 @@ async fn prometheus_has_envoyproxy_ratelimit_series() {
     );
 }
 
-/// The `name: sum` of every statsd counter line received on `socket` until
-/// `done` holds or `wait` passes.
+/// What a statsd listener received until `done` holds or `wait` passes:
+/// for each counter line `name:n|c` the sum of its `n` under `name`, for
+/// each timer line `name:ms|ms` one more under `name|ms`; DogStatsD tags
+/// (`|#k:v,…`) stay on the name as `name#k:v,…`.
 fn receive(
     socket: &std::net::UdpSocket,
     wait: Duration,
@@ -99,12 +101,33 @@ fn receive(
         };
         assert!(n <= 1432, "a datagram of {n} bytes");
         for line in std::str::from_utf8(&buf[..n]).unwrap().lines() {
-            let (name, value) = line.rsplit_once(':').expect("name:value|c");
-            let count = value.strip_suffix("|c").expect("a counter");
-            *sums.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
+            let (name, n) = parse_line(line);
+            *sums.entry(name).or_default() += n;
         }
     }
     sums
+}
+
+/// A statsd line's key in [`receive`]'s sums and what it adds.
+fn parse_line(line: &str) -> (String, u64) {
+    let (name, rest) = line.split_once(':').expect("name:value|type");
+    let mut fields = rest.split('|');
+    let value = fields.next().unwrap();
+    let kind = fields.next().expect("a type");
+    let tags = fields.find_map(|f| f.strip_prefix('#'));
+    let name = match tags {
+        Some(tags) => format!("{name}#{tags}"),
+        None => name.to_owned(),
+    };
+    match kind {
+        "c" => (name, value.parse().expect("a whole count")),
+        "ms" => {
+            let ms: f64 = value.parse().expect("milliseconds");
+            assert!((0.0..10_000.0).contains(&ms), "{line}");
+            (format!("{name}|ms"), 1)
+        }
+        other => panic!("type {other} in {line:?}"),
+    }
 }
 
 #[tokio::test]
@@ -140,9 +163,14 @@ async fn statsd_receives_their_stat_names_when_a_host_is_given() {
         ("ratelimit.service.config_load_success", 1),
         ("ratelimit_server.ShouldRateLimit.total_requests", 9),
         ("ratelimit.service.call.should_rate_limit.service_error", 1),
+        // Every call timed, a sample each.
+        ("ratelimit_server.ShouldRateLimit.response_time", 9),
     ]
     .into_iter()
-    .map(|(name, n)| (format!("{name}{tags}"), n))
+    .map(|(name, n)| match name.ends_with("response_time") {
+        true => (format!("{name}{tags}|ms"), n),
+        false => (format!("{name}{tags}"), n),
+    })
     .collect();
     let sums = receive(&socket, Duration::from_secs(10), |sums| {
         expected.iter().all(|(name, n)| sums.get(name) == Some(n))

@@ -36,6 +36,7 @@ use tonic::{Request, Response, Status};
 pub use self::admin::{AdminError, DescriptorState, LimitState};
 use self::call_stats::{CallError, CallStats};
 use self::failure::{degraded, Fallback, LocalFallback};
+use self::outcomes::Source;
 use self::plan::Plan;
 use self::respond::allow_all;
 use self::rule_metrics::RuleCounters;
@@ -134,7 +135,7 @@ impl RateLimiter {
                 settings.near_limit_ratio,
             )),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
-            calls: CallStats::new("ShouldRateLimit"),
+            calls: CallStats::new(crate::their_stats::SHOULD_RATE_LIMIT),
             settings,
         }
     }
@@ -165,6 +166,7 @@ impl RateLimiter {
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
+            crate::their_stats::domain_not_found(&request.domain);
             tracing::debug!(domain = %request.domain, "unknown domain");
             if let Some(span) = span {
                 span.answered_by("unknown_domain");
@@ -185,8 +187,8 @@ impl RateLimiter {
             span.as_deref_mut(),
         )
         .await;
-        let (outcomes, answered_locally) = match stored {
-            Ok(outcomes) => (outcomes, false),
+        let (outcomes, answered_locally, source) = match stored {
+            Ok((outcomes, source)) => (outcomes, false, source),
             Err(error) => {
                 self.calls.error(CallError::Redis);
                 let mode = domain
@@ -200,13 +202,15 @@ impl RateLimiter {
                 match self.local.fall_back(mode, &error, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
                     Fallback::Refuse(status) => return Err(status),
-                    Fallback::Local(outcomes) => (outcomes, true),
+                    Fallback::Local(outcomes) => (outcomes, true, Source::Store),
                 }
             }
         };
 
         let verdicts = respond::verdicts(&plan, &outcomes);
-        self.counters.record(request, &plan, &outcomes, &verdicts);
+        let cached = source == Source::Cache;
+        self.counters
+            .record(request, &plan, &outcomes, &verdicts, cached);
         let headers = domain
             .options
             .response_headers

@@ -71,6 +71,14 @@ impl Split {
     }
 }
 
+/// Whether a descriptor's hits were over a limit, and whether the
+/// over-limit cache said so.
+#[derive(Debug, Clone, Copy)]
+struct Over {
+    any: bool,
+    cached: bool,
+}
+
 /// The label detailed counters past the cap share.
 pub const OVERFLOW_LABEL: &str = "overflow";
 
@@ -92,13 +100,15 @@ impl RuleCounters {
         }
     }
 
-    /// Counts the hits of every descriptor a configured rule counted.
+    /// Counts the hits of every descriptor a configured rule counted;
+    /// `cached`: the outcomes are the over-limit cache's.
     pub fn record(
         &self,
         request: &RateLimitRequest,
         plan: &Plan<'_>,
         outcomes: &[Outcome],
         verdicts: &[Option<Verdict>],
+        cached: bool,
     ) {
         let decided = plan.applied.iter().zip(verdicts).zip(&request.descriptors);
         for ((applied, verdict), descriptor) in decided {
@@ -116,12 +126,16 @@ impl RuleCounters {
             // Shadow-mode limits count as over here, though they refuse nothing.
             let any_over = outcomes[checks.clone()].iter().any(|o| o.over);
             let hits = plan.checks[checks.start].hits;
+            let over = Over {
+                any: any_over,
+                cached,
+            };
             self.count(
                 &request.domain,
                 rule,
                 descriptor,
                 &verdict.state,
-                any_over,
+                over,
                 hits,
             );
         }
@@ -134,13 +148,13 @@ impl RuleCounters {
         rule: &Rule,
         descriptor: &RateLimitDescriptor,
         state: &LimitState,
-        any_over: bool,
+        over: Over,
         hits: u64,
     ) {
         let used = state.limit.saturating_sub(state.remaining);
         // In f32, as theirs: the same threshold for the same ratio.
         let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
-        let split = Split::of(hits, state.limit, used, near_at, any_over);
+        let split = Split::of(hits, state.limit, used, near_at, over.any);
         let count = |m: &RuleMetrics| {
             m.total_hits.increment(hits);
             for (counter, n) in [
@@ -154,6 +168,9 @@ impl RuleCounters {
             }
             if rule.shadow_mode && split.over > 0 {
                 m.shadow_mode.increment(split.over);
+            }
+            if over.cached && split.over > 0 {
+                m.over_limit_with_local_cache.increment(split.over);
             }
         };
         count(&rule.metrics);
