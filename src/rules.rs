@@ -111,7 +111,8 @@ impl RuleMetrics {
         let counter = |suffix: &'static str| RuleCounter {
             suffix,
             labels: labels.clone(),
-            sinks: OnceLock::new(),
+            ours: OnceLock::new(),
+            theirs: OnceLock::new(),
         };
         RuleMetrics {
             total_hits: counter("total_hits"),
@@ -137,13 +138,8 @@ struct RuleLabels {
 pub struct RuleCounter {
     suffix: &'static str,
     labels: Arc<RuleLabels>,
-    sinks: OnceLock<Sinks>,
-}
-
-#[derive(Debug, Clone)]
-struct Sinks {
-    ours: metrics::Counter,
-    theirs: Option<TheirCounter>,
+    ours: OnceLock<metrics::Counter>,
+    theirs: OnceLock<Option<TheirCounter>>,
 }
 
 impl RuleCounter {
@@ -153,26 +149,25 @@ impl RuleCounter {
     }
 
     pub fn increment(&self, n: u64) {
-        let sinks = self.sinks.get_or_init(|| self.register());
-        sinks.ours.increment(n);
-        if let Some(theirs) = &sinks.theirs {
+        self.increment_ours(n);
+        let theirs = self.theirs.get_or_init(|| {
+            let key = self.labels.theirs.as_ref()?;
+            Some(TheirCounter::new(&key.stat(self.suffix)))
+        });
+        if let Some(theirs) = theirs {
             theirs.add(n);
         }
     }
 
-    fn register(&self) -> Sinks {
-        let RuleLabels {
-            domain,
-            rule,
-            theirs,
-        } = &*self.labels;
-        let ours = format!("ratekeeper_rate_limit_{}", self.suffix);
-        Sinks {
-            ours: metrics::counter!(ours, "domain" => domain.clone(), "rule" => rule.clone()),
-            theirs: theirs
-                .as_ref()
-                .map(|key| TheirCounter::new(&key.stat(self.suffix))),
-        }
+    /// Counts in ratekeeper's series only: for a stat theirs would not
+    /// count in the same setup.
+    pub fn increment_ours(&self, n: u64) {
+        let ours = self.ours.get_or_init(|| {
+            let RuleLabels { domain, rule, .. } = &*self.labels;
+            let name = format!("ratekeeper_rate_limit_{}", self.suffix);
+            metrics::counter!(name, "domain" => domain.clone(), "rule" => rule.clone())
+        });
+        ours.increment(n);
     }
 }
 

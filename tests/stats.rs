@@ -568,12 +568,13 @@ fn assert_stats(
 }
 
 /// Stats theirs counts that ratekeeper did not: the over-limit cache's
-/// answers per rule and unknown domains; in statsd and, their mapping
-/// leaving the names as they are, escaped in Prometheus.
+/// answers per rule (theirs only with its cache on: LOCAL_CACHE_SIZE_IN_BYTES)
+/// and unknown domains; in statsd and, their mapping leaving the names as
+/// they are, escaped in Prometheus.
 #[tokio::test]
 async fn over_limit_cache_and_unknown_domain_stats_are_theirs() {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (_dir, server) = one_per_hour(&socket, &[]);
+    let (_dir, server) = one_per_hour(&socket, &[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")]);
     // 1 admitted, 1 over (the store says so), 2 over (the cache knows).
     assert_eq!(hits(&server, 4).await, [1, 2, 2, 2]);
     assert_stats(

@@ -133,6 +133,7 @@ impl RateLimiter {
                 settings.max_detailed_series,
                 settings.values,
                 settings.near_limit_ratio,
+                settings.over_cache_keys.is_some(),
             )),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
             calls: CallStats::new(crate::their_stats::SHOULD_RATE_LIMIT),

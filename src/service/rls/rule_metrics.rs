@@ -89,14 +89,28 @@ pub struct RuleCounters {
     /// How descriptor values appear in labels.
     values: Values,
     near_limit_ratio: NearLimitRatio,
+    /// Whether `over_limit_with_local_cache` counts under their names too:
+    /// only with `LOCAL_CACHE_SIZE_IN_BYTES` set, as theirs counts it only
+    /// with its local cache on (ratekeeper's is on by default). Their
+    /// default mapping also adds the stat, for rules two or more levels
+    /// deep, to
+    /// `ratelimit_service_rate_limit_over_limit` (its regexes are not
+    /// anchored at the end); a cache on by default would inflate that.
+    their_local_cache: bool,
 }
 
 impl RuleCounters {
-    pub fn new(max_detailed_series: usize, values: Values, ratio: NearLimitRatio) -> Self {
+    pub fn new(
+        max_detailed_series: usize,
+        values: Values,
+        ratio: NearLimitRatio,
+        their_local_cache: bool,
+    ) -> Self {
         RuleCounters {
             detailed: DetailedSeries::new(max_detailed_series),
             values,
             near_limit_ratio: ratio,
+            their_local_cache,
         }
     }
 
@@ -169,8 +183,10 @@ impl RuleCounters {
             if rule.shadow_mode && split.over > 0 {
                 m.shadow_mode.increment(split.over);
             }
-            if over.cached && split.over > 0 {
-                m.over_limit_with_local_cache.increment(split.over);
+            match (over.cached && split.over > 0, self.their_local_cache) {
+                (false, _) => {}
+                (true, true) => m.over_limit_with_local_cache.increment(split.over),
+                (true, false) => m.over_limit_with_local_cache.increment_ours(split.over),
             }
         };
         count(&rule.metrics);
