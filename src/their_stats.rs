@@ -96,7 +96,10 @@ pub fn domain_not_found(domain: &str) {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    let domain = match seen.contains_key(domain) || seen.len() < CAP {
+    if let Some(counter) = seen.get(domain) {
+        return counter.add(1);
+    }
+    let domain = match seen.len() < CAP {
         true => domain,
         false => "overflow",
     };
