@@ -38,7 +38,7 @@ pub type Counter = Arc<AtomicU64>;
 /// A statsd timer: the samples since the last flush.
 pub type Timer = Arc<Samples>;
 
-/// A timer's samples, at most [`Samples::KEPT`] per flush: past that, the
+/// A timer's samples, at most 4096 per flush (`KEPT`): past that, the
 /// lines carry a sample rate (`|@0.25`) so the server still counts every
 /// call, and a burst of calls cannot grow memory or the datagrams sent.
 #[derive(Debug, Default)]
