@@ -129,13 +129,16 @@ impl TryFrom<Fields> for RawMapping {
     fn try_from(f: Fields) -> std::result::Result<Self, String> {
         let matcher = match f.match_type {
             MatchType::Glob => glob(&f.pattern),
-            MatchType::Regex => Regex::new(&f.pattern),
+            MatchType::Regex => Regex::new(&f.pattern).map_err(|e| e.to_string()),
         }
         .map_err(|e| format!("match {:?}: {e}", f.pattern))?;
         let name = match (f.action, f.name) {
             (Action::Drop, _) => None,
-            (Action::Map, Some(name)) if !name.is_empty() => Some(name),
-            (Action::Map, _) => return Err(format!("match {:?}: no name", f.pattern)),
+            (Action::Map, Some(name)) if is_name_template(&name) => Some(name),
+            (Action::Map, Some(name)) => {
+                return Err(format!("name {name:?} is not a Prometheus metric name"))
+            }
+            (Action::Map, None) => return Err(format!("match {:?}: no name", f.pattern)),
         };
         if let Some(bad) = f.labels.keys().find(|k| !is_prometheus_name(k)) {
             return Err(format!("label name {bad:?} is not a Prometheus label name"));
@@ -152,10 +155,24 @@ impl TryFrom<Fields> for RawMapping {
     }
 }
 
-/// A glob as an anchored regex: `*` is any run without a dot.
-fn glob(pattern: &str) -> std::result::Result<Regex, regex::Error> {
+/// A glob as an anchored regex: each dot-separated part is `*` (any run
+/// without a dot) or a name, as statsd_exporter's glob matcher requires.
+fn glob(pattern: &str) -> std::result::Result<Regex, String> {
+    let part = Regex::new(r"^(\*|[a-zA-Z_](-?[a-zA-Z0-9_])*)$").map_err(|e| e.to_string())?;
+    if let Some(bad) = pattern.split('.').find(|p| !part.is_match(p)) {
+        return Err(format!(
+            "glob part {bad:?}: a part is `*` or a name (use match_type: regex)"
+        ));
+    }
     let parts: Vec<String> = pattern.split('*').map(regex::escape).collect();
-    Regex::new(&format!("^{}$", parts.join("([^.]*)")))
+    Regex::new(&format!("^{}$", parts.join("([^.]*)"))).map_err(|e| e.to_string())
+}
+
+/// statsd_exporter's check of a mapping's `name`: a metric name in which
+/// `$n` / `${n}` may stand for characters.
+fn is_name_template(name: &str) -> bool {
+    let template = r"^([a-zA-Z_]|\$\{?\d+\}?)([a-zA-Z0-9_]|\$\{?\d+\}?)*$";
+    Regex::new(template).is_ok_and(|re| re.is_match(name))
 }
 
 impl Mapper {
@@ -365,6 +382,8 @@ mod tests {
                 "mappings:\n  - match: '('\n    match_type: regex\n    name: n\n",
                 ":2:",
             ),
+            ("mappings:\n  - match: a.b*\n    name: n\n", ":2:"),
+            ("mappings:\n  - match: a.*\n    name: my.name\n", ":2:"),
         ];
         for (text, line) in cases {
             let error = Mapper::parse(text, "/etc/m.yaml").unwrap_err().to_string();

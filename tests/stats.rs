@@ -451,7 +451,7 @@ const MAPPER: &str = r#"mappings:
     name: "rl_latency_ms"
     timer_type: histogram
     buckets: [1, 5, 50]
-  - match: "ratelimit.service.config_load_*"
+  - match: "ratelimit.service.*"
     action: drop
 "#;
 
