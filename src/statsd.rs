@@ -128,26 +128,32 @@ fn take_lines(format: &Format) -> Vec<String> {
     let mut lines = Vec::new();
     let counters = registry.counters.lock().unwrap_or_else(|p| p.into_inner());
     for (name, counter) in counters.iter() {
-        match counter.swap(0, Ordering::Relaxed) {
-            0 => {}
-            delta => lines.push(format.line(name, &delta.to_string(), "c")),
+        let delta = counter.swap(0, Ordering::Relaxed);
+        if delta > 0 {
+            let (head, tail) = format.parts(name);
+            lines.push(format!("{head}:{delta}|c{tail}"));
         }
     }
     drop(counters);
     let timers = registry.timers.lock().unwrap_or_else(|p| p.into_inner());
     for (name, timer) in timers.iter() {
         let (samples, rate) = timer.take();
-        let kind = match rate {
-            1.0 => "ms".to_owned(),
-            rate => format!("ms|@{rate:.4}"),
-        };
-        lines.extend(
-            samples
-                .iter()
-                .map(|ms| format.line(name, &ms.to_string(), &kind)),
-        );
+        if !samples.is_empty() {
+            lines.extend(timer_lines(format, name, &samples, rate));
+        }
     }
     lines
+}
+
+/// A timer's `name:ms|ms` lines, with the sample rate when below 1.
+fn timer_lines(format: &Format, name: &str, samples: &[f64], rate: f64) -> Vec<String> {
+    let rate = match rate {
+        1.0 => String::new(),
+        rate => format!("|@{rate:.4}"),
+    };
+    let (head, tail) = format.parts(name);
+    let line = |ms: &f64| format!("{head}:{ms:.3}|ms{rate}{tail}");
+    samples.iter().map(line).collect()
 }
 
 /// How a stat's line is written: gostats' tags in the name, or DogStatsD's.
@@ -173,10 +179,12 @@ impl Format {
         })
     }
 
-    /// `name:value|kind`, tagged.
-    fn line(&self, name: &str, value: &str, kind: &str) -> String {
+    /// A stat's line without its value and type: the part before them
+    /// (the name) and after them (DogStatsD's tags), worked out once per
+    /// stat and flush.
+    fn parts(&self, name: &str) -> (String, String) {
         match self {
-            Format::Gostats(tags) => format!("{name}{tags}:{value}|{kind}"),
+            Format::Gostats(tags) => (format!("{name}{tags}"), String::new()),
             Format::Dog {
                 extra_tags,
                 mogrifiers,
@@ -184,11 +192,18 @@ impl Format {
                 let (name, tags) = mogrifiers.mogrify(name);
                 let tags = [extra_tags.as_slice(), &tags].concat();
                 match tags.is_empty() {
-                    true => format!("{name}:{value}|{kind}"),
-                    false => format!("{name}:{value}|{kind}|#{}", tags.join(",")),
+                    true => (name, String::new()),
+                    false => (name, format!("|#{}", tags.join(","))),
                 }
             }
         }
+    }
+
+    /// `name:value|kind`, tagged.
+    #[cfg(test)]
+    fn line(&self, name: &str, value: &str, kind: &str) -> String {
+        let (head, tail) = self.parts(name);
+        format!("{head}:{value}|{kind}{tail}")
     }
 }
 
@@ -261,6 +276,16 @@ mod tests {
         assert_eq!((kept.len() as u64, rate), (Samples::KEPT, 0.5));
         assert_eq!(kept[0], 1.5);
         assert_eq!(samples.take(), (Vec::new(), 1.0));
+        let dog = Format::Dog {
+            extra_tags: vec!["app:rk".into()],
+            mogrifiers: Mogrifiers::default(),
+        };
+        assert_eq!(
+            timer_lines(&dog, "t", &[1.5, 0.25], 0.5),
+            ["t:1.500|ms|@0.5000|#app:rk", "t:0.250|ms|@0.5000|#app:rk"]
+        );
+        let plain = Format::Gostats(String::new());
+        assert_eq!(timer_lines(&plain, "t", &[2.0], 1.0), ["t:2.000|ms"]);
     }
 
     #[test]
