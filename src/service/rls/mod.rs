@@ -188,8 +188,8 @@ impl RateLimiter {
             span.as_deref_mut(),
         )
         .await;
-        let (outcomes, answered_locally, source) = match stored {
-            Ok((outcomes, source)) => (outcomes, false, source),
+        let (outcomes, answered_locally, cached) = match stored {
+            Ok((outcomes, source)) => (outcomes, false, source == Source::Cache),
             Err(error) => {
                 self.calls.error(CallError::Redis);
                 let mode = domain
@@ -203,13 +203,12 @@ impl RateLimiter {
                 match self.local.fall_back(mode, &error, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
                     Fallback::Refuse(status) => return Err(status),
-                    Fallback::Local(outcomes) => (outcomes, true, Source::Store),
+                    Fallback::Local(outcomes) => (outcomes, true, false),
                 }
             }
         };
 
         let verdicts = respond::verdicts(&plan, &outcomes);
-        let cached = source == Source::Cache;
         self.counters
             .record(request, &plan, &outcomes, &verdicts, cached);
         let headers = domain
