@@ -44,9 +44,9 @@ pub struct StatsSettings {
     #[arg(long, env = "USE_DOG_STATSD_MOGRIFIERS", default_value = "")]
     use_dog_statsd_mogrifiers: String,
     /// A statsd_exporter mapping file that names the `ratelimit_service_*`
-    /// series (default: envoyproxy/ratelimit's own mapping).
-    #[arg(long, env = "PROMETHEUS_MAPPER_YAML")]
-    prometheus_mapper_yaml: Option<std::path::PathBuf>,
+    /// series (empty: envoyproxy/ratelimit's own mapping, as theirs).
+    #[arg(long, env = "PROMETHEUS_MAPPER_YAML", default_value = "")]
+    prometheus_mapper_yaml: String,
     /// With the default mapping, `ratelimit_service_response_time_seconds`
     /// in milliseconds (as theirs, the name stays).
     #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", value_parser = BoolishValueParser::new(), default_value_t = false)]
@@ -94,15 +94,15 @@ impl StatsSettings {
     /// The mapping of their stat names to Prometheus series: the file
     /// PROMETHEUS_MAPPER_YAML names, else their default.
     pub fn prometheus_mapper(&self) -> Result<Mapper> {
-        let Some(path) = &self.prometheus_mapper_yaml else {
+        let file = &self.prometheus_mapper_yaml;
+        if file.is_empty() {
             let ms = self.prometheus_response_time_as_milliseconds;
             return Ok(Mapper::default_mapping(ms));
-        };
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        }
+        let text = std::fs::read_to_string(file).map_err(|e| {
             Error::Startup(format!("PROMETHEUS_MAPPER_YAML {file}: cannot read: {e}"))
         })?;
-        Mapper::parse(&text, &file)
+        Mapper::parse(&text, file)
     }
 
     pub fn near_limit_ratio(&self) -> Result<NearLimitRatio> {

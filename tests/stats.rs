@@ -504,6 +504,13 @@ fn a_mapper_file_with_unsupported_features_stops_the_start_up() {
     let stderr = refused_start(&[("PROMETHEUS_MAPPER_YAML", &mapper)]);
     assert!(stderr.contains(&format!("{mapper}:5:")), "{stderr}");
     assert!(stderr.contains("fsm"), "{stderr}");
+    // A file that cannot be read too (theirs maps nothing then).
+    let missing = dir.path().join("missing.yaml").display().to_string();
+    let stderr = refused_start(&[("PROMETHEUS_MAPPER_YAML", &missing)]);
+    assert!(
+        stderr.contains(&format!("{missing}: cannot read")),
+        "{stderr}"
+    );
 }
 
 /// A server with a limit of 1 per hour on `user`, sending statsd to
