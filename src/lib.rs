@@ -44,9 +44,11 @@
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
 //!   `/healthcheck` both report.
-//! - [`telemetry`] sets up logs and the Prometheus recorder; [`statsd`]
-//!   sends counters to a statsd server under [`stat_key`]'s names
-//!   (envoyproxy/ratelimit's); [`clock`] is the
+//! - [`telemetry`] sets up logs and the Prometheus recorder;
+//!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
+//!   [`stat_key`]) in [`statsd`] (plain, or DogStatsD through
+//!   [`dogstatsd`]'s mogrifiers) and in the Prometheus series
+//!   [`stat_mapper`]'s statsd_exporter mapping names; [`clock`] is the
 //!   time source tests can pin; [`duration`] reads durations written as
 //!   text; [`vocab`] holds the words several layers share (failure mode,
 //!   Redis topology); [`error`] the error type; [`pb`] ratekeeper's own
@@ -61,6 +63,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod dogstatsd;
 pub mod duration;
 pub mod error;
 pub mod headers;
@@ -76,9 +79,11 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod stat_key;
+pub mod stat_mapper;
 pub mod statsd;
 pub mod store;
 pub mod telemetry;
+pub mod their_stats;
 pub mod tls;
 pub mod vocab;
 

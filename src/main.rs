@@ -381,6 +381,8 @@ async fn run(cli: Cli) -> Result<()> {
         },
     };
     headers.names.validate()?;
+    // Before any stat is made: series keep the name first given.
+    ratekeeper::stat_mapper::install(cli.stats.prometheus_mapper()?)?;
     let metrics = match metrics_addr(
         cli.use_prometheus,
         cli.metrics_addr.as_deref(),

@@ -8,12 +8,11 @@
 //! Matching allocates nothing.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use crate::limiter::{Algorithm, Unit};
 use crate::stat_key::StatKey;
-use crate::statsd;
+use crate::their_stats::TheirCounter;
 
 /// One limit: a requests-per-unit rate counted by an algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,10 +71,10 @@ impl Rate {
 }
 
 /// Per-rule counters, under ratekeeper's names (`ratekeeper_rate_limit_*`,
-/// labels `domain` and `rule`) and under envoyproxy/ratelimit's: their
-/// Prometheus names (`ratelimit_service_rate_limit_*`, labels `domain`,
-/// `key1`, `key2` as their statsd mapping gives them) and, when statsd is
-/// on, their statsd names. Names and labels are worked out once per rule;
+/// labels `domain` and `rule`) and under envoyproxy/ratelimit's stat names
+/// ([`TheirCounter`]: statsd, and the Prometheus series their statsd
+/// mapping makes, `ratelimit_service_rate_limit_*` with labels `domain`,
+/// `key1`, `key2` by default). Names and labels are worked out once per rule;
 /// each registers on its first increment, so compiling a config touches no
 /// metrics and needs no recorder installed first.
 #[derive(Debug, Clone)]
@@ -85,6 +84,8 @@ pub struct RuleMetrics {
     pub near_limit: RuleCounter,
     pub within_limit: RuleCounter,
     pub shadow_mode: RuleCounter,
+    /// Over-limit hits the over-limit cache answered (also in `over_limit`).
+    pub over_limit_with_local_cache: RuleCounter,
 }
 
 impl RuleMetrics {
@@ -110,7 +111,8 @@ impl RuleMetrics {
         let counter = |suffix: &'static str| RuleCounter {
             suffix,
             labels: labels.clone(),
-            sinks: OnceLock::new(),
+            ours: OnceLock::new(),
+            theirs: OnceLock::new(),
         };
         RuleMetrics {
             total_hits: counter("total_hits"),
@@ -118,11 +120,12 @@ impl RuleMetrics {
             near_limit: counter("near_limit"),
             within_limit: counter("within_limit"),
             shadow_mode: counter("shadow_mode"),
+            over_limit_with_local_cache: counter("over_limit_with_local_cache"),
         }
     }
 }
 
-/// The names a rule's counters go by, shared by its five counters.
+/// The names a rule's counters go by, shared by its six counters.
 #[derive(Debug)]
 struct RuleLabels {
     domain: String,
@@ -135,14 +138,8 @@ struct RuleLabels {
 pub struct RuleCounter {
     suffix: &'static str,
     labels: Arc<RuleLabels>,
-    sinks: OnceLock<Sinks>,
-}
-
-#[derive(Debug, Clone)]
-struct Sinks {
-    ours: metrics::Counter,
-    theirs: Option<metrics::Counter>,
-    statsd: Option<statsd::Counter>,
+    ours: OnceLock<metrics::Counter>,
+    theirs: OnceLock<Option<TheirCounter>>,
 }
 
 impl RuleCounter {
@@ -152,46 +149,25 @@ impl RuleCounter {
     }
 
     pub fn increment(&self, n: u64) {
-        let sinks = self.sinks.get_or_init(|| self.register());
-        sinks.ours.increment(n);
-        if let Some(theirs) = &sinks.theirs {
-            theirs.increment(n);
-        }
-        if let Some(statsd) = &sinks.statsd {
-            statsd.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-
-    fn register(&self) -> Sinks {
-        let RuleLabels {
-            domain,
-            rule,
-            theirs,
-        } = &*self.labels;
-        let ours = format!("ratekeeper_rate_limit_{}", self.suffix);
-        Sinks {
-            ours: metrics::counter!(ours, "domain" => domain.clone(), "rule" => rule.clone()),
-            theirs: theirs.as_ref().map(|key| self.theirs(key)),
-            statsd: theirs.as_ref().and_then(|key| {
-                statsd::counter(&format!(
-                    "ratelimit.service.rate_limit.{}.{}",
-                    key.key, self.suffix
-                ))
-            }),
+        self.increment_ours(n);
+        let theirs = self.theirs.get_or_init(|| {
+            let key = self.labels.theirs.as_ref()?;
+            Some(TheirCounter::new(&key.stat(self.suffix)))
+        });
+        if let Some(theirs) = theirs {
+            theirs.add(n);
         }
     }
 
-    /// The Prometheus counter their statsd mapping makes of the stat.
-    fn theirs(&self, key: &StatKey) -> metrics::Counter {
-        let name = format!("ratelimit_service_rate_limit_{}", self.suffix);
-        let mut labels = vec![
-            metrics::Label::new("domain", key.domain.clone()),
-            metrics::Label::new("key1", key.key1.clone()),
-        ];
-        if let Some(key2) = &key.key2 {
-            labels.push(metrics::Label::new("key2", key2.clone()));
-        }
-        metrics::counter!(name, labels)
+    /// Counts in ratekeeper's series only: for a stat theirs would not
+    /// count in the same setup.
+    pub fn increment_ours(&self, n: u64) {
+        let ours = self.ours.get_or_init(|| {
+            let RuleLabels { domain, rule, .. } = &*self.labels;
+            let name = format!("ratekeeper_rate_limit_{}", self.suffix);
+            metrics::counter!(name, "domain" => domain.clone(), "rule" => rule.clone())
+        });
+        ours.increment(n);
     }
 }
 

@@ -14,18 +14,14 @@ pub enum Status {
     Own(&'static str),
     /// Not read: it cannot apply here, for the reason given.
     NotApplicable(&'static str),
-    /// Not read yet.
-    NotYet(&'static str),
 }
 
-use Status::{NotApplicable, NotYet, Own, Same};
+use Status::{NotApplicable, Own, Same};
 
 const MEMCACHE: &str =
     "the memcache backend is not supported (`BACKEND_TYPE=memcache` stops the start-up)";
 const PIPELINING: &str =
     "each Redis connection pipelines every call on it by itself; there is no window or limit to tune";
-const DOGSTATSD: &str =
-    "not yet: statsd lines carry tags as `name.__k=v` (their gostats form), not DogStatsD's `|#k:v`";
 const MULTIPLEXED: &str = "connections are multiplexed: a call never waits for a free one";
 const AT_START: &str = "read at start-up (theirs: again at each reload)";
 
@@ -67,8 +63,8 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Same("")),
     ("XDS_CLIENT_BACKOFF_JITTER", Same("")),
     ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Same("")),
-    ("USE_DOG_STATSD", NotYet(DOGSTATSD)),
-    ("USE_DOG_STATSD_MOGRIFIERS", NotYet(DOGSTATSD)),
+    ("USE_DOG_STATSD", Same("statsd with DogStatsD tags (`|#k:v`); refused with `USE_STATSD=true`, as theirs")),
+    ("USE_DOG_STATSD_MOGRIFIERS", Same("each read from `DOG_STATSD_MOGRIFIER_<NAME>_PATTERN`, `_NAME`, `_TAGS`")),
     ("USE_STATSD", Same("default off unless `STATSD_HOST` is set (theirs: on); UDP, not TCP")),
     ("STATSD_HOST", Same("")),
     ("STATSD_PORT", Same("")),
@@ -80,11 +76,11 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("PROMETHEUS_PATH", Same("")),
     (
         "PROMETHEUS_MAPPER_YAML",
-        NotApplicable("metrics are Prometheus-native (`ratekeeper_*`), not mapped from statsd names"),
+        Same("names the `ratelimit_service_*`-style series made from their stat names (`ratekeeper_*` stay); `glob` and `regex` matches, other features refused with file and line"),
     ),
     (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        NotApplicable("durations are in seconds (`ratekeeper_request_duration_seconds`), as Prometheus advises"),
+        Same("with the default mapping; `ratekeeper_request_duration_seconds` stays in seconds"),
     ),
     ("RUNTIME_ROOT", Same("default `/srv/runtime_data/current`; with no `RUNTIME_*` and no `CONFIG_DIR` (own) set, the limits are `./config/*.yaml`")),
     ("RUNTIME_SUBDIRECTORY", Same("")),
@@ -178,7 +174,6 @@ impl Status {
             Same(_) => None,
             Own(own) => Some(format!("use {own}")),
             NotApplicable(why) => Some(why.to_owned()),
-            NotYet(why) => Some(why.to_owned()),
         }
     }
 
@@ -190,7 +185,6 @@ impl Status {
             Same(note) => format!("same; {note}"),
             Own(own) => format!("ratekeeper's own {own}"),
             NotApplicable(why) => format!("not applicable: {why}"),
-            NotYet(why) => why.to_owned(),
         }
     }
 }

@@ -1,41 +1,28 @@
-//! envoyproxy/ratelimit's stat names for a rule's counters, and the
-//! Prometheus labels their statsd_exporter mapping (`default_mapper.yaml`,
-//! which Envoy Gateway ships too) turns them into: dashboards and alerts
-//! built on their names keep working against ratekeeper.
-//!
-//! Their stat key is the domain and the rule's descriptor path, each level
-//! `key` or `key_value`, joined with `.`, then sanitized (`:` and `|` become
-//! `_`, and so do the dots inside anything shaped like an IPv4 address).
-//! The mapping splits the key at its dots: the first part is `domain`, the
-//! second `key1`, the third (if any) `key2`; deeper levels are dropped. A
-//! dot inside a value therefore shifts the levels, as it does for them.
+//! envoyproxy/ratelimit's stat names for a rule's counters:
+//! `ratelimit.service.rate_limit.<key>.<total_hits|…>`, where the key is
+//! the domain and the rule's descriptor path, each level `key` or
+//! `key_value`, joined with `.`, then sanitized (`:` and `|` become `_`,
+//! and so do the dots inside anything shaped like an IPv4 address). The
+//! Prometheus series are made from these names by [`crate::stat_mapper`].
 
-/// A rule's stat key and the labels the mapping gives it.
+/// A rule's stat key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatKey {
-    /// `<domain>.<path>`, sanitized: the statsd name is
-    /// `ratelimit.service.rate_limit.<key>.<total_hits|…>`.
+    /// `<domain>.<path>`, sanitized.
     pub key: String,
-    pub domain: String,
-    pub key1: String,
-    /// Only for keys of three or more parts (nested rules).
-    pub key2: Option<String>,
 }
 
 impl StatKey {
     /// The stat key of the rule at `path` (levels joined with `.`) in `domain`.
     pub fn new(domain: &str, path: &str) -> Self {
-        let key = sanitize(&format!("{domain}.{path}"));
-        let mut parts = key.split('.');
-        let domain = parts.next().unwrap_or_default().to_owned();
-        let key1 = parts.next().unwrap_or_default().to_owned();
-        let key2 = parts.next().map(str::to_owned);
         StatKey {
-            key,
-            domain,
-            key1,
-            key2,
+            key: sanitize(&format!("{domain}.{path}")),
         }
+    }
+
+    /// The name of the rule's stat `suffix` (`total_hits`, …).
+    pub fn stat(&self, suffix: &str) -> String {
+        format!("ratelimit.service.rate_limit.{}.{suffix}", self.key)
     }
 }
 
@@ -110,19 +97,11 @@ mod tests {
     }
 
     #[test]
-    fn labels_follow_the_mapper() {
-        let one = StatKey::new("web", "user");
-        assert_eq!((one.domain.as_str(), one.key1.as_str()), ("web", "user"));
-        assert_eq!(one.key2, None);
-        let three = StatKey::new("default/eg/http", "route_r.rule-0-match-0_x.third_y");
+    fn stat_names_are_theirs() {
+        let key = StatKey::new("default/eg/http", "route_r.remote_address_10.0.0.1");
         assert_eq!(
-            three.key,
-            "default/eg/http.route_r.rule-0-match-0_x.third_y"
+            key.stat("total_hits"),
+            "ratelimit.service.rate_limit.default/eg/http.route_r.remote_address_10_0_0_1.total_hits"
         );
-        assert_eq!(three.key1, "route_r");
-        assert_eq!(three.key2.as_deref(), Some("rule-0-match-0_x"));
-        let dotted = StatKey::new("web", "host_example.com");
-        assert_eq!(dotted.key1, "host_example");
-        assert_eq!(dotted.key2.as_deref(), Some("com"));
     }
 }

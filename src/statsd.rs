@@ -1,22 +1,26 @@
 //! The statsd sink, for pipelines built on envoyproxy/ratelimit's statsd
-//! stats (statsd_exporter, DogStatsD, Telegraf): counters under their stat
-//! names, added to in memory on the request path (one atomic add) and sent
-//! over UDP by a task every flush interval, never from a request.
+//! stats (statsd_exporter, DogStatsD, Telegraf): counters and timers under
+//! their stat names, added to in memory on the request path (one atomic add
+//! for a counter, one short lock for a timer sample) and sent over UDP by a
+//! task every flush interval, never from a request.
 //!
-//! Lines are plain statsd, `name:delta|c`, newline-separated, as many as
-//! fit one datagram. Extra tags are appended to the name the way
+//! Lines are plain statsd, `name:delta|c` and `name:ms|ms`, newline-separated,
+//! as many as fit one datagram. Extra tags are appended to the name the way
 //! envoyproxy/ratelimit's client (gostats) writes them, `name.__key=value`
 //! (keys sorted; `.`, `:` and `|` in values become `_`), which
-//! statsd_exporter and DogStatsD both take as part of the name.
+//! statsd_exporter takes as part of the name; with `USE_DOG_STATSD` they
+//! are DogStatsD tags instead, `name:delta|c|#key:value,…`, after the
+//! name went through the [`Mogrifiers`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::dogstatsd::Mogrifiers;
 use crate::{Error, Result};
 
-/// Where and how often the counters are sent.
+/// Where and how often the stats are sent.
 #[derive(Debug, Clone)]
 pub struct StatsdSettings {
     /// `host:port` of the statsd server, resolved at every flush.
@@ -24,41 +28,80 @@ pub struct StatsdSettings {
     pub flush_interval: Duration,
     /// `EXTRA_TAGS`: `key:value` pairs, comma-separated.
     pub extra_tags: String,
+    /// `USE_DOG_STATSD`: DogStatsD tags, names through these mogrifiers.
+    pub dog: Option<Mogrifiers>,
 }
 
 /// A statsd counter: the hits since the last flush.
 pub type Counter = Arc<AtomicU64>;
 
-/// The installed sink's counters by name (`None` until [`install`]).
-static COUNTERS: OnceLock<Registry> = OnceLock::new();
+/// A statsd timer: the samples since the last flush.
+pub type Timer = Arc<Samples>;
+
+/// A timer's samples, at most 4096 per flush (`KEPT`): past that, the
+/// lines carry a sample rate (`|@0.25`) so the server still counts every
+/// call, and a burst of calls cannot grow memory or the datagrams sent.
+#[derive(Debug, Default)]
+pub struct Samples {
+    kept: Mutex<Vec<f64>>,
+    seen: AtomicU64,
+}
+
+impl Samples {
+    const KEPT: u64 = 4096;
+
+    /// One call that took `elapsed`.
+    pub fn record(&self, elapsed: Duration) {
+        if self.seen.fetch_add(1, Ordering::Relaxed) < Self::KEPT {
+            let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+            kept.push(elapsed.as_secs_f64() * 1000.0);
+        }
+    }
+
+    /// The kept samples (milliseconds) and the share of calls they stand for.
+    fn take(&self) -> (Vec<f64>, f64) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self.seen.swap(0, Ordering::Relaxed);
+        let samples = std::mem::take(&mut *kept);
+        let rate = match seen as f64 {
+            seen if seen > samples.len() as f64 => samples.len() as f64 / seen,
+            _ => 1.0,
+        };
+        (samples, rate)
+    }
+}
+
+/// The installed sink's stats by name (`None` until [`install`]).
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
 
 #[derive(Debug, Default)]
 struct Registry {
     counters: Mutex<BTreeMap<String, Counter>>,
+    timers: Mutex<BTreeMap<String, Timer>>,
 }
 
 /// The counter named `name`, if statsd is on. Look it up once and keep it:
 /// the lookup takes a lock.
 pub fn counter(name: &str) -> Option<Counter> {
-    let registry = COUNTERS.get()?;
+    let registry = REGISTRY.get()?;
     let mut counters = registry.counters.lock().unwrap_or_else(|p| p.into_inner());
     Some(counters.entry(name.to_owned()).or_default().clone())
 }
 
-/// Adds `n` to the counter `name` (a lookup: for rare events only).
-pub fn add(name: &str, n: u64) {
-    if let Some(counter) = counter(name) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
+/// The timer named `name`, if statsd is on (look it up once, as counters).
+pub fn timer(name: &str) -> Option<Timer> {
+    let registry = REGISTRY.get()?;
+    let mut timers = registry.timers.lock().unwrap_or_else(|p| p.into_inner());
+    Some(timers.entry(name.to_owned()).or_default().clone())
 }
 
 /// Turns the sink on and starts the task that flushes it, for good.
 pub async fn install(settings: StatsdSettings) -> Result<()> {
-    let tags = serialize_tags(&settings.extra_tags)?;
+    let format = Format::new(&settings)?;
     let socket = tokio::net::UdpSocket::bind("0.0.0.0:0")
         .await
         .map_err(|e| Error::Startup(format!("statsd: cannot open a UDP socket: {e}")))?;
-    if COUNTERS.set(Registry::default()).is_err() {
+    if REGISTRY.set(Registry::default()).is_err() {
         return Err(Error::Startup("statsd: installed twice".into()));
     }
     tokio::spawn(async move {
@@ -66,7 +109,7 @@ pub async fn install(settings: StatsdSettings) -> Result<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            for datagram in datagrams(&take_lines(&tags)) {
+            for datagram in datagrams(&take_lines(&format)) {
                 if let Err(error) = socket.send_to(datagram.as_bytes(), &settings.addr).await {
                     tracing::debug!(%error, addr = %settings.addr, "statsd: send failed");
                 }
@@ -76,20 +119,92 @@ pub async fn install(settings: StatsdSettings) -> Result<()> {
     Ok(())
 }
 
-/// One `name:delta|c` line per counter counted since the last flush,
+/// One line per counter counted and per timer sample since the last flush,
 /// resetting them.
-fn take_lines(tags: &str) -> Vec<String> {
-    let Some(registry) = COUNTERS.get() else {
+fn take_lines(format: &Format) -> Vec<String> {
+    let Some(registry) = REGISTRY.get() else {
         return Vec::new();
     };
+    let mut lines = Vec::new();
     let counters = registry.counters.lock().unwrap_or_else(|p| p.into_inner());
-    counters
-        .iter()
-        .filter_map(|(name, counter)| match counter.swap(0, Ordering::Relaxed) {
-            0 => None,
-            delta => Some(format!("{name}{tags}:{delta}|c")),
+    for (name, counter) in counters.iter() {
+        let delta = counter.swap(0, Ordering::Relaxed);
+        if delta > 0 {
+            let (head, tail) = format.parts(name);
+            lines.push(format!("{head}:{delta}|c{tail}"));
+        }
+    }
+    drop(counters);
+    let timers = registry.timers.lock().unwrap_or_else(|p| p.into_inner());
+    for (name, timer) in timers.iter() {
+        let (samples, rate) = timer.take();
+        if !samples.is_empty() {
+            lines.extend(timer_lines(format, name, &samples, rate));
+        }
+    }
+    lines
+}
+
+/// A timer's `name:ms|ms` lines, with the sample rate when below 1.
+fn timer_lines(format: &Format, name: &str, samples: &[f64], rate: f64) -> Vec<String> {
+    let rate = match rate {
+        1.0 => String::new(),
+        rate => format!("|@{rate:.4}"),
+    };
+    let (head, tail) = format.parts(name);
+    let line = |ms: &f64| format!("{head}:{ms:.3}|ms{rate}{tail}");
+    samples.iter().map(line).collect()
+}
+
+/// How a stat's line is written: gostats' tags in the name, or DogStatsD's.
+#[derive(Debug)]
+enum Format {
+    /// `EXTRA_TAGS` serialized as gostats appends them to names.
+    Gostats(String),
+    Dog {
+        extra_tags: Vec<String>,
+        mogrifiers: Mogrifiers,
+    },
+}
+
+impl Format {
+    fn new(settings: &StatsdSettings) -> Result<Format> {
+        let tags = extra_tags(&settings.extra_tags)?;
+        Ok(match &settings.dog {
+            None => Format::Gostats(tags.iter().map(|(k, v)| format!(".__{k}={v}")).collect()),
+            Some(mogrifiers) => Format::Dog {
+                extra_tags: tags.iter().map(|(k, v)| format!("{k}:{v}")).collect(),
+                mogrifiers: mogrifiers.clone(),
+            },
         })
-        .collect()
+    }
+
+    /// A stat's line without its value and type: the part before them
+    /// (the name) and after them (DogStatsD's tags), worked out once per
+    /// stat and flush.
+    fn parts(&self, name: &str) -> (String, String) {
+        match self {
+            Format::Gostats(tags) => (format!("{name}{tags}"), String::new()),
+            Format::Dog {
+                extra_tags,
+                mogrifiers,
+            } => {
+                let (name, tags) = mogrifiers.mogrify(name);
+                let tags = [extra_tags.as_slice(), &tags].concat();
+                match tags.is_empty() {
+                    true => (name, String::new()),
+                    false => (name, format!("|#{}", tags.join(","))),
+                }
+            }
+        }
+    }
+
+    /// `name:value|kind`, tagged.
+    #[cfg(test)]
+    fn line(&self, name: &str, value: &str, kind: &str) -> String {
+        let (head, tail) = self.parts(name);
+        format!("{head}:{value}|{kind}{tail}")
+    }
 }
 
 /// Lines packed into datagrams that fit a 1500-byte Ethernet frame.
@@ -108,8 +223,9 @@ fn datagrams(lines: &[String]) -> Vec<String> {
     out
 }
 
-/// `EXTRA_TAGS` (`k:v,k:v`) as gostats appends them to a name.
-fn serialize_tags(extra: &str) -> Result<String> {
+/// `EXTRA_TAGS` (`k:v,k:v`), sorted by key and cleaned as gostats cleans
+/// them (`.`, `:` and `|` become `_`; empty keys or values are dropped).
+fn extra_tags(extra: &str) -> Result<Vec<(String, String)>> {
     let mut tags = BTreeMap::new();
     for pair in extra.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((key, value)) = pair.split_once(':') else {
@@ -120,11 +236,8 @@ fn serialize_tags(extra: &str) -> Result<String> {
         let clean = |s: &str| s.trim().replace(['.', ':', '|'], "_");
         tags.insert(clean(key), clean(value));
     }
-    Ok(tags
-        .iter()
-        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
-        .map(|(k, v)| format!(".__{k}={v}"))
-        .collect())
+    tags.retain(|k, v| !k.is_empty() && !v.is_empty());
+    Ok(tags.into_iter().collect())
 }
 
 #[cfg(test)]
@@ -133,12 +246,46 @@ mod tests {
 
     #[test]
     fn tags_are_sorted_and_cleaned() {
+        let settings = |dog: Option<Mogrifiers>| StatsdSettings {
+            addr: String::new(),
+            flush_interval: Duration::from_secs(1),
+            extra_tags: "zone:eu.west, app:rk".into(),
+            dog,
+        };
+        let gostats = Format::new(&settings(None)).unwrap();
         assert_eq!(
-            serialize_tags("zone:eu.west, app:rk").unwrap(),
-            ".__app=rk.__zone=eu_west"
+            gostats.line("a.b", "1", "c"),
+            "a.b.__app=rk.__zone=eu_west:1|c"
         );
-        assert_eq!(serialize_tags("").unwrap(), "");
-        assert!(serialize_tags("nocolon").is_err());
+        let dog = Format::new(&settings(Some(Mogrifiers::default()))).unwrap();
+        assert_eq!(
+            dog.line("a.b", "2.5", "ms"),
+            "a.b:2.5|ms|#app:rk,zone:eu_west"
+        );
+        assert!(extra_tags("").unwrap().is_empty());
+        assert!(extra_tags("nocolon").is_err());
+    }
+
+    #[test]
+    fn timers_past_the_kept_samples_carry_a_rate() {
+        let samples = Samples::default();
+        for _ in 0..Samples::KEPT * 2 {
+            samples.record(Duration::from_micros(1500));
+        }
+        let (kept, rate) = samples.take();
+        assert_eq!((kept.len() as u64, rate), (Samples::KEPT, 0.5));
+        assert_eq!(kept[0], 1.5);
+        assert_eq!(samples.take(), (Vec::new(), 1.0));
+        let dog = Format::Dog {
+            extra_tags: vec!["app:rk".into()],
+            mogrifiers: Mogrifiers::default(),
+        };
+        assert_eq!(
+            timer_lines(&dog, "t", &[1.5, 0.25], 0.5),
+            ["t:1.500|ms|@0.5000|#app:rk", "t:0.250|ms|@0.5000|#app:rk"]
+        );
+        let plain = Format::Gostats(String::new());
+        assert_eq!(timer_lines(&plain, "t", &[2.0], 1.0), ["t:2.000|ms"]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::their_stats;
 use crate::{Error, Result};
 
 /// Log output format.
@@ -30,23 +31,29 @@ pub fn init_logging(level: &str, format: LogFormat) -> Result<()> {
     installed.map_err(|e| Error::Startup(format!("cannot install the logger: {e}")))
 }
 
-/// Installs the global Prometheus recorder.
+/// Installs the global Prometheus recorder, after the stat mapping (whose
+/// response-time series gets latency buckets in its unit).
 pub fn install_recorder() -> Result<PrometheusHandle> {
     const LATENCY_BUCKETS: &[f64] = &[
         0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
         1.0,
     ];
+    let response_time = their_stats::response_time(their_stats::SHOULD_RATE_LIMIT);
+    let (response_time, buckets) = match their_stats::timer_series(&response_time) {
+        Some(series) => {
+            // The mapping scales milliseconds: seconds × 1000 × scale.
+            let scaled = LATENCY_BUCKETS.iter().map(|s| s * 1000.0 * series.scale);
+            let buckets = series.buckets.unwrap_or_else(|| scaled.collect());
+            (series.name, buckets)
+        }
+        None => (String::new(), LATENCY_BUCKETS.to_vec()),
+    };
     PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full("ratekeeper_request_duration_seconds".into()),
             LATENCY_BUCKETS,
         )
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full("ratelimit_service_response_time_seconds".into()),
-                LATENCY_BUCKETS,
-            )
-        })
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(response_time), &buckets))
         .and_then(|b| {
             b.set_buckets_for_metric(
                 Matcher::Full("ratekeeper_store_call_duration_seconds".into()),

@@ -80,8 +80,10 @@ async fn prometheus_has_envoyproxy_ratelimit_series() {
     );
 }
 
-/// The `name: sum` of every statsd counter line received on `socket` until
-/// `done` holds or `wait` passes.
+/// What a statsd listener received until `done` holds or `wait` passes:
+/// for each counter line `name:n|c` the sum of its `n` under `name`, for
+/// each timer line `name:ms|ms` one more under `name|ms`; DogStatsD tags
+/// (`|#k:v,…`) stay on the name as `name#k:v,…`.
 fn receive(
     socket: &std::net::UdpSocket,
     wait: Duration,
@@ -99,12 +101,33 @@ fn receive(
         };
         assert!(n <= 1432, "a datagram of {n} bytes");
         for line in std::str::from_utf8(&buf[..n]).unwrap().lines() {
-            let (name, value) = line.rsplit_once(':').expect("name:value|c");
-            let count = value.strip_suffix("|c").expect("a counter");
-            *sums.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
+            let (name, n) = parse_line(line);
+            *sums.entry(name).or_default() += n;
         }
     }
     sums
+}
+
+/// A statsd line's key in [`receive`]'s sums and what it adds.
+fn parse_line(line: &str) -> (String, u64) {
+    let (name, rest) = line.split_once(':').expect("name:value|type");
+    let mut fields = rest.split('|');
+    let value = fields.next().unwrap();
+    let kind = fields.next().expect("a type");
+    let tags = fields.find_map(|f| f.strip_prefix('#'));
+    let name = match tags {
+        Some(tags) => format!("{name}#{tags}"),
+        None => name.to_owned(),
+    };
+    match kind {
+        "c" => (name, value.parse().expect("a whole count")),
+        "ms" => {
+            let ms: f64 = value.parse().expect("milliseconds");
+            assert!((0.0..10_000.0).contains(&ms), "{line}");
+            (format!("{name}|ms"), 1)
+        }
+        other => panic!("type {other} in {line:?}"),
+    }
 }
 
 #[tokio::test]
@@ -140,9 +163,14 @@ async fn statsd_receives_their_stat_names_when_a_host_is_given() {
         ("ratelimit.service.config_load_success", 1),
         ("ratelimit_server.ShouldRateLimit.total_requests", 9),
         ("ratelimit.service.call.should_rate_limit.service_error", 1),
+        // Every call timed, a sample each.
+        ("ratelimit_server.ShouldRateLimit.response_time", 9),
     ]
     .into_iter()
-    .map(|(name, n)| (format!("{name}{tags}"), n))
+    .map(|(name, n)| match name.ends_with("response_time") {
+        true => (format!("{name}{tags}|ms"), n),
+        false => (format!("{name}{tags}"), n),
+    })
     .collect();
     let sums = receive(&socket, Duration::from_secs(10), |sums| {
         expected.iter().all(|(name, n)| sums.get(name) == Some(n))
@@ -292,4 +320,317 @@ async fn a_store_failure_counts_as_their_redis_error() {
         text.contains(r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"} 1"#),
         "{text}"
     );
+}
+
+/// A limits directory holding `yaml` (kept alive by the returned guard).
+fn limits_dir(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(limits.join("limits.yaml"), yaml).unwrap();
+    (dir, limits)
+}
+
+/// USE_DOG_STATSD: the same stats, tags DogStatsD's way, names through
+/// the mogrifiers of their README's example.
+#[tokio::test]
+async fn dogstatsd_gets_tags_and_mogrified_names() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = socket.local_addr().unwrap().port().to_string();
+    let (_dir, limits) = limits_dir(LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[
+            ("USE_DOG_STATSD", "true"),
+            ("STATSD_PORT", &port),
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "zone:eu.west,app:rk"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "HITS"),
+            (
+                "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+                r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$",
+            ),
+            (
+                "DOG_STATSD_MOGRIFIER_HITS_NAME",
+                "ratelimit.service.rate_limit.$3",
+            ),
+            ("DOG_STATSD_MOGRIFIER_HITS_TAGS", "domain:$1,descriptor:$2"),
+        ],
+    );
+    traffic(&server).await;
+    let tags = "#app:rk,zone:eu_west";
+    let expected: Vec<(String, u64)> = [
+        (
+            "ratelimit.service.rate_limit.total_hits",
+            ",domain:web,descriptor:user",
+            6,
+        ),
+        (
+            "ratelimit.service.rate_limit.over_limit",
+            ",domain:web,descriptor:user",
+            1,
+        ),
+        (
+            "ratelimit.service.rate_limit.total_hits",
+            ",domain:web,descriptor:route_r1.remote_address_10_0_0_1",
+            2,
+        ),
+        ("ratelimit_server.ShouldRateLimit.total_requests", "", 9),
+        ("ratelimit_server.ShouldRateLimit.response_time", "|ms", 9),
+    ]
+    .into_iter()
+    .map(|(name, more, n)| match more.strip_prefix('|') {
+        Some(kind) => (format!("{name}{tags}|{kind}"), n),
+        None => (format!("{name}{tags}{more}"), n),
+    })
+    .collect();
+    let sums = receive(&socket, Duration::from_secs(10), |sums| {
+        expected.iter().all(|(name, n)| sums.get(name) == Some(n))
+    });
+    for (name, n) in &expected {
+        assert_eq!(sums.get(name), Some(n), "{name} in {sums:#?}");
+    }
+    assert!(
+        !sums.keys().any(|k| k.contains(".__")),
+        "no gostats tags in names: {sums:#?}"
+    );
+}
+
+/// The start-up error of the binary run with `env` (it must refuse).
+fn refused_start(env: &[(&str, &str)]) -> String {
+    let (_dir, limits) = limits_dir(LIMITS);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("--config-dir")
+        .arg(&limits)
+        .args([
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"])
+        .env("ADMIN_ADDR", "127.0.0.1:0")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn dogstatsd_and_statsd_together_are_refused_as_theirs_are() {
+    let stderr = refused_start(&[("USE_DOG_STATSD", "true"), ("USE_STATSD", "true")]);
+    assert!(stderr.contains("more than one stats sink"), "{stderr}");
+    let stderr = refused_start(&[
+        ("USE_DOG_STATSD", "true"),
+        ("USE_DOG_STATSD_MOGRIFIERS", "X"),
+    ]);
+    assert!(
+        stderr.contains("mogrifier X: no PATTERN specified"),
+        "{stderr}"
+    );
+}
+
+/// A mapping as a user who renamed their series would write it: globs for
+/// the rule counters and the timer, a regex for the calls, a drop.
+const MAPPER: &str = r#"mappings:
+  - match: "ratelimit.service.rate_limit.*.*.*"
+    name: "rl_hits_$3"
+    labels:
+      ns: "$1"
+      descriptor: "$2"
+  - match: "ratelimit_server\\.(\\w+)\\.total_requests"
+    match_type: regex
+    match_metric_type: counter
+    name: "rl_calls"
+    labels:
+      method: "$1"
+  - match: "ratelimit_server.*.response_time"
+    name: "rl_latency_ms"
+    timer_type: histogram
+    buckets: [1, 5, 50]
+  - match: "ratelimit.service.*"
+    action: drop
+"#;
+
+#[tokio::test]
+async fn a_mapper_file_names_their_series() {
+    let (dir, limits) = limits_dir(LIMITS);
+    let mapper = dir.path().join("mapper.yaml");
+    std::fs::write(&mapper, MAPPER).unwrap();
+    let mapper = mapper.display().to_string();
+    let server = Ratekeeper::spawn_with_env(&limits, &[], &[("PROMETHEUS_MAPPER_YAML", &mapper)]);
+    traffic(&server).await;
+    let text = server.metrics();
+    for expected in [
+        // Labels in name order, as Prometheus' Go client writes them.
+        r#"rl_hits_total_hits{descriptor="user",ns="web"} 6"#,
+        r#"rl_hits_over_limit{descriptor="user",ns="web"} 1"#,
+        r#"rl_calls{method="ShouldRateLimit"} 9"#,
+        r#"rl_latency_ms_bucket{le="50"} 9"#,
+        // Three parts past `rate_limit`: the glob does not take it; the
+        // name stays, escaped, as statsd_exporter leaves it.
+        "ratelimit_service_rate_limit_web_route_r1_remote_address_10_0_0_1_total_hits 2",
+        // Not in the mapping: escaped as well.
+        "ratelimit_service_call_should_rate_limit_service_error 1",
+        r#"ratekeeper_rate_limit_total_hits{domain="web",rule="user"} 6"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(expected)),
+            "/metrics lacks {expected:?}:\n{text}"
+        );
+    }
+    for gone in [
+        "ratelimit_service_rate_limit_total_hits{",
+        "ratelimit_service_config_load_success",
+        "ratelimit_config_load_success",
+    ] {
+        assert!(
+            !text.contains(gone),
+            "{gone}: the default mapping is replaced, dropped stats are not shown:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn a_mapper_file_with_unsupported_features_stops_the_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mapper = dir.path().join("mapper.yaml");
+    let text = "mappings:\n  - match: \"a.*\"\n    name: a\n  - match: \"b.*\"\n    match_type: fsm\n    name: b\n";
+    std::fs::write(&mapper, text).unwrap();
+    let mapper = mapper.display().to_string();
+    let stderr = refused_start(&[("PROMETHEUS_MAPPER_YAML", &mapper)]);
+    assert!(stderr.contains(&format!("{mapper}:5:")), "{stderr}");
+    assert!(stderr.contains("fsm"), "{stderr}");
+    // A file that cannot be read too (theirs maps nothing then).
+    let missing = dir.path().join("missing.yaml").display().to_string();
+    let stderr = refused_start(&[("PROMETHEUS_MAPPER_YAML", &missing)]);
+    assert!(
+        stderr.contains(&format!("{missing}: cannot read")),
+        "{stderr}"
+    );
+}
+
+/// A server with a limit of 1 per hour on `user`, sending statsd to
+/// `socket` every 100 ms, with `env` set too.
+fn one_per_hour(
+    socket: &std::net::UdpSocket,
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, Ratekeeper) {
+    let port = socket.local_addr().unwrap().port().to_string();
+    let (dir, limits) = limits_dir(
+        "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    );
+    let mut all = vec![
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+    ];
+    all.extend_from_slice(env);
+    (dir, Ratekeeper::spawn_with_env(&limits, &[], &all))
+}
+
+/// `n` requests on `user` (the answers' overall codes), then one for the
+/// unknown domain `nope`.
+async fn hits(server: &Ratekeeper, n: usize) -> Vec<i32> {
+    let mut client = server.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..n {
+        let answer = client
+            .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+            .await
+            .unwrap();
+        codes.push(answer.into_inner().overall_code);
+    }
+    client
+        .should_rate_limit(request("nope", vec![descriptor(&[("user", "a")])]))
+        .await
+        .unwrap();
+    codes
+}
+
+/// Asserts that statsd sent `expected` (sums) and /metrics has the lines
+/// starting with `series`.
+fn assert_stats(
+    socket: &std::net::UdpSocket,
+    server: &Ratekeeper,
+    expected: &[(&str, u64)],
+    series: &[&str],
+) {
+    let sums = receive(socket, Duration::from_secs(10), |sums| {
+        expected.iter().all(|(name, n)| sums.get(*name) == Some(n))
+    });
+    for (name, n) in expected {
+        assert_eq!(sums.get(*name), Some(n), "{name} in {sums:#?}");
+    }
+    let text = server.metrics();
+    for expected in series {
+        assert!(
+            text.lines().any(|l| l.starts_with(expected)),
+            "/metrics lacks {expected:?}:\n{text}"
+        );
+    }
+}
+
+/// Stats theirs counts that ratekeeper did not: the over-limit cache's
+/// answers per rule (theirs only with its cache on: LOCAL_CACHE_SIZE_IN_BYTES)
+/// and unknown domains; in statsd and, their mapping leaving the names as
+/// they are, escaped in Prometheus.
+#[tokio::test]
+async fn over_limit_cache_and_unknown_domain_stats_are_theirs() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (_dir, server) = one_per_hour(&socket, &[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")]);
+    // 1 admitted, 1 over (the store says so), 2 over (the cache knows).
+    assert_eq!(hits(&server, 4).await, [1, 2, 2, 2]);
+    assert_stats(
+        &socket,
+        &server,
+        &[
+            ("ratelimit.service.rate_limit.web.user.over_limit", 3),
+            (
+                "ratelimit.service.rate_limit.web.user.over_limit_with_local_cache",
+                2,
+            ),
+            ("ratelimit.service.rate_limit.nope.domain_not_found", 1),
+        ],
+        &[
+            r#"ratelimit_service_rate_limit_over_limit{domain="web",key1="user"} 3"#,
+            "ratelimit_service_rate_limit_web_user_over_limit_with_local_cache 2",
+            "ratelimit_service_rate_limit_nope_domain_not_found 1",
+            r#"ratekeeper_rate_limit_over_limit_with_local_cache{domain="web",rule="user"} 2"#,
+        ],
+    );
+}
+
+/// SHADOW_MODE: each over-limit request let through is their
+/// `global_shadow_mode`.
+#[tokio::test]
+async fn global_shadow_mode_is_counted_as_theirs() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (_dir, server) = one_per_hour(&socket, &[("SHADOW_MODE", "true")]);
+    assert_eq!(hits(&server, 3).await, [1, 1, 1]);
+    assert_stats(
+        &socket,
+        &server,
+        &[("ratelimit.service.global_shadow_mode", 2)],
+        &["ratelimit_service_global_shadow_mode 2"],
+    );
+}
+
+/// PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS: their default mapping without
+/// the timer's scale: the same series, in milliseconds (buckets too).
+#[tokio::test]
+async fn response_time_in_milliseconds_when_asked() {
+    let (_dir, limits) = limits_dir(LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true")],
+    );
+    traffic(&server).await;
+    let text = server.metrics();
+    let bucket = r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="1000"} 9"#;
+    assert!(text.contains(bucket), "{text}");
 }

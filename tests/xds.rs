@@ -696,6 +696,13 @@ fn envoy_gateway_env(
     redis: &RedisServer,
 ) -> Vec<(String, String)> {
     let cert = |name: &str| certs.path(name).display().to_string();
+    // The mapping Envoy Gateway mounts there (ConfigMap
+    // `statsd-exporter-config`): envoyproxy/ratelimit's default without the
+    // response time's `scale: 0.001`.
+    let mapper = root.join("statsd-exporter/conf.yaml");
+    let default = include_str!("../src/default_mapper.yaml");
+    std::fs::create_dir_all(root.join("statsd-exporter")).expect("mapper dir");
+    std::fs::write(&mapper, default.replacen("    scale: 0.001\n", "", 1)).expect("mapper");
     [
         ("RUNTIME_ROOT", root.join("data").display().to_string()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
@@ -722,10 +729,7 @@ fn envoy_gateway_env(
         ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
         ("USE_PROMETHEUS", "true".into()),
         ("PROMETHEUS_ADDR", format!(":{}", common::free_port())),
-        (
-            "PROMETHEUS_MAPPER_YAML",
-            root.join("statsd-exporter/conf.yaml").display().to_string(),
-        ),
+        ("PROMETHEUS_MAPPER_YAML", mapper.display().to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

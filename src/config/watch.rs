@@ -92,6 +92,6 @@ pub fn record_load(result: Result<(), &ConfigError>) {
         Err(_) => "error",
     };
     metrics::counter!(format!("ratekeeper_config_load_{outcome}")).increment(1);
-    metrics::counter!(format!("ratelimit_service_config_load_{outcome}")).increment(1);
-    crate::statsd::add(&format!("ratelimit.service.config_load_{outcome}"), 1);
+    crate::their_stats::TheirCounter::new(&format!("ratelimit.service.config_load_{outcome}"))
+        .add(1);
 }

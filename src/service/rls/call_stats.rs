@@ -1,13 +1,14 @@
 //! envoyproxy/ratelimit's per-call stats of `ShouldRateLimit`, under their
-//! Prometheus names (as their statsd mapping gives them) and their statsd
-//! names: calls, response time, and calls that failed on the store
-//! (`redis_error`) or on the request (`service_error`). Registered once:
-//! the request path only adds.
+//! statsd names and the Prometheus series their mapping makes of them:
+//! calls (`ratelimit_server.<method>.total_requests`), response time
+//! (`ratelimit_server.<method>.response_time`, a timer), and calls that
+//! failed on the store (`ratelimit.service.call.should_rate_limit.redis_error`)
+//! or on the request (`…service_error`). Made once: the request path only
+//! adds.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::statsd;
+use crate::their_stats::{self, TheirCounter, TheirTimer};
 
 /// Why a call counts as failed, in their words.
 #[derive(Debug, Clone, Copy)]
@@ -21,52 +22,37 @@ pub enum CallError {
 /// The stats of one gRPC method.
 #[derive(Debug, Clone)]
 pub struct CallStats {
-    total: metrics::Counter,
-    response_time: metrics::Histogram,
-    redis_error: metrics::Counter,
-    service_error: metrics::Counter,
-    statsd: Option<[statsd::Counter; 3]>,
+    total: TheirCounter,
+    response_time: TheirTimer,
+    redis_error: TheirCounter,
+    service_error: TheirCounter,
 }
 
 impl CallStats {
     pub fn new(method: &'static str) -> Self {
-        let error = |err_type: &'static str| metrics::counter!("ratelimit_service_should_rate_limit_error", "err_type" => err_type);
-        let statsd = (|| {
-            Some([
-                statsd::counter(&format!("ratelimit_server.{method}.total_requests"))?,
-                statsd::counter("ratelimit.service.call.should_rate_limit.redis_error")?,
-                statsd::counter("ratelimit.service.call.should_rate_limit.service_error")?,
-            ])
-        })();
+        let error = |err_type: &str| {
+            TheirCounter::new(&format!(
+                "ratelimit.service.call.should_rate_limit.{err_type}"
+            ))
+        };
         CallStats {
-            total: metrics::counter!("ratelimit_service_total_requests", "grpc_method" => method),
-            response_time: metrics::histogram!(
-                "ratelimit_service_response_time_seconds",
-                "grpc_method" => method
-            ),
+            total: TheirCounter::new(&format!("ratelimit_server.{method}.total_requests")),
+            response_time: TheirTimer::new(&their_stats::response_time(method)),
             redis_error: error("redis_error"),
             service_error: error("service_error"),
-            statsd,
         }
     }
 
     /// One call answered (or refused) after `elapsed`.
     pub fn call(&self, elapsed: Duration) {
-        self.total.increment(1);
-        self.response_time.record(elapsed.as_secs_f64());
-        if let Some([total, ..]) = &self.statsd {
-            total.fetch_add(1, Ordering::Relaxed);
-        }
+        self.total.add(1);
+        self.response_time.record(elapsed);
     }
 
     pub fn error(&self, error: CallError) {
-        let (counter, index) = match error {
-            CallError::Redis => (&self.redis_error, 1),
-            CallError::Service => (&self.service_error, 2),
-        };
-        counter.increment(1);
-        if let Some(statsd) = &self.statsd {
-            statsd[index].fetch_add(1, Ordering::Relaxed);
+        match error {
+            CallError::Redis => self.redis_error.add(1),
+            CallError::Service => self.service_error.add(1),
         }
     }
 }

@@ -37,6 +37,7 @@ use tonic::{Request, Response, Status};
 pub use self::admin::{AdminError, DescriptorState, LimitState};
 use self::call_stats::{CallError, CallStats};
 use self::failure::{degraded, Fallback, LocalFallback};
+use self::outcomes::Source;
 use self::plan::Plan;
 use self::respond::allow_all;
 use self::rule_metrics::RuleCounters;
@@ -140,9 +141,10 @@ impl RateLimiter {
                 settings.max_detailed_series,
                 settings.values,
                 settings.near_limit_ratio,
+                settings.over_cache_keys.is_some(),
             )),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
-            calls: CallStats::new("ShouldRateLimit"),
+            calls: CallStats::new(crate::their_stats::SHOULD_RATE_LIMIT),
             settings,
         }
     }
@@ -173,6 +175,7 @@ impl RateLimiter {
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
+            crate::their_stats::domain_not_found(&request.domain);
             tracing::debug!(domain = %request.domain, "unknown domain");
             if let Some(span) = span {
                 span.answered_by("unknown_domain");
@@ -193,8 +196,8 @@ impl RateLimiter {
             span.as_deref_mut(),
         )
         .await;
-        let (outcomes, degraded_by) = match stored {
-            Ok(outcomes) => (outcomes, None),
+        let (outcomes, degraded_by, cached) = match stored {
+            Ok((outcomes, source)) => (outcomes, None, source == Source::Cache),
             Err(failed) => {
                 self.calls.error(CallError::Redis);
                 let mode = domain
@@ -209,13 +212,14 @@ impl RateLimiter {
                 match self.local.fall_back(mode, failed, &plan, all_or_nothing) {
                     Fallback::Answer(response) => return Ok(response),
                     Fallback::Refuse(status) => return Err(status),
-                    Fallback::Outcomes(outcomes) => (outcomes, Some(mode)),
+                    Fallback::Outcomes(outcomes) => (outcomes, Some(mode), false),
                 }
             }
         };
 
         let verdicts = respond::verdicts(&plan, &outcomes);
-        self.counters.record(request, &plan, &outcomes, &verdicts);
+        self.counters
+            .record(request, &plan, &outcomes, &verdicts, cached);
         let headers = domain
             .options
             .response_headers

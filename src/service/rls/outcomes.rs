@@ -29,15 +29,16 @@ pub struct Failed {
     pub answered: Vec<Option<Outcome>>,
 }
 
-/// The checks' outcomes, each from its store or that store's cache; a
-/// sampled decision's `span` follows the main store's part.
+/// The checks' outcomes, each from its store or that store's cache, and
+/// whether the caches answered them all; a sampled decision's `span`
+/// follows the main store's part.
 pub async fn from_cache_or_stores(
     stores: &Stores,
     overs: &Stores<Arc<OverCache>>,
     checks: &[Check],
     all_or_nothing: bool,
     span: Option<&mut DecisionSpan>,
-) -> std::result::Result<Vec<Outcome>, Failed> {
+) -> std::result::Result<(Vec<Outcome>, Source), Failed> {
     if let Some(role) = stores.only(checks) {
         let (store, over) = (stores.get(role), overs.get(role));
         return from_cache_or_store(store, over, checks, all_or_nothing, span)
@@ -63,13 +64,27 @@ pub async fn from_cache_or_stores(
         part(per_second.role, &per_second.checks, None),
     )
     .await;
-    let joined = Joined::new(checks.len(), [(main, answers.0), (per_second, answers.1)]);
+    let cached = [&answers.0, &answers.1]
+        .iter()
+        .all(|answer| matches!(answer, Ok((_, Source::Cache))));
+    let outcomes_of = |answer: Result<(Vec<Outcome>, Source)>| answer.map(|(o, _)| o);
+    let joined = Joined::new(
+        checks.len(),
+        [
+            (main, outcomes_of(answers.0)),
+            (per_second, outcomes_of(answers.1)),
+        ],
+    );
+    let source = if cached { Source::Cache } else { Source::Store };
     match joined.failure {
-        None => joined.complete().map_err(|error| Failed {
-            error,
-            store: Role::Main,
-            answered: vec![None; checks.len()],
-        }),
+        None => joined
+            .complete()
+            .map(|outcomes| (outcomes, source))
+            .map_err(|error| Failed {
+                error,
+                store: Role::Main,
+                answered: vec![None; checks.len()],
+            }),
         Some((error, store)) => Err(Failed {
             error,
             store,
@@ -78,22 +93,30 @@ pub async fn from_cache_or_stores(
     }
 }
 
-/// The checks' outcomes, from the cache or the store; a sampled decision's
-/// `span` learns which, and the store call's time.
+/// Which answered: envoyproxy/ratelimit counts the cache's answers apart
+/// (`over_limit_with_local_cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Cache,
+    Store,
+}
+
+/// The checks' outcomes, from the cache or the store (and which); a
+/// sampled decision's `span` learns which, and the store call's time.
 pub async fn from_cache_or_store(
     store: &Store,
     over: &OverCache,
     checks: &[Check],
     all_or_nothing: bool,
     span: Option<&mut DecisionSpan>,
-) -> Result<Vec<Outcome>> {
+) -> Result<(Vec<Outcome>, Source)> {
     let now_ms = store.now_ms();
     if let Some(known) = over.answer(checks, now_ms) {
         metrics::counter!("ratekeeper_over_limit_cache_hits").increment(1);
         if let Some(span) = span {
             span.answered_by("cache");
         }
-        return Ok(known);
+        return Ok((known, Source::Cache));
     }
     let outcomes = match span {
         None => store.apply(checks, all_or_nothing).await,
@@ -114,7 +137,7 @@ pub async fn from_cache_or_store(
         }
     }?;
     over.learn(checks, &outcomes, now_ms);
-    Ok(outcomes)
+    Ok((outcomes, Source::Store))
 }
 
 #[cfg(test)]
@@ -147,20 +170,21 @@ mod tests {
         let fresh = Store::Memory(MemoryStore::new(clock.clone()));
         let over = OverCache::new(Generation::default());
         let fw = [check(Algorithm::FixedWindow)];
-        let first = from_cache_or_store(&store, &over, &fw, true, None)
+        let (first, _) = from_cache_or_store(&store, &over, &fw, true, None)
             .await
             .unwrap();
         assert!(!first[0].over);
-        let full = from_cache_or_store(&store, &over, &fw, true, None)
+        let (full, source) = from_cache_or_store(&store, &over, &fw, true, None)
             .await
             .unwrap();
         assert!(full[0].over && full[0].remaining == 0);
+        assert_eq!(source, Source::Store);
         let cached = from_cache_or_store(&fresh, &over, &fw, true, None)
             .await
             .unwrap();
-        assert_eq!(cached, full, "answered from the cache");
+        assert_eq!(cached, (full, Source::Cache), "answered from the cache");
         clock.advance(60_000);
-        let next = from_cache_or_store(&fresh, &over, &fw, true, None)
+        let (next, _) = from_cache_or_store(&fresh, &over, &fw, true, None)
             .await
             .unwrap();
         assert!(!next[0].over, "a new window asks the store again");
@@ -176,11 +200,11 @@ mod tests {
         from_cache_or_store(&store, &over, &tb, true, None)
             .await
             .unwrap();
-        let full = from_cache_or_store(&store, &over, &tb, true, None)
+        let (full, _) = from_cache_or_store(&store, &over, &tb, true, None)
             .await
             .unwrap();
         assert!(full[0].over);
-        let again = from_cache_or_store(&fresh, &over, &tb, true, None)
+        let (again, _) = from_cache_or_store(&fresh, &over, &tb, true, None)
             .await
             .unwrap();
         assert!(!again[0].over, "the store was asked: its counter is gone");

@@ -83,6 +83,7 @@ pub fn response(
     let mut over = is_over(plan, &statuses, modes.quota);
     if over && modes.shadow {
         metrics::counter!("ratekeeper_global_shadow_mode").increment(1);
+        crate::their_stats::global_shadow_mode();
         over = false;
     }
     let tightest = tightest(verdicts.iter().flatten().map(|v| v.state));

@@ -71,6 +71,14 @@ impl Split {
     }
 }
 
+/// Whether a descriptor's hits were over a limit, and whether the
+/// over-limit cache said so.
+#[derive(Debug, Clone, Copy)]
+struct Over {
+    any: bool,
+    cached: bool,
+}
+
 /// The label detailed counters past the cap share.
 pub const OVERFLOW_LABEL: &str = "overflow";
 
@@ -81,24 +89,40 @@ pub struct RuleCounters {
     /// How descriptor values appear in labels.
     values: Values,
     near_limit_ratio: NearLimitRatio,
+    /// Whether `over_limit_with_local_cache` counts under their names too:
+    /// only with `LOCAL_CACHE_SIZE_IN_BYTES` set, as theirs counts it only
+    /// with its local cache on (ratekeeper's is on by default). Their
+    /// default mapping also adds the stat, for rules two or more levels
+    /// deep, to
+    /// `ratelimit_service_rate_limit_over_limit` (its regexes are not
+    /// anchored at the end); a cache on by default would inflate that.
+    their_local_cache: bool,
 }
 
 impl RuleCounters {
-    pub fn new(max_detailed_series: usize, values: Values, ratio: NearLimitRatio) -> Self {
+    pub fn new(
+        max_detailed_series: usize,
+        values: Values,
+        ratio: NearLimitRatio,
+        their_local_cache: bool,
+    ) -> Self {
         RuleCounters {
             detailed: DetailedSeries::new(max_detailed_series),
             values,
             near_limit_ratio: ratio,
+            their_local_cache,
         }
     }
 
-    /// Counts the hits of every descriptor a configured rule counted.
+    /// Counts the hits of every descriptor a configured rule counted;
+    /// `cached`: the outcomes are the over-limit cache's.
     pub fn record(
         &self,
         request: &RateLimitRequest,
         plan: &Plan<'_>,
         outcomes: &[Outcome],
         verdicts: &[Option<Verdict>],
+        cached: bool,
     ) {
         let decided = plan.applied.iter().zip(verdicts).zip(&request.descriptors);
         for ((applied, verdict), descriptor) in decided {
@@ -116,12 +140,16 @@ impl RuleCounters {
             // Shadow-mode limits count as over here, though they refuse nothing.
             let any_over = outcomes[checks.clone()].iter().any(|o| o.over);
             let hits = plan.checks[checks.start].hits;
+            let over = Over {
+                any: any_over,
+                cached,
+            };
             self.count(
                 &request.domain,
                 rule,
                 descriptor,
                 &verdict.state,
-                any_over,
+                over,
                 hits,
             );
         }
@@ -134,13 +162,13 @@ impl RuleCounters {
         rule: &Rule,
         descriptor: &RateLimitDescriptor,
         state: &LimitState,
-        any_over: bool,
+        over: Over,
         hits: u64,
     ) {
         let used = state.limit.saturating_sub(state.remaining);
         // In f32, as theirs: the same threshold for the same ratio.
         let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
-        let split = Split::of(hits, state.limit, used, near_at, any_over);
+        let split = Split::of(hits, state.limit, used, near_at, over.any);
         let count = |m: &RuleMetrics| {
             m.total_hits.increment(hits);
             for (counter, n) in [
@@ -154,6 +182,11 @@ impl RuleCounters {
             }
             if rule.shadow_mode && split.over > 0 {
                 m.shadow_mode.increment(split.over);
+            }
+            match (over.cached && split.over > 0, self.their_local_cache) {
+                (false, _) => {}
+                (true, true) => m.over_limit_with_local_cache.increment(split.over),
+                (true, false) => m.over_limit_with_local_cache.increment_ours(split.over),
             }
         };
         count(&rule.metrics);
