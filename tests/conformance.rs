@@ -1773,3 +1773,46 @@ async fn redis_budget_calls_survive_function_flush_script_flush_and_no_functions
         );
     }
 }
+
+/// Malformed budget arguments get an error reply and save nothing: an
+/// unknown operation, a TTL or actual not a count, a check's fields
+/// malformed, fewer fields than keys.
+#[test]
+fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
+    use ratekeeper::store::limiter_script::LimiterScript;
+
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let function: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(LimiterScript::new(true).library())
+        .query(&mut conn)
+        .unwrap();
+    let (marker, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
+    let good = "fw 5 1000 0 1 1 0";
+    let malformed: [&[&str]; 6] = [
+        &["take", "1800000000000", "1000", key, good],
+        &["reserve", "1800000000000", "soon", key, good],
+        &["reserve", "1800000000000", "1000", key, "fw 5 1000 0 1 1"],
+        &["reserve", "1800000000000", "1000", key],
+        &["settle", "1800000000000", "-1", key],
+        &["settle", "1800000000000", "1", key, good],
+    ];
+    for args in malformed {
+        let error = redis::cmd("FCALL")
+            .arg(format!("{function}_budget"))
+            .arg(2)
+            .arg(marker)
+            .arg(key)
+            .arg(args)
+            .query::<Vec<i64>>(&mut conn)
+            .expect_err("malformed arguments were decided");
+        assert_eq!(
+            (error.code(), error.detail()),
+            (Some("ERR"), Some("malformed budget arguments")),
+            "{args:?}: {error}"
+        );
+    }
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "saved {keys:?}");
+}
