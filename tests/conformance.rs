@@ -1645,8 +1645,9 @@ async fn a_settle_names_its_reservations_keys_exactly() {
 }
 
 /// A reservation not settled within its TTL stays charged at its estimate:
-/// a settle after it is Unknown and gives nothing back. (Redis expires the
-/// marker on its own clock: the test waits the TTL out for real.)
+/// a settle after it is Unknown and gives nothing back, for every
+/// algorithm. (Redis expires the marker on its own clock: the test waits the
+/// TTL out for real.)
 #[tokio::test]
 async fn an_expired_reservation_stays_charged_at_its_estimate() {
     use ratekeeper::store::Settled;
@@ -1654,22 +1655,31 @@ async fn an_expired_reservation_stays_charged_at_its_estimate() {
         let name = backend.name();
         let clock = Arc::new(ManualClock::new(1_800_000_000_000));
         let store = backend.store(clock.clone());
-        let check = minute(c("ttl", 10, 6));
-        let reserved = store
-            .reserve(std::slice::from_ref(&check), "n", 200)
-            .await
-            .unwrap();
-        assert!(reserved.granted, "{name}");
+        let checks: Vec<Check> = Algorithm::ALL
+            .into_iter()
+            .map(|algorithm| minute(budget_check(algorithm, 6)))
+            .collect();
+        for (i, check) in checks.iter().enumerate() {
+            let reserved = store
+                .reserve(std::slice::from_ref(check), &format!("n{i}"), 200)
+                .await
+                .unwrap();
+            assert!(reserved.granted, "{name} {}", check.algorithm);
+        }
         clock.advance(300);
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        let got = store
-            .settle(std::slice::from_ref(&check.key), "n", 0)
-            .await
-            .unwrap();
-        assert_eq!(got, Settled::Unknown, "{name}");
-        let probe = Check { hits: 0, ..check };
-        let left = store.apply(&[probe], true).await.unwrap();
-        assert_eq!(left[0].remaining, 4, "{name}: the estimate stays charged");
+        for (i, check) in checks.iter().enumerate() {
+            let at = format!("{name} {}", check.algorithm);
+            let keys = std::slice::from_ref(&check.key);
+            let got = store.settle(keys, &format!("n{i}"), 0).await.unwrap();
+            assert_eq!(got, Settled::Unknown, "{at}");
+            let probe = Check {
+                hits: 0,
+                ..check.clone()
+            };
+            let left = store.apply(&[probe], true).await.unwrap();
+            assert_eq!(left[0].remaining, 4, "{at}: the estimate stays charged");
+        }
     }
 }
 
