@@ -39,7 +39,9 @@
 //!   [`store::batcher`] shares among the requests in flight, each call made
 //!   by [`store::caller`] under a deadline and a circuit breaker;
 //!   [`store::stores`] sends each check to its store (the per-second Redis
-//!   of `REDIS_PERSECOND`, or the main one).
+//!   of `REDIS_PERSECOND`, or the main one); [`store::budget`] reserves
+//!   cost budgets, then settles them at the actual cost (the policy side:
+//!   [`limiter::budget`]).
 //! - [`http`] serves the HTTP listeners on one axum server:
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
