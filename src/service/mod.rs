@@ -5,8 +5,10 @@ pub mod admin_leases;
 pub mod caps;
 pub mod concurrency;
 pub mod holds;
+pub mod id_parts;
 pub mod lease_id;
 pub mod over_cache;
+pub mod reservation_id;
 pub mod rls;
 pub mod wire;
 
