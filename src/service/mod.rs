@@ -2,6 +2,7 @@
 //! limiter and the store.
 
 pub mod admin_leases;
+pub mod budget;
 pub mod caps;
 pub mod concurrency;
 pub mod holds;
@@ -12,5 +13,6 @@ pub mod reservation_id;
 pub mod rls;
 pub mod wire;
 
+pub use self::budget::Budget;
 pub use self::concurrency::Concurrency;
 pub use self::rls::RateLimiter;
