@@ -458,6 +458,13 @@ async fn replicas_share_reservations(store_args: &[&str], name: &str) {
         .expect("reserve")
         .into_inner();
     assert_eq!(remaining(&r.statuses), [770], "{name}");
+    let metrics = doomed.metrics();
+    assert_eq!(
+        counter(&metrics, "ratekeeper_budget_reserves", "granted"),
+        2,
+        "{name}"
+    );
+    assert_eq!(counter(&metrics, "ratekeeper_budget_settles", "already"), 1);
     doomed.kill();
     let mut rls = survivor.client().await;
     let seen = rls
@@ -487,6 +494,22 @@ async fn replicas_share_reservations(store_args: &[&str], name: &str) {
         seen.statuses[0].limit_remaining, 770,
         "{name}: still spent after the TTL"
     );
+    let metrics = survivor.metrics();
+    for (result, count) in [("settled", 1), ("unknown", 1), ("already", 0)] {
+        let seen = counter(&metrics, "ratekeeper_budget_settles", result);
+        assert_eq!(seen, count, "{name}: {result}");
+    }
+}
+
+/// The value of `name`'s series with `result="<result>"` in a `/metrics`
+/// body (0 when absent).
+fn counter(metrics: &str, name: &str, result: &str) -> u64 {
+    let label = format!("result=\"{result}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")) && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 #[tokio::test]
