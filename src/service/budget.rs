@@ -113,6 +113,7 @@ impl Budget {
             .collect();
         let granted = reserved.granted;
         count_reserve(&request.domain, if granted { "granted" } else { "refused" });
+        tracing::debug!(domain = %request.domain, estimate = request.estimate, granted, "reserve");
         Ok(ReserveResponse {
             granted,
             reservation_id: if granted { id } else { String::new() },
