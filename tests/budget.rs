@@ -306,6 +306,34 @@ async fn nothing_to_settle_when_no_rule_limits_the_descriptors() {
 }
 
 #[tokio::test]
+async fn a_settle_that_gives_back_clears_the_over_limit_cache() {
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let mut rls = server.client().await;
+    let r = reserve(&mut client, "small_window", "cached", 20).await;
+    assert_eq!(remaining(&r.statuses), [0], "the whole budget");
+    // ShouldRateLimit finds the fixed window full, and remembers it.
+    for _ in 0..2 {
+        let full = rls.should_rate_limit(check_only("small_window", "cached"));
+        let full = full.await.expect("check").into_inner();
+        assert_eq!(full.overall_code, 2, "OVER_LIMIT: {full:?}");
+    }
+    settle(&mut client, &r.reservation_id, 5).await;
+    let freed = rls.should_rate_limit(check_only("small_window", "cached"));
+    let freed = freed.await.expect("check").into_inner();
+    assert_eq!(
+        (freed.overall_code, freed.statuses[0].limit_remaining),
+        (1, 15),
+        "OK: the 15 given back, not the cached OVER_LIMIT"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn bad_input_gets_a_status_with_a_reason() {
     let server = TestServer::start(
         &[LIMITS],

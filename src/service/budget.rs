@@ -9,6 +9,10 @@
 //! carries the keys (see `reservation_id`), the store's marker decides what
 //! is given back or charged, and says whether an earlier Settle already did.
 //!
+//! A settle that gives hits back breaks what the over-limit cache relies
+//! on (a fixed window's count only grows within its window), so it forgets
+//! the keys in this replica's cache, as the admin API's reset does.
+//!
 //! There is no failure mode here: a budget call that cannot reach the store
 //! answers UNAVAILABLE. Granting a reservation nobody recorded would let the
 //! work blow the budget, and refusing one silently would look like a spent
@@ -18,9 +22,12 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use std::sync::Arc;
+
 use tonic::{Request, Response, Status};
 
 use super::caps;
+use super::over_cache::OverCache;
 use super::reservation_id::{
     ReservationId, ReservedKey, DEFAULT_TTL, MAX_RESERVATION_ID_BYTES, TTL_RANGE,
 };
@@ -40,14 +47,22 @@ pub struct Budget {
     store: Store,
     /// The rate limit service's settings: the same keys and values.
     settings: LimiterSettings,
+    /// `ShouldRateLimit`'s over-limit cache on this replica.
+    over: Arc<OverCache>,
 }
 
 impl Budget {
-    pub fn new(config: SharedConfig, store: Store, settings: LimiterSettings) -> Self {
+    pub fn new(
+        config: SharedConfig,
+        store: Store,
+        settings: LimiterSettings,
+        over: Arc<OverCache>,
+    ) -> Self {
         Budget {
             config,
             store,
             settings,
+            over,
         }
     }
 
@@ -132,17 +147,17 @@ impl Budget {
                 request.actual
             )));
         }
+        let keys = reservation.counter_keys();
         let settled = self
             .store
-            .settle(
-                &reservation.counter_keys(),
-                &reservation.nonce,
-                request.actual,
-            )
+            .settle(&keys, &reservation.nonce, request.actual)
             .await
             .map_err(store_failed)?;
         let (settled, already, outcomes) = match settled {
-            Settled::Settled { outcomes } => (request.actual, false, outcomes),
+            Settled::Settled { outcomes } => {
+                self.over.forget(&keys);
+                (request.actual, false, outcomes)
+            }
             Settled::Already { actual, outcomes } => (actual, true, outcomes),
             Settled::Unknown => {
                 count_settle("unknown");
