@@ -18,12 +18,12 @@
 //! work blow the budget, and refusing one silently would look like a spent
 //! budget; the caller decides what its work does without a budget.
 
+use std::sync::Arc;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use std::sync::Arc;
-
 use tonic::{Request, Response, Status};
 
 use super::caps;
@@ -34,6 +34,7 @@ use super::reservation_id::{
 use super::rls::{tightest, Applied, LimiterSettings, Plan};
 use super::wire::{duration, requested_ttl, Entries};
 use crate::config::watch::SharedConfig;
+use crate::config::Config;
 use crate::headers::LimitState;
 use crate::limiter::{Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
@@ -79,19 +80,7 @@ impl Budget {
         let ttl = requested_ttl(request.ttl.as_ref(), TTL_RANGE, "ttl")?.unwrap_or(DEFAULT_TTL);
         let ttl_ms = ttl.as_millis() as u64;
         let config = self.config.current();
-        let domain = config.domain(&request.domain).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "unknown domain {:?}: no loaded limits file defines it",
-                request.domain
-            ))
-        })?;
-        let as_envoy = as_rate_limit_request(request);
-        let mut plan = Plan::new(&as_envoy, &domain.rules, &self.settings)?;
-        // Admission: a refused reservation takes nothing, whatever the
-        // limit does with charges after the fact.
-        for check in &mut plan.checks {
-            check.charges = false;
-        }
+        let plan = self.plan(&config, request)?;
         let reservation = ReservationId::new(ttl_ms, request.descriptors.len(), slots(&plan));
         if reservation.keys.is_empty() {
             // Nothing limits these descriptors: nothing to take or settle.
@@ -116,19 +105,10 @@ impl Budget {
             .reserve(&plan.checks, &reservation.nonce, ttl_ms)
             .await
             .map_err(store_failed)?;
-        // Only an enforced limit refuses (a shadow-mode one never does).
-        let outcomes: Vec<Outcome> = plan
-            .checks
-            .iter()
-            .zip(&reserved.outcomes)
-            .map(|(check, outcome)| Outcome {
-                over: outcome.over && check.enforce,
-                ..*outcome
-            })
-            .collect();
         let granted = reserved.granted;
         count_reserve(&request.domain, if granted { "granted" } else { "refused" });
         tracing::debug!(domain = %request.domain, estimate = request.estimate, granted, "reserve");
+        let outcomes = enforced(&plan, &reserved.outcomes);
         Ok(ReserveResponse {
             granted,
             reservation_id: if granted { id } else { String::new() },
@@ -136,6 +116,28 @@ impl Budget {
             retry_after: (!granted).then(|| duration(retry_after_ms(&outcomes))),
             ttl: Some(duration(ttl_ms)),
         })
+    }
+
+    /// The checks of `request`, planned on its domain's rules as
+    /// `ShouldRateLimit` plans them, with the estimate as hits.
+    fn plan<'c>(&self, config: &'c Config, request: &ReserveRequest) -> Result<Plan<'c>, Status> {
+        let domain = config.domain(&request.domain).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "unknown domain {:?}: no loaded limits file defines it",
+                request.domain
+            ))
+        })?;
+        let mut plan = Plan::new(
+            &as_rate_limit_request(request),
+            &domain.rules,
+            &self.settings,
+        )?;
+        // Admission: a refused reservation takes nothing, whatever the
+        // limit does with charges after the fact.
+        for check in &mut plan.checks {
+            check.charges = false;
+        }
+        Ok(plan)
     }
 
     async fn settle(&self, request: &SettleRequest) -> Result<SettleResponse, Status> {
@@ -233,6 +235,19 @@ fn slots(plan: &Plan<'_>) -> Vec<ReservedKey> {
         }
     }
     slots
+}
+
+/// The store's outcomes, over only where the limit is enforced (a limit in
+/// shadow mode never refuses).
+fn enforced(plan: &Plan<'_>, outcomes: &[Outcome]) -> Vec<Outcome> {
+    plan.checks
+        .iter()
+        .zip(outcomes)
+        .map(|(check, outcome)| Outcome {
+            over: outcome.over && check.enforce,
+            ..*outcome
+        })
+        .collect()
 }
 
 /// One status per descriptor of the Reserve: its tightest limit among the
