@@ -215,6 +215,45 @@ async fn reserve_at_once(client: &Client, key: &str, n: usize) -> Vec<String> {
 }
 
 #[tokio::test]
+async fn several_descriptors_take_all_or_nothing_on_every_store() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let server = TestServer::start(
+            &[LIMITS],
+            backend.store(Arc::new(ManualClock::new(START_MS))),
+        )
+        .await;
+        let mut client = connect(&server.addr.to_string()).await;
+        // Two users on two nodes of the 3-master Cluster (its first and last
+        // third of the slots): the reservation takes two calls there.
+        let slot = ratekeeper::keys::cluster_slot;
+        assert!(slot("{llm|fixed_window=ann}") < 5_461);
+        assert!(slot("{llm|small_window=bob}") > 10_922);
+        let two = |estimate| ReserveRequest {
+            descriptors: vec![
+                entries("fixed_window", "ann"),
+                entries("small_window", "bob"),
+            ],
+            ..reserve_request("fixed_window", "ann", estimate, None)
+        };
+        let refused = client.reserve(two(25)).await.expect("reserve").into_inner();
+        assert!(!refused.granted, "{name}: 25 does not fit bob's 20");
+        let over: Vec<bool> = refused.statuses.iter().map(|s| s.over).collect();
+        assert_eq!(over, [false, true], "{name}: bob's limit refused");
+        let granted = client.reserve(two(15)).await.expect("reserve").into_inner();
+        assert!(granted.granted, "{name}");
+        assert_eq!(
+            remaining(&granted.statuses),
+            [985, 5],
+            "{name}: the refusal took nothing from ann"
+        );
+        let settled = settle(&mut client, &granted.reservation_id, 10).await;
+        assert_eq!(remaining(&settled.statuses), [990, 10], "{name}");
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
 async fn a_retried_settle_answers_the_same_and_charges_once() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
