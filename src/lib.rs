@@ -39,7 +39,9 @@
 //!   process, [`store::redis`] through one call of the Lua limiter (`lua/`,
 //!   [`store::limiter_script`]: a function on Redis 7, else a script) that
 //!   [`store::batcher`] shares among the requests in flight, each call made
-//!   by [`store::caller`] under a deadline and a circuit breaker.
+//!   by [`store::caller`] under a deadline and a circuit breaker;
+//!   [`store::budget`] reserves cost budgets, then settles them at the
+//!   actual cost (the policy side: [`limiter::budget`]).
 //! - [`http`] serves the HTTP listeners on one axum server:
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
