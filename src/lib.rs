@@ -10,7 +10,7 @@
 //! A tour of the modules, in the order a request meets them:
 //!
 //! - [`server`] binds the gRPC server: the rate limit service, the
-//!   concurrency service, gRPC health, reflection, and the config watcher;
+//!   concurrency and budget services, gRPC health, reflection, and the config watcher;
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
 //!   them and deals them to the [`lanes`], one single-threaded runtime per
 //!   core, each serving its connections start to finish with its own copy
@@ -22,7 +22,9 @@
 //!   ([`service::over_cache`]: fixed-window keys known to be full until
 //!   their window ends cost no store call), else from the store — apply
 //!   the domain's failure mode if the store failed, and build the response.
-//!   [`service::concurrency`] leases places for concurrent connections.
+//!   [`service::concurrency`] leases places for concurrent connections;
+//!   [`service::budget`] reserves an estimate and settles the actual cost
+//!   on the same rules and counters.
 //! - [`config`] loads the limits: its sources (the YAML directory, reloaded
 //!   on change; xDS `RateLimitConfig` messages, pushed by an ADS server to
 //!   [`config::xds_client`]) translate into one

@@ -38,8 +38,9 @@ pub use self::admin::{AdminError, DescriptorState, LimitState};
 use self::call_stats::{CallError, CallStats};
 use self::failure::{degraded, Fallback, LocalFallback};
 use self::outcomes::Source;
-use self::plan::Plan;
+pub(crate) use self::plan::{Applied, Plan};
 use self::respond::allow_all;
+pub(crate) use self::respond::tightest;
 use self::rule_metrics::RuleCounters;
 pub use self::rule_metrics::{DetailedSeries, NearLimitRatio, OVERFLOW_LABEL};
 use super::over_cache::OverCache;
@@ -156,6 +157,13 @@ impl RateLimiter {
             stores: self.stores.for_lane(lane),
             ..self.clone()
         }
+    }
+
+    /// This replica's over-limit cache of the main store, for a service
+    /// that gives hits back to counters it may remember full (the budget
+    /// service's settle; budgets live in the main store).
+    pub fn over_cache(&self) -> Arc<OverCache> {
+        self.over.main().clone()
     }
 
     /// Decides one request. `Err` only for a request that cannot be
