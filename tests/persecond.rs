@@ -317,3 +317,78 @@ fn a_bad_per_second_redis_stops_the_start_naming_the_variable() {
         assert!(stderr.contains(named), "{env:?}: {stderr}");
     }
 }
+
+/// `ratekeeper.v1.BudgetService` with a per-second store: budgets live in
+/// the main Redis, beside their markers, so a reservation a per-second
+/// limit matches is refused before any store work; one on a per-minute
+/// limit is reserved and settled in the main Redis.
+#[tokio::test]
+async fn budgets_live_in_the_main_redis_and_refuse_per_second_limits() {
+    use ratekeeper::pb::v1::budget_service_client::BudgetServiceClient;
+    use ratekeeper::pb::v1::{Descriptor, Entry, ReserveRequest, SettleRequest};
+    use ratekeeper::service::reservation_id::ReservationId;
+    use ratekeeper::store::budget::marker_key;
+
+    let pair = start(FailureMode::Open).await;
+    let url = format!("http://{}", pair.server.addr);
+    let mut budget = BudgetServiceClient::connect(url).await.expect("connect");
+    let of = |pairs: &[(&str, &str)], estimate| ReserveRequest {
+        domain: "api".into(),
+        descriptors: pairs
+            .iter()
+            .map(|(key, value)| Descriptor {
+                entries: vec![Entry {
+                    key: (*key).into(),
+                    value: (*value).into(),
+                }],
+            })
+            .collect(),
+        estimate,
+        ttl: None,
+    };
+
+    // Per-second alone, and beside a per-minute limit: refused, nothing taken.
+    for pairs in [
+        &[("ip", "10.0.0.1")][..],
+        &[("user", "alice"), ("ip", "10.0.0.1")][..],
+    ] {
+        let refused = budget.reserve(of(pairs, 1)).await.expect_err("refused");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{pairs:?}");
+        assert!(
+            refused
+                .message()
+                .contains("with REDIS_PERSECOND its counters live"),
+            "{pairs:?}: {}",
+            refused.message()
+        );
+    }
+    assert!(keys(&pair.main).is_empty(), "{:?}", keys(&pair.main));
+    assert!(keys(&pair.per_second).is_empty());
+
+    // Per-minute: the counter and the marker in the main Redis.
+    let reserved = budget
+        .reserve(of(&[("user", "alice")], 3))
+        .await
+        .expect("reserve")
+        .into_inner();
+    assert!(reserved.granted, "{reserved:?}");
+    let id = ReservationId::decode(&reserved.reservation_id, ratekeeper::keys::DEFAULT_PREFIX)
+        .expect("a reservation id");
+    let mut expected = vec![USER_KEY.to_string(), marker_key(USER_KEY, &id.nonce)];
+    expected.sort();
+    assert_eq!(keys(&pair.main), expected);
+    assert!(keys(&pair.per_second).is_empty());
+    assert_eq!(count(&pair.main, USER_KEY), 3);
+
+    let settled = budget
+        .settle(SettleRequest {
+            reservation_id: reserved.reservation_id.clone(),
+            actual: 1,
+        })
+        .await
+        .expect("settle")
+        .into_inner();
+    assert_eq!((settled.settled, settled.already_settled), (1, false));
+    assert_eq!(count(&pair.main, USER_KEY), 1, "2 of the 3 given back");
+    pair.server.stop().await;
+}

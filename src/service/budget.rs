@@ -150,7 +150,9 @@ impl Budget {
             // reservation's marker must sit beside every counter it took
             // from (in one store, and in a Cluster one hash slot per slot).
             return Err(Status::failed_precondition(
-                "a per-second limit matches these descriptors, and with REDIS_PERSECOND its                  counters live in the per-second Redis, where budgets are not kept: budget                  per minute or longer",
+                "a per-second limit matches these descriptors, and with REDIS_PERSECOND its \
+                 counters live in the per-second Redis, where budgets are not kept: budget \
+                 per minute or longer",
             ));
         }
         Ok(plan)
