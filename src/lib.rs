@@ -52,7 +52,8 @@
 //!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
 //!   [`stat_key`]) in [`statsd`] (plain, or DogStatsD through
 //!   [`dogstatsd`]'s mogrifiers) and in the Prometheus series
-//!   [`stat_mapper`]'s statsd_exporter mapping names; [`clock`] is the
+//!   [`stat_mapper`]'s statsd_exporter mapping names, and [`read_stats`]
+//!   reads their Redis pool and local cache stats when sent; [`clock`] is the
 //!   time source tests can pin; [`duration`] reads durations written as
 //!   text; [`vocab`] holds the words several layers share (failure mode,
 //!   Redis topology); [`error`] the error type; [`pb`] ratekeeper's own
@@ -79,6 +80,7 @@ pub mod lanes;
 pub mod limiter;
 pub mod otel;
 pub mod pb;
+pub mod read_stats;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -128,6 +128,10 @@ impl Server {
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
         let limiter_settings = self.limiter.clone();
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
+        let local_cache = limiter_settings
+            .over_cache_keys
+            .is_some_and(|keys| keys > 0);
+        crate::read_stats::register(&self.store, limiter.over_caches(), local_cache);
         // The same over-limit cache: a settle's give-back clears its keys.
         let budget = Budget::new(
             self.config.clone(),

@@ -4,7 +4,12 @@
 //! for a counter, one short lock for a timer sample) and sent over UDP by a
 //! task every flush interval, never from a request.
 //!
-//! Lines are plain statsd, `name:delta|c` and `name:ms|ms`, newline-separated,
+//! Gauges and running totals kept elsewhere (connections open, cache
+//! entries) are read at each flush instead ([`read_when_sent`]): they cost
+//! the request path nothing.
+//!
+//! Lines are plain statsd, `name:delta|c`, `name:ms|ms` and `name:value|g`,
+//! newline-separated,
 //! as many as fit one datagram. Extra tags are appended to the name the way
 //! envoyproxy/ratelimit's client (gostats) writes them, `name.__key=value`
 //! (keys sorted; `.`, `:` and `|` in values become `_`), which
@@ -71,6 +76,35 @@ impl Samples {
     }
 }
 
+/// Reads a stat kept elsewhere, when it is sent.
+pub type Reader = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// What a read stat's value is, so how it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// A value now: `name:value|g`, every flush (as gostats sends gauges).
+    Gauge,
+    /// A running total: what it grew by since the last flush,
+    /// `name:delta|c`, as a counter.
+    Total,
+}
+
+/// A stat read at each flush, and (a total) what the last flush read.
+struct ReadStat {
+    reading: Reading,
+    read: Reader,
+    last: u64,
+}
+
+impl std::fmt::Debug for ReadStat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadStat")
+            .field("reading", &self.reading)
+            .field("last", &self.last)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The installed sink's stats by name (`None` until [`install`]).
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 
@@ -78,6 +112,7 @@ static REGISTRY: OnceLock<Registry> = OnceLock::new();
 struct Registry {
     counters: Mutex<BTreeMap<String, Counter>>,
     timers: Mutex<BTreeMap<String, Timer>>,
+    read: Mutex<BTreeMap<String, ReadStat>>,
 }
 
 /// The counter named `name`, if statsd is on. Look it up once and keep it:
@@ -93,6 +128,21 @@ pub fn timer(name: &str) -> Option<Timer> {
     let registry = REGISTRY.get()?;
     let mut timers = registry.timers.lock().unwrap_or_else(|p| p.into_inner());
     Some(timers.entry(name.to_owned()).or_default().clone())
+}
+
+/// Sends `read`'s value under `name` at every flush, if statsd is on; a
+/// later call for the same name replaces it. A total counts from 0.
+pub fn read_when_sent(name: &str, reading: Reading, read: Reader) {
+    let Some(registry) = REGISTRY.get() else {
+        return;
+    };
+    let mut stats = registry.read.lock().unwrap_or_else(|p| p.into_inner());
+    let stat = ReadStat {
+        reading,
+        read,
+        last: 0,
+    };
+    stats.insert(name.to_owned(), stat);
 }
 
 /// Turns the sink on and starts the task that flushes it, for good.
@@ -135,6 +185,12 @@ fn take_lines(format: &Format) -> Vec<String> {
         }
     }
     drop(counters);
+    let mut read = registry.read.lock().unwrap_or_else(|p| p.into_inner());
+    lines.extend(
+        read.iter_mut()
+            .filter_map(|(name, stat)| stat.line(format, name)),
+    );
+    drop(read);
     let timers = registry.timers.lock().unwrap_or_else(|p| p.into_inner());
     for (name, timer) in timers.iter() {
         let (samples, rate) = timer.take();
@@ -143,6 +199,23 @@ fn take_lines(format: &Format) -> Vec<String> {
         }
     }
     lines
+}
+
+impl ReadStat {
+    /// This flush's line: a gauge's value, or a total's growth if any.
+    fn line(&mut self, format: &Format, name: &str) -> Option<String> {
+        let now = (self.read)();
+        let (head, tail) = format.parts(name);
+        match self.reading {
+            Reading::Gauge => Some(format!("{head}:{now}|g{tail}")),
+            Reading::Total => {
+                // A total read lower (its source was replaced) starts over.
+                let delta = now.saturating_sub(self.last);
+                self.last = now;
+                (delta > 0).then(|| format!("{head}:{delta}|c{tail}"))
+            }
+        }
+    }
 }
 
 /// A timer's `name:ms|ms` lines, with the sample rate when below 1.
@@ -286,6 +359,26 @@ mod tests {
         );
         let plain = Format::Gostats(String::new());
         assert_eq!(timer_lines(&plain, "t", &[2.0], 1.0), ["t:2.000|ms"]);
+    }
+
+    #[test]
+    fn read_stats_send_gauges_every_flush_and_totals_as_they_grow() {
+        let value = Arc::new(AtomicU64::new(3));
+        let source = value.clone();
+        let read: Reader = Arc::new(move || source.load(Ordering::Relaxed));
+        let stat = |reading| ReadStat {
+            reading,
+            read: read.clone(),
+            last: 0,
+        };
+        let (mut gauge, mut total) = (stat(Reading::Gauge), stat(Reading::Total));
+        let format = Format::Gostats(".__app=rk".into());
+        assert_eq!(gauge.line(&format, "g").as_deref(), Some("g.__app=rk:3|g"));
+        assert_eq!(total.line(&format, "t").as_deref(), Some("t.__app=rk:3|c"));
+        assert_eq!(gauge.line(&format, "g").as_deref(), Some("g.__app=rk:3|g"));
+        assert_eq!(total.line(&format, "t"), None, "no growth, no line");
+        value.store(5, Ordering::Relaxed);
+        assert_eq!(total.line(&format, "t").as_deref(), Some("t.__app=rk:2|c"));
     }
 
     #[test]

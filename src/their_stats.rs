@@ -3,7 +3,8 @@
 //! send it: to the statsd sink when it is on, and to the Prometheus series
 //! the statsd_exporter mapping in use ([`stat_mapper`]) makes of it. Both
 //! are resolved once, when the stat is made: keep it, the request path then
-//! only adds.
+//! only adds. Their gauges, and totals kept elsewhere, are read when sent
+//! instead ([`read_when_sent`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::stat_mapper::{self, Series, StatKind};
-use crate::statsd;
+use crate::statsd::{self, Reader, Reading};
 
 /// The method name in their per-call stats' names.
 pub const SHOULD_RATE_LIMIT: &str = "ShouldRateLimit";
@@ -76,6 +77,54 @@ impl TheirTimer {
         }
         if let Some(timer) = &self.statsd {
             timer.record(elapsed);
+        }
+    }
+}
+
+/// The Prometheus side of a stat read when sent.
+enum Scraped {
+    Gauge(metrics::Gauge),
+    Total(metrics::Counter),
+}
+
+/// The stats read when sent that have a series, by stat name.
+static SCRAPED: OnceLock<Mutex<HashMap<String, (Scraped, Reader)>>> = OnceLock::new();
+
+/// One of their stats read when sent rather than counted (a gauge, or a
+/// running total kept elsewhere): at each statsd flush, and into its
+/// Prometheus series at each scrape ([`refresh`]). A later stat of the
+/// same name replaces it.
+pub fn read_when_sent(name: &str, reading: Reading, read: Reader) {
+    statsd::read_when_sent(name, reading, read.clone());
+    let kind = match reading {
+        Reading::Gauge => StatKind::Gauge,
+        Reading::Total => StatKind::Counter,
+    };
+    let Some(series) = stat_mapper::installed().map(name, kind) else {
+        return;
+    };
+    let scraped = match reading {
+        Reading::Gauge => Scraped::Gauge(metrics::gauge!(series.name, labels(series.labels))),
+        Reading::Total => Scraped::Total(metrics::counter!(series.name, labels(series.labels))),
+    };
+    let mut all = SCRAPED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    all.insert(name.to_owned(), (scraped, read));
+}
+
+/// Reads the stats read when sent into their Prometheus series: called
+/// before each scrape's rendering.
+pub fn refresh() {
+    let Some(all) = SCRAPED.get() else {
+        return;
+    };
+    let all = all.lock().unwrap_or_else(|p| p.into_inner());
+    for (scraped, read) in all.values() {
+        match scraped {
+            Scraped::Gauge(gauge) => gauge.set(read() as f64),
+            Scraped::Total(counter) => counter.absolute(read()),
         }
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{descriptor, request, Ratekeeper};
+use common::{descriptor, request, Ratekeeper, RedisServer};
 
 /// A rule one level deep, and one two levels deep whose value holds an
 /// IPv4 address (their stat names turn its dots into `_`).
@@ -82,8 +82,9 @@ async fn prometheus_has_envoyproxy_ratelimit_series() {
 
 /// What a statsd listener received until `done` holds or `wait` passes:
 /// for each counter line `name:n|c` the sum of its `n` under `name`, for
-/// each timer line `name:ms|ms` one more under `name|ms`; DogStatsD tags
-/// (`|#k:v,…`) stay on the name as `name#k:v,…`.
+/// each timer line `name:ms|ms` one more under `name|ms`, for a gauge
+/// `name:v|g` the last `v` under `name|g`; DogStatsD tags (`|#k:v,…`) stay
+/// on the name as `name#k:v,…`.
 fn receive(
     socket: &std::net::UdpSocket,
     wait: Duration,
@@ -102,7 +103,10 @@ fn receive(
         assert!(n <= 1432, "a datagram of {n} bytes");
         for line in std::str::from_utf8(&buf[..n]).unwrap().lines() {
             let (name, n) = parse_line(line);
-            *sums.entry(name).or_default() += n;
+            match name.ends_with("|g") {
+                true => sums.insert(name, n).map_or((), drop),
+                false => *sums.entry(name).or_default() += n,
+            }
         }
     }
     sums
@@ -126,6 +130,7 @@ fn parse_line(line: &str) -> (String, u64) {
             assert!((0.0..10_000.0).contains(&ms), "{line}");
             (format!("{name}|ms"), 1)
         }
+        "g" => (format!("{name}|g"), value.parse().expect("a whole gauge")),
         other => panic!("type {other} in {line:?}"),
     }
 }
@@ -633,4 +638,113 @@ async fn response_time_in_milliseconds_when_asked() {
     let text = server.metrics();
     let bucket = r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="1000"} 9"#;
     assert!(text.contains(bucket), "{text}");
+}
+
+/// Waits until /metrics has a line starting with each of `series`.
+async fn until_series(server: &Ratekeeper, series: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = server.metrics();
+        if series
+            .iter()
+            .all(|s| text.lines().any(|l| l.starts_with(s)))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/metrics lacks {series:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Their Redis pool stats of both Redis (`cx_active`, a gauge; `cx_total`
+/// and `cx_local_close`, counters) and their local cache gauges, read when
+/// sent: in statsd and, their mapping leaving the names as they are,
+/// escaped in Prometheus. A restart of the main Redis has its connections
+/// replaced: closed by us, opened anew.
+#[tokio::test]
+async fn redis_pool_and_local_cache_stats_are_theirs() {
+    let (mut main, per_second) = (RedisServer::start(), RedisServer::start());
+    let (main_url, per_second_url) = (main.url(), per_second.url());
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (_dir, server) = one_per_hour(
+        &socket,
+        &[
+            ("REDIS_URL", &main_url),
+            ("REDIS_POOL_SIZE", "2"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", &per_second_url),
+            ("REDIS_PERSECOND_POOL_SIZE", "1"),
+            ("SERVING_THREADS", "1"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+        ],
+    );
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
+    common::until_serving(&mut health).await;
+    // 1 admitted, 1 over (the store says so, the cache learns), 2 answered
+    // by the cache.
+    assert_eq!(hits(&server, 4).await, [1, 2, 2, 2]);
+    assert_stats(
+        &socket,
+        &server,
+        &[
+            ("ratelimit_server.redis_pool.cx_active|g", 2),
+            ("ratelimit_server.redis_pool.cx_total", 2),
+            ("ratelimit_server.redis_per_second_pool.cx_active|g", 1),
+            ("ratelimit_server.redis_per_second_pool.cx_total", 1),
+            ("ratelimit_server.localcache.entryCount|g", 1),
+            ("ratelimit_server.localcache.hitCount|g", 2),
+            ("ratelimit_server.localcache.overwriteCount|g", 0),
+        ],
+        &[
+            "ratelimit_server_redis_pool_cx_active 2",
+            "ratelimit_server_redis_pool_cx_total 2",
+            "ratelimit_server_redis_per_second_pool_cx_active 1",
+            "ratelimit_server_redis_per_second_pool_cx_total 1",
+            "ratelimit_server_localcache_entryCount 1",
+            "ratelimit_server_localcache_hitCount 2",
+        ],
+    );
+
+    // The next call on the old connections fails (connection lost): the
+    // pool replaces both, on the restarted server (whose data is gone, so
+    // the cache is dropped too, by the next request that asks it).
+    main.restart();
+    let mut client = server.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .metrics()
+        .contains("ratelimit_server_redis_pool_cx_local_close 2")
+    {
+        assert!(Instant::now() < deadline, "{}", server.metrics());
+        let one = request("web", vec![descriptor(&[("user", "b")])]);
+        client.should_rate_limit(one).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A request after the replacement finds the cache dropped.
+    let one = request("web", vec![descriptor(&[("user", "c")])]);
+    client.should_rate_limit(one).await.unwrap();
+    until_series(
+        &server,
+        &[
+            "ratelimit_server_redis_pool_cx_active 2",
+            "ratelimit_server_redis_pool_cx_total 4",
+            "ratelimit_server_redis_per_second_pool_cx_total 1",
+        ],
+    )
+    .await;
+    assert_stats(
+        &socket,
+        &server,
+        &[
+            // Counters: what was added since the first flushes.
+            ("ratelimit_server.redis_pool.cx_local_close", 2),
+            ("ratelimit_server.redis_pool.cx_total", 2),
+            ("ratelimit_server.redis_pool.cx_active|g", 2),
+            ("ratelimit_server.localcache.entryCount|g", 0),
+        ],
+        &[],
+    );
 }

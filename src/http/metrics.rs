@@ -29,6 +29,7 @@ pub fn router(path: &str, handle: PrometheusHandle) -> Result<Router> {
         }
     });
     let render = move || async move {
+        crate::their_stats::refresh();
         (
             [(CONTENT_TYPE, "text/plain; version=0.0.4")],
             handle.render(),

@@ -53,6 +53,28 @@ pub struct OverCache {
     learnt_in: AtomicU64,
     /// Most keys remembered (0: the cache is off).
     capacity: usize,
+    /// For envoyproxy/ratelimit's `localcache` stats ([`CacheStats`]).
+    hits: AtomicU64,
+    expired: AtomicU64,
+    overwrites: AtomicU64,
+}
+
+/// What envoyproxy/ratelimit's local cache stats (freecache's counts) say
+/// where the meaning carries over to this cache, read when stats are sent.
+/// Counting costs the requests answered from the cache one atomic add and
+/// the others nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Keys remembered now (`entryCount`; expired ones count until dropped).
+    pub entries: u64,
+    /// Keys answered from the cache, in all (`hitCount`): a request is
+    /// answered from here when every one of its keys is remembered.
+    pub hits: u64,
+    /// Expired keys dropped to make room, in all (`expiredCount`).
+    pub expired: u64,
+    /// Keys remembered again over an entry still held, in all
+    /// (`overwriteCount`).
+    pub overwrites: u64,
 }
 
 impl Default for OverCache {
@@ -86,6 +108,20 @@ impl OverCache {
             learnt_in: AtomicU64::new(generation.current()),
             generation,
             capacity,
+            hits: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            overwrites: AtomicU64::new(0),
+        }
+    }
+
+    /// The counts behind the `localcache` stats.
+    pub fn stats(&self) -> CacheStats {
+        let entries = self.entries.read().unwrap_or_else(|p| p.into_inner()).len();
+        CacheStats {
+            entries: entries as u64,
+            hits: self.hits.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+            overwrites: self.overwrites.load(Ordering::Relaxed),
         }
     }
 
@@ -126,13 +162,21 @@ impl OverCache {
                 continue;
             }
             if entries.len() >= self.capacity {
+                let before = entries.len();
                 entries.retain(|_, (until, _)| *until > now);
+                let dropped = (before - entries.len()) as u64;
+                self.expired.fetch_add(dropped, Ordering::Relaxed);
                 if entries.len() >= self.capacity {
                     return;
                 }
             }
             let until = now + outcome.reset_ms;
-            entries.insert(check.key.clone(), (until, check.limit));
+            if entries
+                .insert(check.key.clone(), (until, check.limit))
+                .is_some()
+            {
+                self.overwrites.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -144,7 +188,7 @@ impl OverCache {
         }
         let now = now_ms;
         let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
-        checks
+        let known: Option<Vec<Outcome>> = checks
             .iter()
             .map(|check| {
                 let &(until, limit) = entries.get(&check.key)?;
@@ -158,7 +202,11 @@ impl OverCache {
                         reset_ms: until - now,
                     })
             })
-            .collect()
+            .collect();
+        if known.is_some() {
+            self.hits.fetch_add(checks.len() as u64, Ordering::Relaxed);
+        }
+        known
     }
 
     /// Forgets `keys` (their counters were reset), so the next request on
@@ -277,6 +325,30 @@ mod tests {
         one.learn(&b, &[full], 1_000);
         assert!(one.answer(&a, 1_010).is_some());
         assert!(one.answer(&b, 1_010).is_none(), "no room for a second key");
+    }
+
+    #[test]
+    fn counts_what_the_localcache_stats_say() {
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+        };
+        let cache = OverCache::with_capacity(Generation::default(), 2);
+        let [a, b, c] = ["a", "b", "c"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
+        cache.learn(&a, &[full], 1_000);
+        cache.learn(&a, &[full], 1_001);
+        assert!(cache.answer(&a, 1_010).is_some());
+        assert!(cache.answer(&[a[0].clone(), b[0].clone()], 1_010).is_none());
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.hits, stats.overwrites), (1, 1, 1));
+        // Past a's window, with the cache full, c takes its room: a is
+        // dropped as expired.
+        cache.learn(&b, &[full], 1_060);
+        cache.learn(&c, &[full], 1_100);
+        assert!(cache.answer(&c, 1_105).is_some());
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.hits, stats.expired), (2, 2, 1));
     }
 
     #[test]

@@ -22,8 +22,8 @@
 //! unreachable; and from the serving lane that will use the connections, so
 //! their readers run on its thread (`crate::lanes`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
@@ -209,6 +209,56 @@ pub struct Connections {
     /// The `run_id` of the server the connections reached last (single and
     /// sentinel; `None` until a replacement has asked).
     run_id: Mutex<Option<String>>,
+    /// Connections put in use, and taken out of use by a replacement, in
+    /// all: see [`PoolCounts`].
+    opened: AtomicU64,
+    closed: AtomicU64,
+}
+
+/// What envoyproxy/ratelimit's pool stats (`cx_active`, `cx_total`,
+/// `cx_local_close`) say, counted in the connections this handle keeps: a
+/// multiplexed connection (single, sentinel) or a cluster connection is
+/// one. Single's connections count from start-up (they connect on first
+/// use, the warm-up); a replacement closes the old ones and opens new
+/// ones. A connection the redis crate re-makes by itself inside a
+/// connection manager after a drop is not seen here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    /// In use now.
+    pub active: u64,
+    /// Put in use, in all.
+    pub opened: u64,
+    /// Closed by us (replaced), in all.
+    pub closed: u64,
+}
+
+/// Reads the [`PoolCounts`] of a store's connections (every lane's,
+/// summed) without keeping them alive: a store dropped reads as empty.
+#[derive(Debug, Clone, Default)]
+pub struct PoolReader(Vec<Weak<Connections>>);
+
+impl PoolReader {
+    pub fn new<'a>(connections: impl IntoIterator<Item = &'a Arc<Connections>>) -> Self {
+        PoolReader(connections.into_iter().map(Arc::downgrade).collect())
+    }
+
+    pub fn counts(&self) -> PoolCounts {
+        let live = self.0.iter().filter_map(Weak::upgrade);
+        live.map(|c| c.counts())
+            .fold(PoolCounts::default(), |a, b| a + b)
+    }
+}
+
+impl std::ops::Add for PoolCounts {
+    type Output = PoolCounts;
+
+    fn add(self, other: PoolCounts) -> PoolCounts {
+        PoolCounts {
+            active: self.active + other.active,
+            opened: self.opened + other.opened,
+            closed: self.closed + other.closed,
+        }
+    }
 }
 
 /// Failed calls in a row after which a cluster connection is rebuilt from
@@ -246,6 +296,7 @@ impl Connections {
                 Vec::new()
             }
         };
+        let opened = AtomicU64::new(initial.len() as u64);
         let connections = Arc::new(Connections {
             settings,
             current: RwLock::new(initial),
@@ -255,6 +306,8 @@ impl Connections {
             failures: AtomicUsize::new(0),
             generation,
             run_id: Mutex::new(None),
+            opened,
+            closed: AtomicU64::new(0),
         });
         Ok(connections)
     }
@@ -278,6 +331,16 @@ impl Connections {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The pool stats' counts, read when stats are sent.
+    pub fn counts(&self) -> PoolCounts {
+        let active = self.current.read().unwrap_or_else(|p| p.into_inner()).len();
+        PoolCounts {
+            active: active as u64,
+            opened: self.opened.load(Ordering::Relaxed),
+            closed: self.closed.load(Ordering::Relaxed),
+        }
     }
 
     fn pick(&self) -> Option<Conn> {
@@ -327,7 +390,12 @@ impl Connections {
         tokio::spawn(async move {
             match tokio::time::timeout(this.settings.connect_timeout * 2, this.connect()).await {
                 Ok(Ok(conns)) => {
-                    *this.current.write().unwrap_or_else(|p| p.into_inner()) = conns;
+                    this.opened.fetch_add(conns.len() as u64, Ordering::Relaxed);
+                    let mut current = this.current.write().unwrap_or_else(|p| p.into_inner());
+                    let replaced = std::mem::replace(&mut *current, conns);
+                    drop(current);
+                    this.closed
+                        .fetch_add(replaced.len() as u64, Ordering::Relaxed);
                     this.connected.send_modify(|n| *n += 1);
                     tracing::info!(topology = ?this.settings.topology, "connected to Redis");
                 }

@@ -20,7 +20,7 @@ use crate::limiter::{Check, Outcome};
 use crate::Result;
 
 pub use self::budget::{Reserved, Settled};
-pub use self::connection::{RedisSettings, RedisTls};
+pub use self::connection::{PoolCounts, PoolReader, RedisSettings, RedisTls};
 pub use self::generation::Generation;
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
 pub use self::memory::MemoryStore;
@@ -161,6 +161,14 @@ impl Store {
         match self {
             Store::Memory(_) => Generation::default(),
             Store::Redis(store) => store.generation(),
+        }
+    }
+
+    /// Reads the Redis connection pool's stats (`None`: in memory).
+    pub fn pool(&self) -> Option<PoolReader> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(store.pool()),
         }
     }
 

@@ -17,7 +17,7 @@ use redis::Script;
 use super::batcher::Batcher;
 use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
-use super::connection::{Connections, RedisSettings};
+use super::connection::{Connections, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use super::limiter_script::{self, script_now, BudgetCall, LimiterScript};
@@ -176,6 +176,13 @@ impl RedisStore {
     /// Changes whenever Redis may have lost its data (see [`Generation`]).
     pub fn generation(&self) -> Generation {
         self.limiter.generation().clone()
+    }
+
+    /// Reads every lane's pool stats (see [`PoolCounts`]).
+    ///
+    /// [`PoolCounts`]: super::connection::PoolCounts
+    pub fn pool(&self) -> PoolReader {
+        PoolReader::new(self.lanes.iter().map(|lane| &lane.caller.connections))
     }
 
     fn lane(&self) -> &Lane {

@@ -166,6 +166,12 @@ impl RateLimiter {
         self.over.main().clone()
     }
 
+    /// This replica's over-limit caches, one per store (their
+    /// `localcache` stats read them).
+    pub fn over_caches(&self) -> &Stores<Arc<OverCache>> {
+        &self.over
+    }
+
     /// Decides one request. `Err` only for a request that cannot be
     /// evaluated, or with `failure_mode: unavailable` while the store fails.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
