@@ -1,12 +1,19 @@
 //! Readiness, told the same way to every prober: gRPC health (for the
 //! server as a whole, the rate limit service, and `ratelimit`, the name
-//! envoyproxy/ratelimit registers) and HTTP `GET /healthcheck`.
+//! envoyproxy/ratelimit registers) and HTTP `GET /healthcheck`. gRPC
+//! health's `Check` is counted in their per-method stats ([`CountedHealth`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
-use tonic_health::server::HealthReporter;
+use tonic::{Request, Response, Status};
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
 use tonic_health::ServingStatus;
+
+use crate::their_stats::{self, TheirCounter, TheirTimer};
 
 /// The gRPC name of Envoy's rate limit service.
 pub const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -52,5 +59,50 @@ impl Readiness {
     /// The gRPC reporter, for names that do not follow readiness.
     pub fn reporter(&self) -> &HealthReporter {
         &self.reporter
+    }
+}
+
+/// gRPC health, whose `Check` counts as envoyproxy/ratelimit's interceptor
+/// counts every unary method it serves: `ratelimit_server.Check.total_requests`
+/// and `ratelimit_server.Check.response_time` (`Watch`, a stream, is not
+/// counted, as there).
+pub struct CountedHealth {
+    inner: HealthService,
+    total: TheirCounter,
+    response_time: TheirTimer,
+}
+
+/// The reporter that sets the statuses, and the gRPC service serving them.
+pub fn health_reporter() -> (HealthReporter, HealthServer<CountedHealth>) {
+    const METHOD: &str = "Check";
+    let reporter = HealthReporter::new();
+    let counted = CountedHealth {
+        inner: HealthService::from_health_reporter(reporter.clone()),
+        total: TheirCounter::new(&format!("ratelimit_server.{METHOD}.total_requests")),
+        response_time: TheirTimer::new(&their_stats::response_time(METHOD)),
+    };
+    (reporter, HealthServer::new(counted))
+}
+
+#[tonic::async_trait]
+impl Health for CountedHealth {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        let start = Instant::now();
+        self.total.add(1);
+        let answer = self.inner.check(request).await;
+        self.response_time.record(start.elapsed());
+        answer
+    }
+
+    type WatchStream = <HealthService as Health>::WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.inner.watch(request).await
     }
 }

@@ -140,7 +140,7 @@ impl Server {
             limiter.over_cache(),
         );
 
-        let (reporter, health) = tonic_health::server::health_reporter();
+        let (reporter, health) = crate::health::health_reporter();
         let readiness = Readiness::new(reporter);
 
         let lanes = Lanes::start(self.lanes)?;

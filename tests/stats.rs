@@ -748,3 +748,32 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
         &[],
     );
 }
+
+/// gRPC health's `Check` is counted as their interceptor counts every
+/// unary method: `ratelimit_server.Check.total_requests` and its
+/// response time, beside ShouldRateLimit's.
+#[tokio::test]
+async fn health_checks_are_counted_as_their_unary_methods() {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (_dir, server) = one_per_hour(&socket, &[]);
+    let mut health = HealthClient::new(server.channel().await);
+    for service in ["", "ratelimit", "no.such.Service"] {
+        let check = HealthCheckRequest {
+            service: service.into(),
+        };
+        let _ = health.check(check).await;
+    }
+    assert_stats(
+        &socket,
+        &server,
+        &[
+            ("ratelimit_server.Check.total_requests", 3),
+            ("ratelimit_server.Check.response_time|ms", 3),
+        ],
+        &[
+            r#"ratelimit_service_total_requests{grpc_method="Check"} 3"#,
+            r#"ratelimit_service_response_time_seconds_count{grpc_method="Check"} 3"#,
+        ],
+    );
+}
