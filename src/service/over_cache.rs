@@ -161,13 +161,14 @@ impl OverCache {
             if !full(check, outcome) {
                 continue;
             }
-            if entries.len() >= self.capacity {
+            // A key already held is updated in place, whatever the room.
+            if entries.len() >= self.capacity && !entries.contains_key(&check.key) {
                 let before = entries.len();
                 entries.retain(|_, (until, _)| *until > now);
                 let dropped = (before - entries.len()) as u64;
                 self.expired.fetch_add(dropped, Ordering::Relaxed);
                 if entries.len() >= self.capacity {
-                    return;
+                    continue;
                 }
             }
             let until = now + outcome.reset_ms;
@@ -325,6 +326,17 @@ mod tests {
         one.learn(&b, &[full], 1_000);
         assert!(one.answer(&a, 1_010).is_some());
         assert!(one.answer(&b, 1_010).is_none(), "no room for a second key");
+        // Full, it still learns a later end of the window it holds.
+        one.learn(
+            &a,
+            &[Outcome {
+                reset_ms: 100,
+                ..full
+            }],
+            1_020,
+        );
+        let later = one.answer(&a, 1_060).map(|o| o[0].reset_ms);
+        assert_eq!(later, Some(60), "the key it holds, learnt again");
     }
 
     #[test]
