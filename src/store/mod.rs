@@ -19,7 +19,7 @@ use crate::Result;
 
 pub use self::connection::{RedisSettings, RedisTls};
 pub use self::generation::Generation;
-pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
+pub use self::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use crate::vocab::Topology;
@@ -46,16 +46,18 @@ impl Store {
         }
     }
 
-    /// Takes a lease in every slot, or in none, atomically.
+    /// Takes a lease in every slot, or in none, atomically; `holder` (may
+    /// be empty) is kept with it for [`Store::leases`].
     pub async fn acquire(
         &self,
         slots: &[LeaseSlot],
         member: &str,
+        holder: &str,
         ttl_ms: u64,
     ) -> Result<Acquired> {
         match self {
-            Store::Memory(store) => Ok(store.acquire(slots, member, ttl_ms)),
-            Store::Redis(store) => store.acquire(slots, member, ttl_ms).await,
+            Store::Memory(store) => Ok(store.acquire(slots, member, holder, ttl_ms)),
+            Store::Redis(store) => store.acquire(slots, member, holder, ttl_ms).await,
         }
     }
 
@@ -96,9 +98,8 @@ impl Store {
         }
     }
 
-    /// The live leases of one lease set: member and expiry (ms, the store's
-    /// clock), soonest first.
-    pub async fn leases(&self, key: &str) -> Result<Vec<(String, u64)>> {
+    /// The live leases of one lease set, soonest expiry first.
+    pub async fn leases(&self, key: &str) -> Result<Vec<LiveLease>> {
         match self {
             Store::Memory(store) => Ok(store.leases(key)),
             Store::Redis(store) => store.leases(key).await,

@@ -18,7 +18,7 @@ use super::batcher::Batcher;
 use super::caller::Caller;
 use super::connection::{Connections, RedisSettings};
 use super::generation::Generation;
-use super::lease::{Acquired, LeaseRef, LeaseSlot};
+use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
@@ -83,6 +83,26 @@ impl SlotAcquired {
             _ => Err(Error::Store(format!("lease script returned {reply:?}"))),
         }
     }
+}
+
+/// Reads the lease script's `list` answer: member, expiry, holder, ...
+fn read_listed(reply: &[String]) -> Result<Vec<LiveLease>> {
+    let bad = || Error::Store(format!("lease script listed {reply:?}"));
+    if reply.len() % 3 != 0 {
+        return Err(bad());
+    }
+    reply
+        .chunks_exact(3)
+        .map(|lease| {
+            // A score is a double; an expiry in ms is exact in one.
+            let expiry: f64 = lease[1].parse().map_err(|_| bad())?;
+            Ok(LiveLease {
+                member: lease[0].clone(),
+                expires_at_ms: expiry.max(0.0) as u64,
+                holder: lease[2].clone(),
+            })
+        })
+        .collect()
 }
 
 impl RedisStore {
@@ -247,6 +267,7 @@ impl RedisStore {
         &self,
         slots: &[LeaseSlot],
         member: &str,
+        holder: &str,
         ttl_ms: u64,
     ) -> Result<Acquired> {
         let mut total = Acquired {
@@ -265,6 +286,9 @@ impl RedisStore {
                 .arg(ttl_ms);
             for &i in &group {
                 invocation.key(&slots[i].key).arg(slots[i].limit);
+            }
+            if !holder.is_empty() {
+                invocation.arg(holder);
             }
             // A reply that cannot be read fails like a call that failed:
             // the places taken in earlier slots are given back either way.
@@ -377,11 +401,12 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The members of a lease set with their expiry (ms), soonest first.
-    pub async fn leases(&self, key: &str) -> Result<Vec<(String, u64)>> {
-        let mut cmd = redis::cmd("ZRANGE");
-        cmd.arg(key).arg(0).arg(-1).arg("WITHSCORES");
-        self.caller().query(&cmd).await
+    /// The unexpired leases of a lease set, soonest expiry first.
+    pub async fn leases(&self, key: &str) -> Result<Vec<LiveLease>> {
+        let mut invocation = self.leases.prepare_invoke();
+        invocation.arg("list").arg(self.now_arg()).key(key);
+        let reply: Vec<String> = self.caller().invoke(invocation).await?;
+        read_listed(&reply)
     }
 
     /// Connects every pooled connection of the calling thread's lane and
