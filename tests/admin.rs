@@ -468,6 +468,20 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
     assert_eq!(code, 0);
     assert!(stdout.contains("\"path\": \"user\""), "{stdout}");
 
+    let lease = ConcurrencyServiceClient::new(server.channel().await)
+        .acquire_connection(held_by("eve", "pod-b/conn 12"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(lease.granted, "{lease:?}");
+    let (code, stdout, stderr) = cli(&[&with[..], &["leases", "web", "ws_user=eve"]].concat());
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed["leases"][0]["holder"], "pod-b/conn 12", "{stdout}");
+    assert!(lease
+        .lease_id
+        .starts_with(listed["leases"][0]["id"].as_str().unwrap()));
+
     // Audited: who, what.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !server.logs().contains("counters reset") && std::time::Instant::now() < deadline {

@@ -496,4 +496,35 @@ mod tests {
             assert!(SlotAcquired::read(reply, 2).is_err(), "{reply:?}");
         }
     }
+
+    #[test]
+    fn a_list_reply_of_another_shape_is_an_error() {
+        let reply = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            read_listed(&reply(&[
+                "a",
+                "1800000000000",
+                "pod-1",
+                "b",
+                "1800000000500",
+                ""
+            ]))
+            .ok(),
+            Some(vec![
+                LiveLease {
+                    member: "a".into(),
+                    expires_at_ms: 1_800_000_000_000,
+                    holder: "pod-1".into(),
+                },
+                LiveLease {
+                    member: "b".into(),
+                    expires_at_ms: 1_800_000_000_500,
+                    holder: String::new(),
+                },
+            ])
+        );
+        for bad in [&["a", "1"][..], &["a", "soon", ""]] {
+            assert!(read_listed(&reply(bad)).is_err(), "{bad:?}");
+        }
+    }
 }
