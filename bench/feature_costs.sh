@@ -144,8 +144,8 @@ otlp=$(tail -n 1 "$WORK/otlp.out")
 log "OTLP receiver: $otlp"
 
 python3 bench/feature_costs_report.py "$RESULTS" "$otlp" "$(getconf CLK_TCK)" \
-    "ROUNDS=$ROUNDS SECS=$SECS WARMUP=$WARMUP CONC=$CONC CONNS=$CONNS THREADS=$THREADS POOL=$POOL" \
-    "$busy_before" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$WORK/section.md"
+    "FEATURES_ROUNDS=$ROUNDS BENCH_SECONDS=$SECS BENCH_WARMUP=$WARMUP BENCH_CONCURRENCY=$CONC BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS BENCH_REDIS_POOL=$POOL bench/feature_costs.sh" \
+    "$busy_before at the start, $(awk '{ print $1 }' /proc/loadavg) at the end" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$WORK/section.md"
 if [ "$OUT" = - ]; then
     cat "$WORK/section.md"
 elif [ -f "$OUT" ] && grep -q '^<!-- features:begin -->$' "$OUT"; then

@@ -3,7 +3,7 @@ results: per feature and store, the median over rounds of throughput, latency
 and CPU per request of each variant, and the medians of the per-round ratios
 against the variant without the feature (each ratio taken within one round).
 
-    python3 bench/feature_costs_report.py RESULTS OTLP_COUNTS CLK_TCK SETTINGS LOADAVG COMMIT
+    python3 bench/feature_costs_report.py RESULTS OTLP_COUNTS CLK_TCK COMMAND LOADAVG COMMIT
 """
 import datetime
 import json
@@ -22,7 +22,7 @@ VARIANTS = {
 
 
 def main():
-    path, otlp, hz, settings, loadavg, commit = sys.argv[1:]
+    path, otlp, hz, command, loadavg, commit = sys.argv[1:]
     hz = int(hz)
     rows = [json.loads(line) for line in open(path) if line.strip()]
     otlp = json.loads(otlp) if otlp.startswith("{") else {}
@@ -40,14 +40,14 @@ def main():
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
     w("<!-- features:begin -->")
     w("## Feature costs: tracing, value_to_metric, dynamic metadata (issues #21, #24)\n")
-    w(f"Written by `bench/feature_costs.sh` (run by `make bench`; {settings}), {date} UTC, "
+    w(f"Written by `{command}` (also run by `make bench`), {date} UTC, "
       f"commit {commit}, `nproc` = {os.cpu_count()}. Every variant is its own ratekeeper process "
       "(the in-memory ones restarted before each run, Redis flushed), all run once per round, "
       "each variant right after the one it is compared with: a ratio is taken within a round, "
       f"and the table gives the median of {rounds} rounds. CPU per request is the ratekeeper "
       "process's user + system time (`/proc/PID/stat`) over the requests answered; Redis's "
       "likewise. Closed loop: throughput is what the generator (on the same cores) got. "
-      f"The load average when the run started was {loadavg}: the machine was shared with "
+      f"The 1-minute load average was {loadavg}: the machine was shared with "
       "other work (compilers), so the ratios are the figures to read, not the absolute rates.\n")
     w("| feature | store | variant | req/s | p50 µs | p99 µs | CPU µs/req: ratekeeper / Redis "
       "| req/s vs off | ratekeeper CPU/req vs off |")
