@@ -63,7 +63,7 @@ for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" PING >/dev/null 2>&1 && break;
 python3 bench/otlp_receiver.py >"$WORK/otlp.out" &
 OTLP_PID=$!
 PIDS+=("$OTLP_PID")
-until OTLP_PORT=$(sed -n 's/^listening //p' "$WORK/otlp.out") && [ -n "$OTLP_PORT" ]; do sleep 0.1; done
+until OTLP_PORT=$(sed -n 's/^listening //p' "$WORK/otlp.out" 2>/dev/null) && [ -n "$OTLP_PORT" ]; do sleep 0.1; done
 
 # The servers: NAME -> store (mem|red) and environment.
 declare -A STORE ENVS PID ADDR
@@ -85,7 +85,7 @@ start() { # NAME: (re)starts that server, sets PID[NAME] and ADDR[NAME]
     PID[$name]=$!
     PIDS+=("$!")
     for _ in $(seq 100); do
-        addr=$(sed -n 's/^listening grpc=\([^ ]*\).*/\1/p' "$WORK/$name.out")
+        addr=$(sed -n 's/^listening grpc=\([^ ]*\).*/\1/p' "$WORK/$name.out" 2>/dev/null)
         [ -n "$addr" ] && break
         kill -0 "${PID[$name]}" 2>/dev/null || { cat "$WORK/$name.err" >&2; die "ratekeeper ($name) exited"; }
         sleep 0.1
