@@ -37,7 +37,8 @@ def main():
     out = []
     w = out.append
     rounds = max(r["round"] for r in rows)
-    date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+    # BENCH_DATE: when the section is rewritten from earlier results.
+    date = os.environ.get("BENCH_DATE") or f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
     w("<!-- features:begin -->")
     w("## Feature costs: tracing, value_to_metric, dynamic metadata (issues #21, #24)\n")
     w(f"Written by `{command}` (also run by `make bench`), {date} UTC, "
@@ -48,7 +49,7 @@ def main():
       "process's user + system time (`/proc/PID/stat`) over the requests answered; Redis's "
       "likewise. Closed loop: throughput is what the generator (on the same cores) got. "
       f"The 1-minute load average was {loadavg}: the machine was shared with "
-      "other work (compilers), so the ratios are the figures to read, not the absolute rates.\n")
+      "other work, so the ratios are the figures to read, not the absolute rates.\n")
     w("| feature | store | variant | req/s | p50 µs | p99 µs | CPU µs/req: ratekeeper / Redis "
       "| req/s vs off | ratekeeper CPU/req vs off | ratekeeper CPU µs/req added |")
     w("|---|---|---|---|---|---|---|---|---|---|")
@@ -90,8 +91,9 @@ def main():
     traced = sum(r["gen"]["calls"] for r in rows if (r["feature"], r["variant"]) == ("tracing", "on"))
     if otlp:
         w(f"The tracing servers answered {traced:,} requests; the OTLP receiver (`bench/otlp_receiver.py`) got {otlp['exports']:,} exports, "
-          f"{otlp['bytes']:,} bytes, {otlp['spans']:,} spans from the tracing servers (decision "
-          "spans and their store-call children, about 1% of the decisions sampled).")
+          f"{otlp['bytes']:,} bytes, {otlp['spans']:,} spans from them: "
+          f"{100 * otlp['spans'] / max(traced, 1):.1f} per 100 requests (a sampled decision's span "
+          "and its store call's child, 1% sampled).")
     w("<!-- features:end -->")
     print("\n".join(out))
 
