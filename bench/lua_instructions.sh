@@ -9,7 +9,10 @@
 #   same key   23 requests per call on one key (batched, one hot counter)
 # and, with SHAPES="sl_1 sl_1m", lone one-check sliding_log requests of
 # hits_addend 1 and 1,000,000 over 1,000 keys (every call admitted: a limit
-# of 4,000,000,000 per hour). Prints one line per script and shape.
+# of 4,000,000,000 per hour); with SHAPES="lease lease_holder", lone
+# acquires of lua/leases.lua (a new lease on one of 1,000 sets, without and
+# with a holder; run it as `bench/lua_instructions.sh lua/leases.lua`).
+# Prints one line per script and shape.
 # SHAPES (default "lone distinct same") picks the shapes.
 #
 #   bench/lua_instructions.sh                 the limiter as ratekeeper loads it:
@@ -55,6 +58,11 @@ sliding_log_args() {
     CALL=(1 'rk:{bench_sl|user_id=key__rand_int__}:slw.3600' '' '1 1' "sl 4000000000 3600000 0 $1 1 0")
 }
 
+# lease_args HOLDER: one acquire on one of 1,000 lease sets, a new member.
+lease_args() {
+    CALL=(1 'rk:{bench_lease|user_id=key__rand_int__}:conn' acquire '' 'm__rand_int__' 60000 1000000 "$@")
+}
+
 for script in "$@"; do
     for shape in ${SHAPES:-lone distinct same}; do
         range=100000000
@@ -64,6 +72,8 @@ for script in "$@"; do
             same) call_args $BATCH 1; requests=$BATCH; label="$BATCH requests, one key" ;;
             sl_1) sliding_log_args 1; requests=1; range=1000; label="sliding_log, hits 1" ;;
             sl_1m) sliding_log_args 1000000; requests=1; range=1000; label="sliding_log, hits 1,000,000" ;;
+            lease) lease_args; requests=1; range=1000; label="lease acquire, no holder" ;;
+            lease_holder) lease_args 'pod-a/conn-7'; requests=1; range=1000; label="lease acquire, with a holder" ;;
             *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac
         port=$(free_port)

@@ -9,7 +9,8 @@
 # EVALSHA and as a function by FCALL (as ratekeeper calls it on Redis 7), as
 # the Redis ceiling, what a sliding-log request's hits cost Redis
 # (bench/sliding_log_hits.sh), a resident-memory measurement and a sweep
-# check.
+# check; then bench/feature_costs.sh (tracing, value_to_metric, dynamic
+# metadata: what each costs per request).
 # Results (one JSON object per run) go to target/bench/results.jsonl; the
 # report is made from them by bench/report.py.
 #
@@ -421,3 +422,9 @@ if [ -f "$OUT" ] && grep -q '^<!-- soak:begin -->$' "$OUT"; then
 fi
 mv "$WORK/report.md" "$OUT"
 log "wrote $OUT (raw results: $RESULTS)"
+
+# --- feature costs --------------------------------------------------------------
+# Tracing, value_to_metric and dynamic metadata against the same servers
+# without them, in rounds of their own; their section of $OUT is rewritten.
+log "feature costs (bench/feature_costs.sh)"
+FEATURES_OUT=$OUT bench/feature_costs.sh || die "bench/feature_costs.sh failed"

@@ -15,7 +15,9 @@ use common::{descriptor, http_call, request, Backend, Ratekeeper, RedisServer, T
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratekeeper::clock::SystemClock;
 use ratekeeper::pb::v1::concurrency_service_client::ConcurrencyServiceClient;
-use ratekeeper::pb::v1::{hold_event, AcquireRequest, Descriptor, Entry};
+use ratekeeper::pb::v1::{
+    hold_event, AcquireRequest, Descriptor, Entry, HeartbeatRequest, ReleaseRequest,
+};
 use serde_json::Value;
 
 /// One rule with a limit of every algorithm; a concurrency rule.
@@ -287,7 +289,12 @@ async fn the_config_dump_lists_rules_with_their_paths_and_limits() {
 }
 
 fn acquire_request(user: &str) -> AcquireRequest {
+    held_by(user, "")
+}
+
+fn held_by(user: &str, holder: &str) -> AcquireRequest {
     AcquireRequest {
+        holder: holder.into(),
         domain: "web".into(),
         descriptors: vec![Descriptor {
             entries: vec![Entry {
@@ -300,8 +307,8 @@ fn acquire_request(user: &str) -> AcquireRequest {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_are_listed_and_a_revoked_hold_is_lost() {
-    for backend in Backend::all() {
+async fn leases_are_listed_with_their_holders_and_a_revoked_hold_is_lost() {
+    for backend in Backend::all_with_cluster() {
         let name = backend.name();
         let server = TestServer::start(&[LIMITS], backend.store(Arc::new(SystemClock))).await;
         server.serving().await;
@@ -312,7 +319,7 @@ async fn leases_are_listed_and_a_revoked_hold_is_lost() {
             .unwrap();
         let mut client = ConcurrencyServiceClient::new(channel);
         let mut held = client
-            .hold(acquire_request("dan"))
+            .hold(held_by("dan", "pod-a/conn 7"))
             .await
             .unwrap()
             .into_inner();
@@ -343,6 +350,24 @@ async fn leases_are_listed_and_a_revoked_hold_is_lost() {
         assert!(ids.contains(&member(&acquired.lease_id).as_str()), "{name}");
         assert!(ids.contains(&member(&other.lease_id).as_str()), "{name}");
         assert!(listed["leases"][0]["expires_at_ms"].as_u64().unwrap() > 0);
+        let holder_of = |id: &str| {
+            listed["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["id"] == member(id).as_str())
+                .map(|l| l["holder"].clone())
+        };
+        assert_eq!(
+            holder_of(&acquired.lease_id),
+            Some(Value::from("pod-a/conn 7")),
+            "{name}: {listed}"
+        );
+        assert_eq!(
+            holder_of(&other.lease_id),
+            Some(Value::from("")),
+            "{name}: none named"
+        );
 
         let revoke = format!("{path}&lease={}", acquired.lease_id);
         let (status, revoked) = admin(server.admin, "DELETE", revoke.clone()).await;
@@ -443,6 +468,20 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
     assert_eq!(code, 0);
     assert!(stdout.contains("\"path\": \"user\""), "{stdout}");
 
+    let lease = ConcurrencyServiceClient::new(server.channel().await)
+        .acquire_connection(held_by("eve", "pod-b/conn 12"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(lease.granted, "{lease:?}");
+    let (code, stdout, stderr) = cli(&[&with[..], &["leases", "web", "ws_user=eve"]].concat());
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed["leases"][0]["holder"], "pod-b/conn 12", "{stdout}");
+    assert!(lease
+        .lease_id
+        .starts_with(listed["leases"][0]["id"].as_str().unwrap()));
+
     // Audited: who, what.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !server.logs().contains("counters reset") && std::time::Instant::now() < deadline {
@@ -530,4 +569,126 @@ async fn mutual_tls_guards_a_public_admin_address() {
     assert!(!stderr.is_empty());
     let (code, _, _) = cli(&["--addr", &addr, "get", "web", "user=frank"]);
     assert_eq!(code, 1, "plain HTTP: refused");
+}
+
+/// The holders' hash of every lease set on `redis`: (fields, PTTL ms) per key.
+fn holder_hashes(redis: &RedisServer) -> Vec<(u64, i64)> {
+    let mut conn = redis.client().get_connection().expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:holders")
+        .query(&mut conn)
+        .unwrap();
+    keys.iter()
+        .map(|key| {
+            let fields: u64 = redis::cmd("HLEN").arg(key).query(&mut conn).unwrap();
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+            (fields, ttl)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_leave_with_their_leases_so_their_hash_never_outgrows_the_set() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(&[LIMITS], redis.store(Some(Arc::new(SystemClock)))).await;
+    server.serving().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ConcurrencyServiceClient::new(channel);
+    let too_long = client
+        .acquire_connection(held_by("fay", &"x".repeat(257)))
+        .await
+        .expect_err("a 257-byte holder");
+    assert_eq!(too_long.code(), tonic::Code::InvalidArgument, "{too_long}");
+    assert!(too_long.message().contains("at most 256"), "{too_long}");
+
+    let short = |holder: &str| {
+        let mut request = held_by("fay", holder);
+        request.lease_ttl = Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        });
+        request
+    };
+    let acquire = |request: AcquireRequest| {
+        let mut client = client.clone();
+        async move {
+            let answer = client
+                .acquire_connection(request)
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(answer.granted, "{answer:?}");
+            answer.lease_id
+        }
+    };
+    let mut client = client.clone();
+    let released = acquire(short("released")).await;
+    let expiring = acquire(short("expiring")).await;
+    let hashes = holder_hashes(&redis);
+    assert_eq!(hashes.len(), 1, "{hashes:?}");
+    assert_eq!(hashes[0].0, 2, "{hashes:?}");
+    assert!(
+        (1..=1_000).contains(&hashes[0].1),
+        "expires with the leases: {hashes:?}"
+    );
+
+    client
+        .release(ReleaseRequest {
+            lease_ids: vec![released],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        holder_hashes(&redis)[0].0,
+        1,
+        "released: its holder is gone"
+    );
+
+    // The other lease lapses; the next acquire drops its holder too.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let (_, listed) = admin(
+        server.admin,
+        "GET",
+        "/v1/leases?domain=web&entry=ws_user%3Dfay".into(),
+    )
+    .await;
+    assert_eq!(
+        listed["leases"],
+        Value::Array(vec![]),
+        "expired: not listed"
+    );
+    let lost = acquire(short("lost")).await;
+    let kept = acquire(held_by("fay", "kept")).await;
+    assert_eq!(
+        holder_hashes(&redis)[0].0,
+        2,
+        "lost + kept; expiring dropped"
+    );
+
+    // A heartbeat that finds its lease lapsed drops its holder.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let beat = client
+        .heartbeat(HeartbeatRequest {
+            lease_ids: vec![lost, expiring],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(beat.lost.len(), 2, "{beat:?}");
+    let hashes = holder_hashes(&redis);
+    assert_eq!(hashes[0].0, 1, "only kept's holder: {hashes:?}");
+    assert!(hashes[0].1 > 4_000, "kept's TTL (6 s) keeps it: {hashes:?}");
+
+    client
+        .release(ReleaseRequest {
+            lease_ids: vec![kept],
+        })
+        .await
+        .unwrap();
+    assert_eq!(holder_hashes(&redis), vec![], "no lease, no hash");
+    server.stop().await;
 }

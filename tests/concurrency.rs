@@ -540,7 +540,7 @@ async fn a_lease_whose_later_slot_fails_gives_back_the_earlier_slot() {
         },
     ];
     let error = store
-        .acquire(&slots, "m1", 60_000)
+        .acquire(&slots, "m1", "", 60_000)
         .await
         .expect_err("the second slot's set is a string");
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");

@@ -1192,20 +1192,20 @@ async fn leases_agree_on_every_store() {
         let both = [user(2), org(3)];
         let both_keys = keys(&both);
 
-        let a = store.acquire(&both, "a", 10_000).await.unwrap();
+        let a = store.acquire(&both, "a", "", 10_000).await.unwrap();
         assert_eq!((a.granted, a.active.clone()), (true, vec![1, 1]), "{name}");
         clock.advance(1_000);
-        let b = store.acquire(&both, "b", 10_000).await.unwrap();
+        let b = store.acquire(&both, "b", "", 10_000).await.unwrap();
         assert_eq!((b.granted, b.active.clone()), (true, vec![2, 2]), "{name}");
         // The user set is full: refused everywhere, the org set untouched.
-        let c = store.acquire(&both, "c", 10_000).await.unwrap();
+        let c = store.acquire(&both, "c", "", 10_000).await.unwrap();
         // (On a cluster, sets in slots after the refusing one are not asked.)
         assert_eq!(
             (c.granted, c.active[0], c.retry_after_ms),
             (false, 2, 9_000),
             "{name}"
         );
-        let org_only = store.acquire(&[org(3)], "d", 10_000).await.unwrap();
+        let org_only = store.acquire(&[org(3)], "d", "", 10_000).await.unwrap();
         assert_eq!(
             (org_only.granted, org_only.active.clone()),
             (true, vec![3]),
@@ -1238,13 +1238,13 @@ async fn leases_agree_on_every_store() {
             "{name}: b expired, zz never existed"
         );
         // b's expiry freed its place: expired leases are dropped on acquire.
-        let e = store.acquire(&[user(2)], "e", 10_000).await.unwrap();
+        let e = store.acquire(&[user(2)], "e", "", 10_000).await.unwrap();
         assert_eq!((e.granted, e.active.clone()), (true, vec![2]), "{name}");
         // Release is idempotent and frees the place at once.
         let user_keys = keys(&[user(2)]);
         store.release(&[lease("e", &user_keys)]).await.unwrap();
         store.release(&[lease("e", &user_keys)]).await.unwrap();
-        let f = store.acquire(&[user(2)], "f", 10_000).await.unwrap();
+        let f = store.acquire(&[user(2)], "f", "", 10_000).await.unwrap();
         assert!(f.granted, "{name}");
         assert_eq!(
             store.heartbeat(&[lease("e", &user_keys)]).await.unwrap(),

@@ -29,14 +29,15 @@ pub struct Listed {
     pub leases: Vec<Lease>,
 }
 
-/// One live lease. Its holder is not stored (a lease set keeps ids and
-/// expiries only); the id is the random part of the lease id the holder
+/// One live lease. The id is the random part of the lease id the holder
 /// got (before its first `.`).
 #[derive(Debug, Serialize)]
 pub struct Lease {
     pub id: String,
     /// When it expires without a heartbeat, in Unix ms (the store's clock).
     pub expires_at_ms: u64,
+    /// The `holder` its `AcquireConnection`/`Hold` named; empty if none.
+    pub holder: String,
 }
 
 impl AdminLeases {
@@ -57,7 +58,11 @@ impl AdminLeases {
             max_connections,
             leases: members
                 .into_iter()
-                .map(|(id, expires_at_ms)| Lease { id, expires_at_ms })
+                .map(|lease| Lease {
+                    id: lease.member,
+                    expires_at_ms: lease.expires_at_ms,
+                    holder: lease.holder,
+                })
                 .collect(),
         })
     }
@@ -79,7 +84,7 @@ impl AdminLeases {
         let (key, _, _) = self.set_of(domain, entries)?;
         let fail = |e: crate::Error| AdminError::Store(e.to_string());
         let live = self.store.leases(&key).await.map_err(fail)?;
-        let found = live.iter().any(|(m, _)| m == member);
+        let found = live.iter().any(|lease| lease.member == member);
         let keys = [key];
         let lease = LeaseRef {
             member,

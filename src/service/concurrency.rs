@@ -32,6 +32,10 @@ use crate::store::{LeaseRef, LeaseSlot, Store};
 /// Most lease ids in one `Heartbeat` or `Release`.
 pub const MAX_LEASE_IDS: usize = 1_000;
 
+/// Longest `holder` kept with a lease: it is stored for every live lease, so
+/// its size is bounded like everything else a caller makes the store keep.
+pub const MAX_HOLDER_BYTES: usize = 256;
+
 /// The concurrency service.
 #[derive(Debug, Clone)]
 pub struct Concurrency {
@@ -99,6 +103,12 @@ impl Concurrency {
         caps::validate(&request.domain, &request.descriptors)?;
         let requested_ttl =
             requested_ttl(request.lease_ttl.as_ref(), LEASE_TTL_RANGE, "lease_ttl")?;
+        if request.holder.len() > MAX_HOLDER_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "holder is {} bytes: at most {MAX_HOLDER_BYTES}",
+                request.holder.len()
+            )));
+        }
         let config = self.config.current();
         let matched = self.matched_slots(&config, request);
         if matched.is_empty() {
@@ -119,7 +129,7 @@ impl Concurrency {
         let lease = LeaseId::new(ttl_ms, slots.iter().map(|s| s.key.clone()).collect());
         let acquired = self
             .store
-            .acquire(&slots, &lease.member, ttl_ms)
+            .acquire(&slots, &lease.member, &request.holder, ttl_ms)
             .await
             .map_err(|error| {
                 tracing::warn!(%error, "lease acquire failed");

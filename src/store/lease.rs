@@ -29,3 +29,14 @@ pub struct LeaseRef<'a> {
     pub ttl_ms: u64,
     pub keys: &'a [String],
 }
+
+/// A live lease as the admin API lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveLease {
+    /// The random first part of its lease id.
+    pub member: String,
+    /// Unix ms, the store's clock.
+    pub expires_at_ms: u64,
+    /// What its caller named as holder at acquire; empty if nothing.
+    pub holder: String,
+}

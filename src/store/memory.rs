@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::budget::{marker_key, Marker, Reserved, Settled};
-use super::lease::{Acquired, LeaseRef, LeaseSlot};
+use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use crate::clock::Clock;
 use crate::limiter::{batch, budget, Check, Outcome, State};
 
@@ -68,8 +68,16 @@ impl Hasher for PassThrough {
 
 type Shard = HashMap<KeyId, Slot, BuildHasherDefault<PassThrough>>;
 
-/// Lease sets: set key -> lease member -> expiry (ms).
-type LeaseSets = HashMap<String, HashMap<String, u64>>;
+/// Lease sets: set key -> lease member -> its expiry and holder.
+type LeaseSets = HashMap<String, HashMap<String, Held>>;
+
+/// One lease in a set.
+#[derive(Debug)]
+struct Held {
+    /// Unix ms.
+    expiry: u64,
+    holder: Box<str>,
+}
 
 /// Reservation markers: marker key -> marker and its expiry (ms). One per
 /// reservation, under the marker key of its first counter (there are no
@@ -127,7 +135,13 @@ impl MemoryStore {
     }
 
     /// Takes a lease in every slot, or in none (twin of `lua/leases.lua`).
-    pub fn acquire(&self, slots: &[LeaseSlot], member: &str, ttl_ms: u64) -> Acquired {
+    pub fn acquire(
+        &self,
+        slots: &[LeaseSlot],
+        member: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Acquired {
         let now = self.clock.now_ms();
         let mut sets = Self::lock(&self.leases);
         let mut acquired = Acquired {
@@ -139,12 +153,12 @@ impl MemoryStore {
         for slot in slots {
             let set = sets.entry(slot.key.clone()).or_default();
             let before = set.len();
-            set.retain(|_, expiry| *expiry > now);
+            set.retain(|_, held| held.expiry > now);
             acquired.expired += (before - set.len()) as u64;
             acquired.active.push(set.len() as u64);
             if set.len() as u64 >= slot.limit {
                 acquired.granted = false;
-                if let Some(first) = set.values().min() {
+                if let Some(first) = set.values().map(|held| held.expiry).min() {
                     acquired.retry_after_ms =
                         acquired.retry_after_ms.max(first.saturating_sub(now));
                 }
@@ -153,7 +167,11 @@ impl MemoryStore {
         if acquired.granted {
             for (slot, active) in slots.iter().zip(&mut acquired.active) {
                 if let Some(set) = sets.get_mut(&slot.key) {
-                    set.insert(member.to_owned(), now.saturating_add(ttl_ms));
+                    let held = Held {
+                        expiry: now.saturating_add(ttl_ms),
+                        holder: holder.into(),
+                    };
+                    set.insert(member.to_owned(), held);
                     *active += 1;
                 }
             }
@@ -172,12 +190,14 @@ impl MemoryStore {
                 let alive = lease.keys.iter().all(|key| {
                     sets.get(key)
                         .and_then(|set| set.get(lease.member))
-                        .is_some_and(|&expiry| expiry > now)
+                        .is_some_and(|held| held.expiry > now)
                 });
                 for key in lease.keys {
                     if let Some(set) = sets.get_mut(key) {
                         if alive {
-                            set.insert(lease.member.to_owned(), now.saturating_add(lease.ttl_ms));
+                            if let Some(held) = set.get_mut(lease.member) {
+                                held.expiry = now.saturating_add(lease.ttl_ms);
+                            }
                         } else {
                             set.remove(lease.member);
                         }
@@ -287,19 +307,22 @@ impl MemoryStore {
         }
     }
 
-    /// The unexpired members of a lease set with their expiry (ms), soonest
-    /// first.
-    pub fn leases(&self, key: &str) -> Vec<(String, u64)> {
+    /// The unexpired leases of a lease set, soonest expiry first.
+    pub fn leases(&self, key: &str) -> Vec<LiveLease> {
         let now = self.clock.now_ms();
         let sets = Self::lock(&self.leases);
-        let mut members: Vec<(String, u64)> = sets
+        let mut members: Vec<LiveLease> = sets
             .get(key)
             .into_iter()
             .flatten()
-            .filter(|(_, &expiry)| expiry > now)
-            .map(|(member, &expiry)| (member.clone(), expiry))
+            .filter(|(_, held)| held.expiry > now)
+            .map(|(member, held)| LiveLease {
+                member: member.clone(),
+                expires_at_ms: held.expiry,
+                holder: held.holder.to_string(),
+            })
             .collect();
-        members.sort_by_key(|&(_, expiry)| expiry);
+        members.sort_by_key(|lease| lease.expires_at_ms);
         members
     }
 
@@ -331,7 +354,7 @@ impl MemoryStore {
         }
         if from == 0 {
             Self::lock(&self.leases).retain(|_, set| {
-                set.retain(|_, expiry| *expiry > now);
+                set.retain(|_, held| held.expiry > now);
                 !set.is_empty()
             });
             Self::lock(&self.markers).retain(|_, (_, expiry)| *expiry > now);

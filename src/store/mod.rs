@@ -22,7 +22,7 @@ use crate::Result;
 pub use self::budget::{Reserved, Settled};
 pub use self::connection::{PoolCounts, PoolReader, RedisSettings, RedisTls};
 pub use self::generation::Generation;
-pub use self::lease::{Acquired, LeaseRef, LeaseSlot};
+pub use self::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::stores::{Role, Stores};
@@ -50,16 +50,18 @@ impl Store {
         }
     }
 
-    /// Takes a lease in every slot, or in none, atomically.
+    /// Takes a lease in every slot, or in none, atomically; `holder` (may
+    /// be empty) is kept with it for [`Store::leases`].
     pub async fn acquire(
         &self,
         slots: &[LeaseSlot],
         member: &str,
+        holder: &str,
         ttl_ms: u64,
     ) -> Result<Acquired> {
         match self {
-            Store::Memory(store) => Ok(store.acquire(slots, member, ttl_ms)),
-            Store::Redis(store) => store.acquire(slots, member, ttl_ms).await,
+            Store::Memory(store) => Ok(store.acquire(slots, member, holder, ttl_ms)),
+            Store::Redis(store) => store.acquire(slots, member, holder, ttl_ms).await,
         }
     }
 
@@ -100,9 +102,8 @@ impl Store {
         }
     }
 
-    /// The live leases of one lease set: member and expiry (ms, the store's
-    /// clock), soonest first.
-    pub async fn leases(&self, key: &str) -> Result<Vec<(String, u64)>> {
+    /// The live leases of one lease set, soonest expiry first.
+    pub async fn leases(&self, key: &str) -> Result<Vec<LiveLease>> {
         match self {
             Store::Memory(store) => Ok(store.leases(key)),
             Store::Redis(store) => store.leases(key).await,

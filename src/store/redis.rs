@@ -19,7 +19,7 @@ use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
 use super::connection::{Connections, PoolReader, RedisSettings};
 use super::generation::Generation;
-use super::lease::{Acquired, LeaseRef, LeaseSlot};
+use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, BudgetCall, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
@@ -108,6 +108,26 @@ impl SlotAcquired {
             _ => Err(Error::Store(format!("lease script returned {reply:?}"))),
         }
     }
+}
+
+/// Reads the lease script's `list` answer: member, expiry, holder, ...
+fn read_listed(reply: &[String]) -> Result<Vec<LiveLease>> {
+    let bad = || Error::Store(format!("lease script listed {reply:?}"));
+    if reply.len() % 3 != 0 {
+        return Err(bad());
+    }
+    reply
+        .chunks_exact(3)
+        .map(|lease| {
+            // A score is a double; an expiry in ms is exact in one.
+            let expiry: f64 = lease[1].parse().map_err(|_| bad())?;
+            Ok(LiveLease {
+                member: lease[0].clone(),
+                expires_at_ms: expiry.max(0.0) as u64,
+                holder: lease[2].clone(),
+            })
+        })
+        .collect()
 }
 
 impl RedisStore {
@@ -444,6 +464,7 @@ impl RedisStore {
         &self,
         slots: &[LeaseSlot],
         member: &str,
+        holder: &str,
         ttl_ms: u64,
     ) -> Result<Acquired> {
         let mut total = Acquired {
@@ -462,6 +483,9 @@ impl RedisStore {
                 .arg(ttl_ms);
             for &i in &group {
                 invocation.key(&slots[i].key).arg(slots[i].limit);
+            }
+            if !holder.is_empty() {
+                invocation.arg(holder);
             }
             // A reply that cannot be read fails like a call that failed:
             // the places taken in earlier slots are given back either way.
@@ -574,11 +598,12 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The members of a lease set with their expiry (ms), soonest first.
-    pub async fn leases(&self, key: &str) -> Result<Vec<(String, u64)>> {
-        let mut cmd = redis::cmd("ZRANGE");
-        cmd.arg(key).arg(0).arg(-1).arg("WITHSCORES");
-        self.caller().query(&cmd).await
+    /// The unexpired leases of a lease set, soonest expiry first.
+    pub async fn leases(&self, key: &str) -> Result<Vec<LiveLease>> {
+        let mut invocation = self.leases.prepare_invoke();
+        invocation.arg("list").arg(self.now_arg()).key(key);
+        let reply: Vec<String> = self.caller().invoke(invocation).await?;
+        read_listed(&reply)
     }
 
     /// Connects every pooled connection of the calling thread's lane and
@@ -666,6 +691,37 @@ mod tests {
         );
         for reply in [&[][..], &[1, 0], &[1, 0, 0, 3], &[1, 0, 0, 3, 4, 5]] {
             assert!(SlotAcquired::read(reply, 2).is_err(), "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn a_list_reply_of_another_shape_is_an_error() {
+        let reply = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            read_listed(&reply(&[
+                "a",
+                "1800000000000",
+                "pod-1",
+                "b",
+                "1800000000500",
+                ""
+            ]))
+            .ok(),
+            Some(vec![
+                LiveLease {
+                    member: "a".into(),
+                    expires_at_ms: 1_800_000_000_000,
+                    holder: "pod-1".into(),
+                },
+                LiveLease {
+                    member: "b".into(),
+                    expires_at_ms: 1_800_000_000_500,
+                    holder: String::new(),
+                },
+            ])
+        );
+        for bad in [&["a", "1"][..], &["a", "soon", ""]] {
+            assert!(read_listed(&reply(bad)).is_err(), "{bad:?}");
         }
     }
 }

@@ -145,7 +145,8 @@ def exported(rk, tmp_path_factory) -> dict[str, set[str]]:
         text += drive_failing_store_server(server, rk)
     found = samples(text)
     for name in ("ratekeeper_config_load_error", "ratekeeper_concurrency_leases_lost",
-                 "ratekeeper_over_limit_cache_hits", "ratekeeper_store_error_fail_local"):
+                 "ratekeeper_over_limit_cache_hits", "ratekeeper_store_error_fail_local",
+                 "ratekeeper_store_call_duration_seconds_bucket"):
         assert name in found, f"the traffic did not make {name} appear:\n{text}"
     return found
 
@@ -226,7 +227,7 @@ def test_every_metric_the_dashboard_and_alerts_query_is_exported(chart, exported
                  "ratekeeper_store_errors", "ratekeeper_request_duration_seconds_bucket",
                  "ratekeeper_over_limit_cache_hits", "ratekeeper_concurrency_active",
                  "ratekeeper_concurrency_leases_lost", "ratekeeper_config_load_error",
-                 "ratekeeper_store_up"):
+                 "ratekeeper_store_up", "ratekeeper_store_call_duration_seconds_bucket"):
         assert name in used, name
 
 
