@@ -376,7 +376,7 @@ def budget_section(w, res, env):
       "on the same keys. Both on the Redis store.\n")
     r = res.summary("redis")
     w("| scenario | operations/s (median) | each round | p50 | p99 | p99.9 | errors | "
-      "CPU µs/op: ratekeeper / Redis / generator | limiter calls per op |")
+      "CPU µs/op: ratekeeper / Redis / generator | Redis FCALL/EVALSHA calls per op |")
     w("|---|---:|---|---:|---:|---:|---:|---|---:|")
     for name, s in (("redis", r), ("budget_redis", b)):
         if s:
