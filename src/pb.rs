@@ -2,7 +2,7 @@
 //! (`proto/ratekeeper/v1/`), envoyproxy/ratelimit's xDS config message and
 //! OTLP's trace export.
 
-/// `ratekeeper.v1`: concurrency leases.
+/// `ratekeeper.v1`: concurrency leases and cost budgets (reserve, then settle).
 pub mod v1 {
     #![allow(clippy::all, clippy::pedantic, missing_docs)]
     tonic::include_proto!("ratekeeper.v1");

@@ -19,11 +19,12 @@ use crate::health::Readiness;
 use crate::http;
 use crate::incoming::{deal, incoming, Dealt, Listener};
 use crate::lanes::Lanes;
+use crate::pb::v1::budget_service_server::BudgetServiceServer;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::admin_leases::AdminLeases;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
-use crate::service::{caps, Concurrency, RateLimiter};
+use crate::service::{caps, Budget, Concurrency, RateLimiter};
 use crate::store::Store;
 use crate::tls::ReloadingTls;
 use crate::{Error, Result};
@@ -123,6 +124,11 @@ impl Server {
         let admin_api = self.admin_api();
         let watcher = self.spawn_watcher();
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
+        let budget = Budget::new(
+            self.config.clone(),
+            self.store.clone(),
+            self.limiter.clone(),
+        );
         let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
 
         let (reporter, health) = tonic_health::server::health_reporter();
@@ -145,6 +151,7 @@ impl Server {
         let services = LaneServices {
             limiter: &limiter,
             concurrency: &concurrency,
+            budget: &budget,
             health,
         };
         let (dealt, mut serving) = serve_on_lanes(&lanes, builder, services, limits, &stopping)?;
@@ -235,6 +242,7 @@ impl Server {
 struct LaneServices<'a, H> {
     limiter: &'a RateLimiter,
     concurrency: &'a Concurrency,
+    budget: &'a Budget,
     health: HealthServer<H>,
 }
 
@@ -266,13 +274,16 @@ fn serve_on_lanes<H: Health>(
             .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
         let concurrency = ConcurrencyServiceServer::new(services.concurrency.for_lane(index))
             .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let budget = BudgetServiceServer::new(services.budget.for_lane(index))
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
         let router = builder
             .clone()
             .add_service(services.health.clone())
             .add_service(reflection_v1.clone())
             .add_service(reflection_v1alpha.clone())
             .add_service(rls)
-            .add_service(concurrency);
+            .add_service(concurrency)
+            .add_service(budget);
         let stopping = stopped(stopping.clone());
         let (handshake_timeout, tls) = (limits.handshake_timeout, limits.tls.clone());
         serving.push(lane.spawn(async move {

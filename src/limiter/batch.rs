@@ -28,6 +28,8 @@ struct KeyState<'a> {
     live: State,
     /// The last check that consumed from this key (for the TTL), if any.
     consumed_by: Option<usize>,
+    /// When reserving: the mark of the reservation's hits on this key.
+    mark: Option<u64>,
 }
 
 /// Evaluates `checks` against `table` at `now_ms`.
@@ -35,6 +37,20 @@ pub fn evaluate(
     table: &mut impl Table,
     checks: &[Check],
     all_or_nothing: bool,
+    now_ms: u64,
+) -> Vec<Outcome> {
+    run(table, checks, all_or_nothing, None, now_ms)
+}
+
+/// [`evaluate`]; with `marks` (one per check, `None` each), the hits are
+/// a reservation's ([`super::Policy::reserve`]) and each check that
+/// consumed gets its mark (a key's checks after the first share it: the
+/// reservation's hits on a key are one entry).
+pub(super) fn run(
+    table: &mut impl Table,
+    checks: &[Check],
+    all_or_nothing: bool,
+    mut marks: Option<&mut [Option<u64>]>,
     now_ms: u64,
 ) -> Vec<Outcome> {
     let mut keys: Vec<KeyState<'_>> = Vec::new();
@@ -50,6 +66,7 @@ pub fn evaluate(
                     live: stored.clone(),
                     stored,
                     consumed_by: None,
+                    mark: None,
                 });
                 keys.len() - 1
             }
@@ -59,8 +76,20 @@ pub fn evaluate(
         blocked |= over && check.enforce;
         let applied = check.hits > 0 && (!over || check.charges);
         if applied {
-            dispatch!(&mut *live, s => s.apply(check, now_ms));
-            keys[at].consumed_by = Some(i);
+            let k = &mut keys[at];
+            match (&mut marks, k.mark) {
+                (Some(marks), None) => {
+                    let mark = dispatch!(&mut k.live, s => s.reserve(check, now_ms));
+                    k.mark = Some(mark);
+                    marks[i] = Some(mark);
+                }
+                (Some(marks), Some(mark)) => {
+                    dispatch!(&mut k.live, s => s.apply(check, now_ms));
+                    marks[i] = Some(mark);
+                }
+                (None, _) => dispatch!(&mut k.live, s => s.apply(check, now_ms)),
+            }
+            k.consumed_by = Some(i);
         }
         let report = dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms));
         tried.push((at, over, report));

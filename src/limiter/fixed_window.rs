@@ -42,7 +42,50 @@ impl Policy for Window {
         (self.window + 1) * check.period_ms - now_ms
     }
 
+    /// A window that has passed gives nothing back: its count no longer
+    /// matters.
+    fn refund(&mut self, check: &Check, hits: u64, reserved_at_ms: u64, _mark: u64, _now: u64) {
+        if reserved_at_ms / check.period_ms == self.window {
+            self.count -= hits.min(self.count);
+        }
+    }
+
     fn into_state(self) -> State {
         State::Window(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+
+    fn check(hits: u64) -> Check {
+        Check {
+            key: "k".into(),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            period_ms: 1_000,
+            burst: 0,
+            hits,
+            enforce: true,
+            charges: false,
+        }
+    }
+
+    #[test]
+    fn a_refund_gives_back_only_in_the_reservations_window() {
+        let mut w = Window::load(None, &check(6), 1_200);
+        let mark = w.reserve(&check(6), 1_200);
+        w.refund(&check(6), 4, 1_200, mark, 1_900);
+        assert_eq!(w.count, 2);
+        // Never below zero, whatever the caller says.
+        w.refund(&check(6), 9, 1_200, mark, 1_900);
+        assert_eq!(w.count, 0);
+        // The next window's count is not the reservation's.
+        let mut next = Window::load(Some(w.into_state()), &check(6), 2_100);
+        next.apply(&check(3), 2_100);
+        next.refund(&check(6), 6, 1_200, mark, 2_100);
+        assert_eq!(next.count, 3);
     }
 }

@@ -98,7 +98,46 @@ impl Policy for Gcra {
         (self.tat_us - now_ms * 1_000).div_ceil(1_000)
     }
 
+    /// The TAT moves back by the hits' emission, but not before now: what
+    /// has drained since cannot be given back twice.
+    fn refund(&mut self, check: &Check, hits: u64, _reserved_at_ms: u64, _mark: u64, now: u64) {
+        let back = hits.saturating_mul(emission_us(check));
+        self.tat_us = self.tat_us.saturating_sub(back).max(now * 1_000);
+    }
+
     fn into_state(self) -> State {
         State::Gcra(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(hits: u64) -> Check {
+        Check {
+            key: "k".into(),
+            algorithm: Algorithm::TokenBucket,
+            limit: 10,
+            period_ms: 1_000,
+            burst: 10,
+            hits,
+            enforce: true,
+            charges: false,
+        }
+    }
+
+    #[test]
+    fn a_refund_moves_the_tat_back_but_not_before_now() {
+        // 100 ms per hit: 8 hits take the TAT to 800 ms ahead.
+        let mut g = Gcra::load(None, &check(8), 1_000);
+        let mark = g.reserve(&check(8), 1_000);
+        assert_eq!(g.tat_us, 1_800_000);
+        g.refund(&check(8), 3, 1_000, mark, 1_000);
+        assert_eq!(g.tat_us, 1_500_000);
+        // 400 ms later, 4 of the 5 left have drained: only 1 can come back.
+        let mut g = Gcra::load(Some(g.into_state()), &check(8), 1_400);
+        g.refund(&check(8), 5, 1_000, mark, 1_400);
+        assert_eq!(g.tat_us, 1_400_000);
     }
 }

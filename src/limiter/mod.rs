@@ -11,6 +11,7 @@
 //! module, and in its own Lua file.
 
 pub mod batch;
+pub mod budget;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_log;
@@ -294,7 +295,7 @@ impl State {
     }
 }
 
-/// One algorithm's state machine; the Lua twin in `lua/` has the same five
+/// One algorithm's state machine; the Lua twin in `lua/` has the same
 /// functions with the same arithmetic.
 pub trait Policy: Sized {
     /// The state as of `now`, from what the store holds (if anything).
@@ -310,5 +311,18 @@ pub trait Policy: Sized {
     fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64);
     /// How long the store must keep the state, in milliseconds (> 0).
     fn ttl_ms(&self, check: &Check, now_ms: u64) -> u64;
+    /// Consumes a reservation's `check.hits` (they fit: `is_over` said so)
+    /// and returns its mark, what [`Policy::refund`] needs to find them
+    /// again: the sliding log's entry; 0 for the others, which need only
+    /// the time of the reservation.
+    fn reserve(&mut self, check: &Check, now_ms: u64) -> u64 {
+        self.apply(check, now_ms);
+        0
+    }
+    /// Gives back `hits` of the hits a reservation made at `reserved_at_ms`
+    /// (with `mark`, from [`Policy::reserve`]) took, as if it had taken
+    /// that many fewer: never below zero, never more than it took, and
+    /// nothing of what has aged out or drained since.
+    fn refund(&mut self, check: &Check, hits: u64, reserved_at_ms: u64, mark: u64, now_ms: u64);
     fn into_state(self) -> State;
 }

@@ -100,6 +100,48 @@ impl Policy for Log {
         check.period_ms
     }
 
+    /// A reservation's entry is its own, stamped later than every entry
+    /// before it (a millisecond after the newest, should that be now or
+    /// later), so that its time alone finds it again, whatever refunds or
+    /// rebases do to the totals; requests after it in the same millisecond
+    /// may join it. The mark is that time.
+    fn reserve(&mut self, check: &Check, now_ms: u64) -> u64 {
+        let stamp = match self.entries.back() {
+            Some(&(newest, _)) if newest >= now_ms => newest + 1,
+            _ => now_ms,
+        };
+        let hits = recordable(check, self.count());
+        if hits > 0 {
+            self.entries
+                .push_back((stamp, self.top().wrapping_add(hits)));
+        }
+        stamp
+    }
+
+    /// Takes `hits` off the reservation's entry and off the running totals
+    /// of every later one: the work grows with the entries admitted since
+    /// the reservation, never with hits. An entry that aged out (or is not
+    /// found) gives nothing back: the reservation stays charged, the safe
+    /// side. An entry left with no hits is dropped.
+    fn refund(&mut self, _check: &Check, hits: u64, _reserved_at: u64, mark: u64, _now: u64) {
+        let i = self.entries.partition_point(|&(t, _)| t < mark);
+        let Some(&(t, total)) = self.entries.get(i) else {
+            return;
+        };
+        if t != mark {
+            return;
+        }
+        let before = i.checked_sub(1).map_or(self.base, |j| self.entries[j].1);
+        let held = total.wrapping_sub(before);
+        let take = hits.min(held);
+        for entry in self.entries.iter_mut().skip(i) {
+            entry.1 = entry.1.wrapping_sub(take);
+        }
+        if take == held {
+            self.entries.remove(i);
+        }
+    }
+
     fn into_state(self) -> State {
         State::Log(Box::new(self))
     }
@@ -143,6 +185,38 @@ mod tests {
         log.apply(&check(50_000), 30);
         log.apply(&check(50_000), 30);
         assert_eq!((log.entries.len(), log.count()), (4, 1_000_000));
+    }
+
+    #[test]
+    fn a_refund_takes_hits_off_the_reservations_entry_and_the_later_totals() {
+        let c = |hits| Check {
+            limit: 100,
+            period_ms: 1_000,
+            ..check(hits)
+        };
+        let mut log = Log::default();
+        log.apply(&c(5), 10);
+        // Stamped a millisecond after the newest entry when that is now.
+        let mark = log.reserve(&c(20), 10);
+        assert_eq!(mark, 11);
+        log.apply(&c(7), 11); // joins the reservation's entry
+        log.apply(&c(1), 12);
+        log.refund(&c(20), 15, 10, mark, 12);
+        assert_eq!(log.entries, [(10, 5), (11, 17), (12, 18)]);
+        assert_eq!(log.count(), 18);
+        // Never more than the entry holds; an emptied entry goes.
+        let mut log = Log::default();
+        let mark = log.reserve(&c(20), 10);
+        log.apply(&c(1), 12);
+        log.refund(&c(20), 50, 10, mark, 12);
+        assert_eq!((log.entries.len(), log.count()), (1, 1));
+        // Aged out: nothing to give back.
+        let mut log = Log::default();
+        let mark = log.reserve(&c(20), 10);
+        let mut log = Log::load(Some(log.into_state()), &c(0), 1_010);
+        log.apply(&c(3), 1_010);
+        log.refund(&c(20), 20, 10, mark, 1_010);
+        assert_eq!(log.count(), 3);
     }
 
     #[test]

@@ -65,7 +65,57 @@ impl Policy for Sliding {
         (self.window + 2) * check.period_ms - now_ms
     }
 
+    /// From the window the reservation counted in: the current one, or the
+    /// previous one (still weighed); one older gives nothing back.
+    fn refund(&mut self, check: &Check, hits: u64, reserved_at_ms: u64, _mark: u64, _now: u64) {
+        let window = reserved_at_ms / check.period_ms;
+        let count = if window == self.window {
+            &mut self.current
+        } else if window + 1 == self.window {
+            &mut self.previous
+        } else {
+            return;
+        };
+        *count -= hits.min(*count);
+    }
+
     fn into_state(self) -> State {
         State::Sliding(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+
+    fn check(hits: u64) -> Check {
+        Check {
+            key: "k".into(),
+            algorithm: Algorithm::SlidingWindow,
+            limit: 10,
+            period_ms: 1_000,
+            burst: 0,
+            hits,
+            enforce: true,
+            charges: false,
+        }
+    }
+
+    #[test]
+    fn a_refund_gives_back_from_the_window_the_reservation_counted_in() {
+        let mut s = Sliding::load(None, &check(8), 1_500);
+        let mark = s.reserve(&check(8), 1_500);
+        s.refund(&check(8), 3, 1_500, mark, 1_600);
+        assert_eq!((s.current, s.previous), (5, 0));
+        // A window later the reservation's hits are the previous window's.
+        let mut s = Sliding::load(Some(s.into_state()), &check(8), 2_500);
+        s.apply(&check(1), 2_500);
+        s.refund(&check(8), 9, 1_500, mark, 2_500);
+        assert_eq!((s.current, s.previous), (1, 0));
+        // Two windows later they weigh nothing: nothing to give back.
+        let mut s = Sliding::load(Some(s.into_state()), &check(8), 3_000);
+        s.refund(&check(8), 1, 1_500, mark, 3_000);
+        assert_eq!((s.current, s.previous), (0, 1));
     }
 }

@@ -8,7 +8,6 @@
 //! over a stream that this replica keeps alive (see `holds`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -17,7 +16,7 @@ use tonic::{Request, Response, Status};
 use super::caps;
 use super::holds::Holds;
 use super::lease_id::{set_key, LeaseId};
-use super::wire::{duration, Entries};
+use super::wire::{duration, requested_ttl, Entries};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::config::watch::SharedConfig;
 use crate::config::Config;
@@ -98,7 +97,8 @@ impl Concurrency {
         request: &AcquireRequest,
     ) -> Result<(AcquireResponse, Option<LeaseId>), Status> {
         caps::validate(&request.domain, &request.descriptors)?;
-        let requested_ttl = requested_lease_ttl(request.lease_ttl.as_ref())?;
+        let requested_ttl =
+            requested_ttl(request.lease_ttl.as_ref(), LEASE_TTL_RANGE, "lease_ttl")?;
         let config = self.config.current();
         let matched = self.matched_slots(&config, request);
         if matched.is_empty() {
@@ -273,20 +273,4 @@ impl ConcurrencyService for Concurrency {
         }
         Ok(Response::new(ReceiverStream::new(rx)))
     }
-}
-
-/// The lease TTL a caller asked for, checked against the allowed range.
-fn requested_lease_ttl(asked: Option<&prost_types::Duration>) -> Result<Option<Duration>, Status> {
-    let Some(asked) = asked else {
-        return Ok(None);
-    };
-    let ttl = Duration::try_from(*asked)
-        .map_err(|_| Status::invalid_argument("lease_ttl must not be negative"))?;
-    let (min, max) = LEASE_TTL_RANGE;
-    if ttl < min || ttl > max {
-        return Err(Status::invalid_argument(format!(
-            "lease_ttl must be between {min:?} and {max:?}"
-        )));
-    }
-    Ok(Some(ttl))
 }

@@ -6,12 +6,7 @@
 //! scanning. A forged id can only name keys of the lease-set shape, and
 //! touches nothing unless its member is in them.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use super::id_parts::{from_hex, is_nonce, push_hex, random_nonce, truncate};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::keys::{counter_key, Values};
 use crate::store::LeaseRef;
@@ -44,7 +39,7 @@ impl LeaseId {
     /// A new lease with a fresh random member.
     pub fn new(ttl_ms: u64, keys: Vec<String>) -> Self {
         LeaseId {
-            member: random_member(),
+            member: random_nonce(),
             ttl_ms,
             keys,
         }
@@ -63,9 +58,7 @@ impl LeaseId {
         let mut id = format!("{}.{}", self.member, self.ttl_ms);
         for key in &self.keys {
             id.push('.');
-            for b in key.bytes() {
-                id.push_str(&format!("{b:02x}"));
-            }
+            push_hex(&mut id, key);
         }
         id
     }
@@ -77,9 +70,7 @@ impl LeaseId {
         }
         let bad = || format!("malformed lease id {:?}", truncate(id));
         let mut parts = id.split('.');
-        let member = parts
-            .next()
-            .filter(|m| m.len() == 32 && m.bytes().all(|b| b.is_ascii_hexdigit()));
+        let member = parts.next().filter(|m| is_nonce(m));
         let ttl_ms = parts.next().and_then(|t| t.parse::<u64>().ok());
         let (Some(member), Some(ttl_ms)) = (member, ttl_ms) else {
             return Err(bad());
@@ -95,16 +86,7 @@ impl LeaseId {
             ));
         }
         let keys = parts
-            .map(|hex| {
-                let bytes = (0..hex.len())
-                    .step_by(2)
-                    .map(|i| {
-                        hex.get(i..i + 2)
-                            .and_then(|b| u8::from_str_radix(b, 16).ok())
-                    })
-                    .collect::<Option<Vec<u8>>>()?;
-                String::from_utf8(bytes).ok()
-            })
+            .map(from_hex)
             .collect::<Option<Vec<String>>>()
             .filter(|keys| {
                 !keys.is_empty()
@@ -121,25 +103,6 @@ impl LeaseId {
             keys,
         })
     }
-}
-
-fn truncate(s: &str) -> &str {
-    let end = s.char_indices().nth(40).map_or(s.len(), |(i, _)| i);
-    &s[..end]
-}
-
-/// 128 bits no caller can predict: two process-random SipHash keys over a
-/// counter and the time.
-fn random_member() -> String {
-    static KEYS: OnceLock<(RandomState, RandomState)> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let (a, b) = KEYS.get_or_init(|| (RandomState::new(), RandomState::new()));
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{:016x}{:016x}", a.hash_one((n, t)), b.hash_one((t, n)))
 }
 
 #[cfg(test)]

@@ -2,7 +2,11 @@
 //! descriptor messages (Envoy's `RateLimitDescriptor` and
 //! `ratekeeper.v1.Descriptor`) as `(key, value)` entries, and durations.
 
+use std::time::Duration;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+
+use tonic::Status;
 
 use crate::pb::v1;
 
@@ -35,6 +39,26 @@ pub fn duration(ms: u64) -> prost_types::Duration {
     }
 }
 
+/// The TTL a caller asked for in `field` (`None`: none asked), checked
+/// against the allowed `range`; `INVALID_ARGUMENT` naming the field otherwise.
+pub fn requested_ttl(
+    asked: Option<&prost_types::Duration>,
+    (min, max): (Duration, Duration),
+    field: &str,
+) -> Result<Option<Duration>, Status> {
+    let Some(asked) = asked else {
+        return Ok(None);
+    };
+    let ttl = Duration::try_from(*asked)
+        .map_err(|_| Status::invalid_argument(format!("{field} must not be negative")))?;
+    if ttl < min || ttl > max {
+        return Err(Status::invalid_argument(format!(
+            "{field} must be between {min:?} and {max:?}"
+        )));
+    }
+    Ok(Some(ttl))
+}
+
 /// [`duration`] as Envoy's copy of the `Duration` message.
 pub fn envoy_duration(ms: u64) -> envoy_types::pb::google::protobuf::Duration {
     let prost_types::Duration { seconds, nanos } = duration(ms);
@@ -56,5 +80,20 @@ mod tests {
                 nanos: 999_000_000
             }
         );
+    }
+
+    #[test]
+    fn ttls_outside_the_range_name_the_field() {
+        let range = (Duration::from_secs(1), Duration::from_secs(60));
+        let ask = |seconds| prost_types::Duration { seconds, nanos: 0 };
+        assert_eq!(requested_ttl(None, range, "ttl").ok(), Some(None));
+        assert_eq!(
+            requested_ttl(Some(&ask(5)), range, "ttl").ok(),
+            Some(Some(Duration::from_secs(5)))
+        );
+        for bad in [-1, 0, 61] {
+            let e = requested_ttl(Some(&ask(bad)), range, "lease_ttl").unwrap_err();
+            assert!(e.message().starts_with("lease_ttl must"), "{}", e.message());
+        }
     }
 }

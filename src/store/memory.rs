@@ -17,9 +17,10 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use super::budget::{marker_key, Marker, Reserved, Settled};
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
 use crate::clock::Clock;
-use crate::limiter::{batch, Check, Outcome, State};
+use crate::limiter::{batch, budget, Check, Outcome, State};
 
 const SHARDS: usize = 64;
 
@@ -70,13 +71,19 @@ type Shard = HashMap<KeyId, Slot, BuildHasherDefault<PassThrough>>;
 /// Lease sets: set key -> lease member -> expiry (ms).
 type LeaseSets = HashMap<String, HashMap<String, u64>>;
 
-/// Counters and leases kept in this process.
+/// Reservation markers: marker key -> marker and its expiry (ms). One per
+/// reservation, under the marker key of its first counter (there are no
+/// hash slots here). Locked after the counters' shards, never before.
+type Markers = HashMap<String, (Marker, u64)>;
+
+/// Counters, leases and reservation markers kept in this process.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
     /// The secret SipHash key of this store's [`KeyId`]s.
     digest: RandomState,
     leases: Mutex<LeaseSets>,
+    markers: Mutex<Markers>,
     clock: Arc<dyn Clock>,
 }
 
@@ -88,6 +95,7 @@ impl MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             digest: RandomState::new(),
             leases: Mutex::new(HashMap::new()),
+            markers: Mutex::new(HashMap::new()),
             clock,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -195,21 +203,80 @@ impl MemoryStore {
     /// Applies one request's checks atomically (see [`batch::evaluate`]).
     pub fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Vec<Outcome> {
         let now = self.clock.now_ms();
-        let ids: Vec<(&str, KeyId)> = checks
-            .iter()
-            .map(|c| (c.key.as_str(), self.id(&c.key)))
-            .collect();
+        let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
+        batch::evaluate(&mut table, checks, all_or_nothing, now)
+    }
+
+    /// The shards of `keys`, locked in shard order (so that two callers
+    /// never deadlock).
+    fn lock_keys<'a>(&'a self, keys: impl Iterator<Item = &'a str>) -> LockedShards<'a> {
+        let ids: Vec<(&str, KeyId)> = keys.map(|key| (key, self.id(key))).collect();
         let mut indices: Vec<usize> = ids.iter().map(|&(_, id)| Self::shard_of(id)).collect();
         indices.sort_unstable();
         indices.dedup();
-        let mut table = LockedShards {
+        LockedShards {
             guards: indices
                 .iter()
                 .map(|&i| (i, Self::lock(&self.shards[i])))
                 .collect(),
             ids,
+        }
+    }
+
+    /// Reserves `checks`' hits all or nothing, and when granted records the
+    /// marker (see [`crate::store::budget`]); atomic like [`Self::apply`].
+    pub fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Reserved {
+        let now = self.clock.now_ms();
+        let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
+        let (outcomes, marks) = budget::reserve(&mut table, checks, now);
+        let granted = marks.is_some();
+        if let (Some(marks), Some(first)) = (marks, checks.first()) {
+            let marker = Marker {
+                checks: checks.to_vec(),
+                marks,
+                reserved_at_ms: now,
+                settled: None,
+            };
+            let expiry = now.saturating_add(ttl_ms);
+            Self::lock(&self.markers).insert(marker_key(&first.key, nonce), (marker, expiry));
+        }
+        Reserved { granted, outcomes }
+    }
+
+    /// Settles the reservation `nonce` of `keys` at `actual`, if its marker
+    /// is alive and names exactly `keys`; atomic like [`Self::apply`].
+    pub fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Settled {
+        let Some(first) = keys.first() else {
+            return Settled::Unknown;
         };
-        batch::evaluate(&mut table, checks, all_or_nothing, now)
+        let now = self.clock.now_ms();
+        let mut table = self.lock_keys(keys.iter().map(String::as_str));
+        let mut markers = Self::lock(&self.markers);
+        let Some((marker, _)) = markers
+            .get_mut(&marker_key(first, nonce))
+            .filter(|(marker, expiry)| *expiry > now && marker.names(keys))
+        else {
+            return Settled::Unknown;
+        };
+        let outcomes = match marker.settled {
+            Some(earlier) => {
+                let outcomes = budget::standing(&mut table, &marker.checks, now);
+                return Settled::Already {
+                    actual: earlier,
+                    outcomes,
+                };
+            }
+            None => budget::settle(
+                &mut table,
+                &marker.checks,
+                &marker.marks,
+                marker.reserved_at_ms,
+                actual,
+                now,
+            ),
+        };
+        marker.settled = Some(actual);
+        Settled::Settled { outcomes }
     }
 
     /// Deletes counters; missing keys are ignored.
@@ -255,7 +322,8 @@ impl MemoryStore {
     }
 
     /// Drops expired counters from shards `[from, from + count)`, and (on
-    /// the pass that starts at shard 0) expired leases and empty lease sets.
+    /// the pass that starts at shard 0) expired leases, empty lease sets
+    /// and expired reservation markers.
     fn sweep(&self, from: usize, count: usize) {
         let now = self.clock.now_ms();
         for shard in self.shards.iter().skip(from).take(count) {
@@ -266,6 +334,7 @@ impl MemoryStore {
                 set.retain(|_, expiry| *expiry > now);
                 !set.is_empty()
             });
+            Self::lock(&self.markers).retain(|_, (_, expiry)| *expiry > now);
         }
     }
 }
@@ -366,6 +435,76 @@ mod tests {
         assert_eq!(store.len(), 10_000);
         let again = &store.apply(&[check("k42", 1, 1)], true)[0];
         assert!(again.over);
+    }
+
+    #[test]
+    fn a_reservation_settles_once_and_only_with_its_own_keys() {
+        let clock = Arc::new(ManualClock::new(10_000));
+        let store = MemoryStore::new(clock.clone());
+        let (a, b) = (check("{a}", 10, 6), check("{b}", 100, 6));
+        let reserved = store.reserve(&[a.clone(), b.clone()], "n1", 5_000);
+        assert!(reserved.granted);
+        assert_eq!(reserved.outcomes[0].remaining, 4);
+        // Another reservation of 6 does not fit into a's 4 left, and takes
+        // nothing from b either.
+        let refused = store.reserve(&[a.clone(), b.clone()], "n2", 5_000);
+        assert!(!refused.granted);
+        assert_eq!(refused.outcomes[1].remaining, 94);
+        let keys = vec![a.key.clone(), b.key.clone()];
+        for altered in [vec![a.key.clone()], vec![b.key.clone(), a.key.clone()]] {
+            assert_eq!(store.settle(&altered, "n1", 0), Settled::Unknown);
+        }
+        assert_eq!(store.settle(&keys, "n2", 0), Settled::Unknown);
+        let Settled::Settled { outcomes } = store.settle(&keys, "n1", 2) else {
+            panic!("not settled");
+        };
+        assert_eq!((outcomes[0].remaining, outcomes[1].remaining), (8, 98));
+        // A retry charges nothing more and says what the first settled at.
+        let Settled::Already { actual, outcomes } = store.settle(&keys, "n1", 9) else {
+            panic!("not already settled");
+        };
+        assert_eq!((actual, outcomes[0].remaining), (2, 8));
+    }
+
+    #[test]
+    fn an_expired_reservation_stays_charged_at_its_estimate() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(clock.clone());
+        let c = Check {
+            period_ms: 60_000,
+            ..check("{a}", 10, 6)
+        };
+        assert!(store.reserve(std::slice::from_ref(&c), "n1", 1_000).granted);
+        clock.advance(1_000);
+        assert_eq!(
+            store.settle(std::slice::from_ref(&c.key), "n1", 0),
+            Settled::Unknown
+        );
+        let probe = Check { hits: 0, ..c };
+        assert_eq!(store.apply(&[probe], true)[0].remaining, 4);
+        store.sweep(0, SHARDS);
+        assert!(MemoryStore::lock(&store.markers).is_empty());
+    }
+
+    #[test]
+    fn concurrent_reservations_never_commit_more_than_the_budget() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(10_000)));
+        let c = check("{a}", 10, 1);
+        let granted: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..64)
+                .map(|i| {
+                    let (store, c) = (&store, &c);
+                    scope.spawn(move || {
+                        store.reserve(std::slice::from_ref(c), &format!("n{i}"), 5_000)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().map_or(0, |r| usize::from(r.granted)))
+                .sum()
+        });
+        assert_eq!(granted, 10);
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 
 pub mod batcher;
 pub mod breaker;
+pub mod budget;
 pub mod caller;
 pub mod connection;
 pub mod generation;
@@ -17,6 +18,7 @@ use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
+pub use self::budget::{Reserved, Settled};
 pub use self::connection::{RedisSettings, RedisTls};
 pub use self::generation::Generation;
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot};

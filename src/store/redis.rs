@@ -15,6 +15,7 @@ use futures_util::future::join_all;
 use redis::Script;
 
 use super::batcher::Batcher;
+use super::budget::{Reserved, Settled};
 use super::caller::Caller;
 use super::connection::{Connections, RedisSettings};
 use super::generation::Generation;
@@ -238,6 +239,17 @@ impl RedisStore {
         );
         let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
         limiter_script::outcomes(&reply, group.len())
+    }
+
+    /// Reserves `checks`' hits all or nothing (see [`super::budget`]).
+    /// Not on Redis yet: the Lua twin comes next.
+    pub async fn reserve(&self, _checks: &[Check], _nonce: &str, _ttl: u64) -> Result<Reserved> {
+        Err(Error::Store("reservations are not on Redis yet".into()))
+    }
+
+    /// Settles a reservation (see [`super::budget`]). Not on Redis yet.
+    pub async fn settle(&self, _keys: &[String], _nonce: &str, _actual: u64) -> Result<Settled> {
+        Err(Error::Store("reservations are not on Redis yet".into()))
     }
 
     /// Takes a lease in every slot, or in none. On a cluster the sets of

@@ -1,0 +1,412 @@
+//! `ratekeeper.v1.BudgetService`: cost budgets spent in two steps, for work
+//! whose cost is bounded before it starts and known when it ends (an LLM
+//! call: at most `max_tokens`, then the usage the response reports).
+//!
+//! `Reserve` plans the request exactly as `ShouldRateLimit` does (same
+//! rules, counters and algorithms; `rls::Plan` with the estimate as hits)
+//! and asks the store to take the estimate from every limit or from none;
+//! a refusal consumes nothing. `Settle` takes a reservation id only: the id
+//! carries the keys (see `reservation_id`), the store's marker decides what
+//! is given back or charged, and says whether an earlier Settle already did.
+//!
+//! There is no failure mode here: a budget call that cannot reach the store
+//! answers UNAVAILABLE. Granting a reservation nobody recorded would let the
+//! work blow the budget, and refusing one silently would look like a spent
+//! budget; the caller decides what its work does without a budget.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::{Request, Response, Status};
+
+use super::caps;
+use super::reservation_id::{
+    ReservationId, ReservedKey, DEFAULT_TTL, MAX_RESERVATION_ID_BYTES, TTL_RANGE,
+};
+use super::rls::{tightest, Applied, LimiterSettings, Plan};
+use super::wire::{duration, requested_ttl, Entries};
+use crate::config::watch::SharedConfig;
+use crate::headers::LimitState;
+use crate::limiter::{Outcome, MAX_HITS};
+use crate::pb::v1::budget_service_server::BudgetService;
+use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
+use crate::store::{Settled, Store};
+
+/// The budget service.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    config: SharedConfig,
+    store: Store,
+    /// The rate limit service's settings: the same keys and values.
+    settings: LimiterSettings,
+}
+
+impl Budget {
+    pub fn new(config: SharedConfig, store: Store, settings: LimiterSettings) -> Self {
+        Budget {
+            config,
+            store,
+            settings,
+        }
+    }
+
+    /// The same service, using serving lane `lane`'s store connections.
+    pub fn for_lane(&self, lane: usize) -> Self {
+        Budget {
+            store: self.store.for_lane(lane),
+            ..self.clone()
+        }
+    }
+
+    async fn reserve(&self, request: &ReserveRequest) -> Result<ReserveResponse, Status> {
+        validate(request)?;
+        let ttl = requested_ttl(request.ttl.as_ref(), TTL_RANGE, "ttl")?.unwrap_or(DEFAULT_TTL);
+        let ttl_ms = ttl.as_millis() as u64;
+        let config = self.config.current();
+        let domain = config.domain(&request.domain).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "unknown domain {:?}: no loaded limits file defines it",
+                request.domain
+            ))
+        })?;
+        let as_envoy = as_rate_limit_request(request);
+        let mut plan = Plan::new(&as_envoy, &domain.rules, &self.settings)?;
+        // Admission: a refused reservation takes nothing, whatever the
+        // limit does with charges after the fact.
+        for check in &mut plan.checks {
+            check.charges = false;
+        }
+        let reservation = ReservationId::new(ttl_ms, request.descriptors.len(), slots(&plan));
+        if reservation.keys.is_empty() {
+            // Nothing limits these descriptors: nothing to take or settle.
+            count_reserve(&request.domain, "unlimited");
+            return Ok(ReserveResponse {
+                granted: true,
+                statuses: vec![BudgetStatus::default(); request.descriptors.len()],
+                ttl: Some(duration(ttl_ms)),
+                ..Default::default()
+            });
+        }
+        let id = reservation.encode();
+        if id.len() > MAX_RESERVATION_ID_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "the descriptors' counter keys make a reservation id of {} bytes, over \
+                 {MAX_RESERVATION_ID_BYTES}: send fewer or shorter descriptors",
+                id.len()
+            )));
+        }
+        let reserved = self
+            .store
+            .reserve(&plan.checks, &reservation.nonce, ttl_ms)
+            .await
+            .map_err(store_failed)?;
+        // Only an enforced limit refuses (a shadow-mode one never does).
+        let outcomes: Vec<Outcome> = plan
+            .checks
+            .iter()
+            .zip(&reserved.outcomes)
+            .map(|(check, outcome)| Outcome {
+                over: outcome.over && check.enforce,
+                ..*outcome
+            })
+            .collect();
+        let granted = reserved.granted;
+        count_reserve(&request.domain, if granted { "granted" } else { "refused" });
+        Ok(ReserveResponse {
+            granted,
+            reservation_id: if granted { id } else { String::new() },
+            statuses: statuses(&reservation, &outcomes),
+            retry_after: (!granted).then(|| duration(retry_after_ms(&outcomes))),
+            ttl: Some(duration(ttl_ms)),
+        })
+    }
+
+    async fn settle(&self, request: &SettleRequest) -> Result<SettleResponse, Status> {
+        let reservation = ReservationId::decode(&request.reservation_id, &self.settings.key_prefix)
+            .map_err(|e| Status::invalid_argument(format!("reservation_id: {e}")))?;
+        if request.actual > MAX_HITS {
+            return Err(Status::invalid_argument(format!(
+                "actual is {}: at most {MAX_HITS} hits are accepted",
+                request.actual
+            )));
+        }
+        let settled = self
+            .store
+            .settle(
+                &reservation.counter_keys(),
+                &reservation.nonce,
+                request.actual,
+            )
+            .await
+            .map_err(store_failed)?;
+        let (settled, already, outcomes) = match settled {
+            Settled::Settled { outcomes } => (request.actual, false, outcomes),
+            Settled::Already { actual, outcomes } => (actual, true, outcomes),
+            Settled::Unknown => {
+                count_settle("unknown");
+                return Err(Status::not_found(
+                    "reservation not found: it expired (its estimate stays charged), was never \
+                     granted, or the id was altered",
+                ));
+            }
+        };
+        count_settle(if already { "already" } else { "settled" });
+        Ok(SettleResponse {
+            settled,
+            already_settled: already,
+            statuses: statuses(&reservation, &outcomes),
+        })
+    }
+}
+
+/// What the service refuses before any store work.
+fn validate(request: &ReserveRequest) -> Result<(), Status> {
+    caps::validate(&request.domain, &request.descriptors)?;
+    if request.estimate == 0 {
+        return Err(Status::invalid_argument(
+            "estimate must be more than 0: the most the work can cost",
+        ));
+    }
+    if request.estimate > MAX_HITS {
+        return Err(Status::invalid_argument(format!(
+            "estimate is {}: at most {MAX_HITS} hits are accepted",
+            request.estimate
+        )));
+    }
+    Ok(())
+}
+
+/// The Reserve as the `ShouldRateLimit` request it is planned as: each
+/// descriptor with the estimate as its own hits.
+fn as_rate_limit_request(request: &ReserveRequest) -> RateLimitRequest {
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|descriptor| RateLimitDescriptor {
+            entries: descriptor
+                .entries()
+                .map(|(key, value)| Entry {
+                    key: key.to_owned(),
+                    value: value.to_owned(),
+                })
+                .collect(),
+            hits_addend: Some(UInt64Value {
+                value: request.estimate,
+            }),
+            ..Default::default()
+        })
+        .collect();
+    RateLimitRequest {
+        domain: request.domain.clone(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// Each check's key, with its descriptor and limit, in the checks' order.
+fn slots(plan: &Plan<'_>) -> Vec<ReservedKey> {
+    let mut slots = Vec::with_capacity(plan.checks.len());
+    for (descriptor, applied) in plan.applied.iter().enumerate() {
+        if let Applied::Counted { checks, .. } = applied {
+            slots.extend(plan.checks[checks.clone()].iter().map(|check| ReservedKey {
+                key: check.key.clone(),
+                descriptor,
+                limit: check.limit,
+            }));
+        }
+    }
+    slots
+}
+
+/// One status per descriptor of the Reserve: its tightest limit among the
+/// reservation's keys (as `ShouldRateLimit` answers), zero when none.
+fn statuses(reservation: &ReservationId, outcomes: &[Outcome]) -> Vec<BudgetStatus> {
+    (0..reservation.descriptors)
+        .map(|descriptor| {
+            let states = reservation
+                .keys
+                .iter()
+                .zip(outcomes)
+                .filter(|(slot, _)| slot.descriptor == descriptor)
+                .map(|(slot, outcome)| LimitState {
+                    limit: slot.limit,
+                    remaining: outcome.remaining,
+                    reset_ms: outcome.reset_ms,
+                    over: outcome.over,
+                });
+            tightest(states).map_or_else(BudgetStatus::default, |(_, state)| BudgetStatus {
+                remaining: state.remaining,
+                limit: state.limit,
+                over: state.over,
+            })
+        })
+        .collect()
+}
+
+/// How long until the estimate would fit: the longest wait of a refusing
+/// limit (every one must admit it).
+fn retry_after_ms(outcomes: &[Outcome]) -> u64 {
+    outcomes
+        .iter()
+        .filter(|o| o.over)
+        .map(|o| o.reset_ms)
+        .max()
+        .unwrap_or(0)
+}
+
+fn store_failed(error: crate::Error) -> Status {
+    tracing::warn!(%error, "budget store call failed");
+    Status::unavailable(format!("the budget store failed: {error}"))
+}
+
+fn count_reserve(domain: &str, result: &'static str) {
+    metrics::counter!("ratekeeper_budget_reserves", "domain" => domain.to_owned(), "result" => result)
+        .increment(1);
+}
+
+fn count_settle(result: &'static str) {
+    metrics::counter!("ratekeeper_budget_settles", "result" => result).increment(1);
+}
+
+#[tonic::async_trait]
+impl BudgetService for Budget {
+    async fn reserve(
+        &self,
+        request: Request<ReserveRequest>,
+    ) -> Result<Response<ReserveResponse>, Status> {
+        Budget::reserve(self, request.get_ref())
+            .await
+            .map(Response::new)
+    }
+
+    async fn settle(
+        &self,
+        request: Request<SettleRequest>,
+    ) -> Result<Response<SettleResponse>, Status> {
+        Budget::settle(self, request.get_ref())
+            .await
+            .map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::pb::v1::{Descriptor, Entry as V1Entry};
+
+    const LIMITS: &str = "
+domain: llm
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: minute, requests_per_unit: 1000}
+      - {unit: day, requests_per_unit: 5000}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+    fn descriptor(key: &str, value: &str) -> Descriptor {
+        Descriptor {
+            entries: vec![V1Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+        }
+    }
+
+    fn reserve(descriptors: Vec<Descriptor>, estimate: u64) -> ReserveRequest {
+        ReserveRequest {
+            domain: "llm".into(),
+            descriptors,
+            estimate,
+            ttl: None,
+        }
+    }
+
+    fn outcome(remaining: u64, reset_ms: u64, over: bool) -> Outcome {
+        Outcome {
+            over,
+            remaining,
+            reset_ms,
+        }
+    }
+
+    #[test]
+    fn plans_as_should_rate_limit_with_the_estimate_as_hits() {
+        let config = Config::from_files([(Path::new("llm.yaml"), LIMITS)]).expect("limits");
+        let request = reserve(
+            vec![
+                descriptor("free", "x"),
+                descriptor("user", "a"),
+                descriptor("nobody", "x"),
+            ],
+            300,
+        );
+        let as_envoy = as_rate_limit_request(&request);
+        let rules = &config.domain("llm").expect("domain").rules;
+        let plan = Plan::new(&as_envoy, rules, &LimiterSettings::default()).expect("plan");
+        assert!(plan.checks.iter().all(|c| c.hits == 300));
+        let slots = slots(&plan);
+        let per_slot: Vec<(usize, u64)> = slots.iter().map(|s| (s.descriptor, s.limit)).collect();
+        assert_eq!(per_slot, [(1, 1000), (1, 5000)], "the user's two limits");
+        assert_eq!(slots[0].key, plan.checks[0].key);
+
+        let reservation = ReservationId::new(60_000, 3, slots);
+        let statuses = statuses(
+            &reservation,
+            &[
+                outcome(700, 60_000, false),
+                outcome(4_700, 86_400_000, false),
+            ],
+        );
+        let answer: Vec<(u64, u64, bool)> = statuses
+            .iter()
+            .map(|s| (s.remaining, s.limit, s.over))
+            .collect();
+        assert_eq!(
+            answer,
+            [(0, 0, false), (700, 1000, false), (0, 0, false)],
+            "the tightest limit; nothing for unlimited or unmatched descriptors"
+        );
+    }
+
+    #[test]
+    fn a_refusal_waits_for_its_slowest_refusing_limit() {
+        let outcomes = [
+            outcome(0, 9_000, true),
+            outcome(50, 90_000, false),
+            outcome(0, 30_000, true),
+        ];
+        assert_eq!(retry_after_ms(&outcomes), 30_000);
+        assert_eq!(retry_after_ms(&outcomes[1..2]), 0);
+    }
+
+    #[test]
+    fn refuses_bad_estimates_and_descriptors_with_a_reason() {
+        let cases = [
+            (
+                reserve(vec![descriptor("user", "a")], 0),
+                "estimate must be more than 0",
+            ),
+            (
+                reserve(vec![descriptor("user", "a")], MAX_HITS + 1),
+                "at most 4294967296",
+            ),
+            (reserve(vec![], 5), "descriptor list must not be empty"),
+            (
+                reserve(vec![descriptor("", "a")], 5),
+                "the key must not be empty",
+            ),
+        ];
+        for (request, reason) in cases {
+            let e = validate(&request).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains(reason), "{}", e.message());
+        }
+        assert!(validate(&reserve(vec![descriptor("user", "a")], MAX_HITS)).is_ok());
+    }
+}

@@ -1,0 +1,75 @@
+//! The parts self-describing ids share (lease ids, reservation ids): a
+//! nonce nobody can guess, keys in hex (so an id stays one token of
+//! `[0-9a-z.:]`, whatever bytes a key holds), and the short quote of a bad
+//! id an error message gives.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// 128 bits no caller can predict, as 32 hex digits: two process-random
+/// SipHash keys over a counter and the time.
+pub fn random_nonce() -> String {
+    static KEYS: OnceLock<(RandomState, RandomState)> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let (a, b) = KEYS.get_or_init(|| (RandomState::new(), RandomState::new()));
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:016x}{:016x}", a.hash_one((n, t)), b.hash_one((t, n)))
+}
+
+/// Whether `s` has the shape of a [`random_nonce`].
+pub fn is_nonce(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Appends `s`'s bytes to `out` as lowercase hex.
+pub fn push_hex(out: &mut String, s: &str) {
+    for b in s.bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+}
+
+/// The UTF-8 text `hex` encodes; `None` for odd lengths, non-hex digits or
+/// bytes that are not UTF-8.
+pub fn from_hex(hex: &str) -> Option<String> {
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The first 40 characters of `s`: enough to recognise a bad id in an
+/// error message, never a megabyte echoed back.
+pub fn truncate(s: &str) -> &str {
+    let end = s.char_indices().nth(40).map_or(s.len(), |(i, _)| i);
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_differ_and_hex_round_trips() {
+        let (a, b) = (random_nonce(), random_nonce());
+        assert!(is_nonce(&a) && is_nonce(&b) && a != b);
+        assert!(!is_nonce("short") && !is_nonce(&"g".repeat(32)));
+        let mut hex = String::new();
+        push_hex(&mut hex, "rk:{d|ü}");
+        assert_eq!(from_hex(&hex).as_deref(), Some("rk:{d|ü}"));
+        for bad in ["a", "zz", "ff"] {
+            assert_eq!(from_hex(bad), None, "{bad}");
+        }
+        assert_eq!(truncate(&"é".repeat(50)).chars().count(), 40);
+    }
+}

@@ -1,0 +1,502 @@
+//! Budgets over gRPC (`ratekeeper.v1.BudgetService`): reserve, then settle,
+//! in-process on memory, Redis and a Redis Cluster for every algorithm, and
+//! with real replica processes sharing one Redis (or Cluster): a reservation
+//! settled on another replica, and one whose replica was SIGKILLed.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{descriptor, request, Backend, Ratekeeper, RedisCluster, RedisServer, TestServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use ratekeeper::clock::ManualClock;
+use ratekeeper::pb::v1::budget_service_client::BudgetServiceClient;
+use ratekeeper::pb::v1::{
+    BudgetStatus, Descriptor, Entry, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse,
+};
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// One rule per algorithm, 1,000 hits a minute each (the buckets' burst
+/// defaults to that), and a rule that limits nothing.
+const LIMITS: &str = r#"
+domain: llm
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: sliding_window
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window}
+  - key: sliding_log
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_log}
+  - key: token_bucket
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket}
+  - key: leaky_bucket
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: leaky_bucket}
+  - key: small
+    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: token_bucket}
+  - key: small_window
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: daily
+    rate_limit: {unit: day, requests_per_unit: 1000, algorithm: token_bucket}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+
+const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "leaky_bucket",
+];
+
+/// Minute-aligned, so no window ends while the clock stands still.
+const START_MS: u64 = 1_800_000_000_000;
+
+type Client = BudgetServiceClient<Channel>;
+
+async fn connect(addr: &str) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match BudgetServiceClient::connect(format!("http://{addr}")).await {
+            Ok(client) => return client,
+            Err(e) if Instant::now() > deadline => panic!("cannot connect to {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+fn entries(key: &str, user: &str) -> Descriptor {
+    Descriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: user.into(),
+        }],
+    }
+}
+
+fn reserve_request(key: &str, user: &str, estimate: u64, ttl: Option<Duration>) -> ReserveRequest {
+    ReserveRequest {
+        domain: "llm".into(),
+        descriptors: vec![entries(key, user)],
+        estimate,
+        ttl: ttl.map(|d| prost_types::Duration {
+            seconds: d.as_secs() as i64,
+            nanos: d.subsec_nanos() as i32,
+        }),
+    }
+}
+
+async fn reserve(client: &mut Client, key: &str, user: &str, estimate: u64) -> ReserveResponse {
+    client
+        .reserve(reserve_request(key, user, estimate, None))
+        .await
+        .expect("reserve")
+        .into_inner()
+}
+
+async fn settle(client: &mut Client, id: &str, actual: u64) -> SettleResponse {
+    client
+        .settle(SettleRequest {
+            reservation_id: id.into(),
+            actual,
+        })
+        .await
+        .expect("settle")
+        .into_inner()
+}
+
+/// `ShouldRateLimit`'s view of the budget: a check of 0 hits.
+fn check_only(key: &str, user: &str) -> RateLimitRequest {
+    let mut d = descriptor(&[(key, user)]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    request("llm", vec![d])
+}
+
+fn remaining(statuses: &[BudgetStatus]) -> Vec<u64> {
+    statuses.iter().map(|s| s.remaining).collect()
+}
+
+#[tokio::test]
+async fn reserve_then_settle_per_algorithm_on_every_store() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let mut rls = server.client().await;
+        for algorithm in ALGORITHMS {
+            let at = format!("{name}/{algorithm}");
+            let r = reserve(&mut client, algorithm, "u", 100).await;
+            assert!(
+                r.granted && r.reservation_id.starts_with("r1."),
+                "{at}: {r:?}"
+            );
+            assert_eq!(r.statuses.len(), 1, "{at}");
+            let s = &r.statuses[0];
+            assert_eq!((s.remaining, s.limit, s.over), (900, 1000, false), "{at}");
+            assert_eq!(r.ttl.map(|t| t.seconds), Some(300), "{at}: the default TTL");
+            assert!(r.retry_after.is_none(), "{at}");
+
+            let settled = settle(&mut client, &r.reservation_id, 40).await;
+            assert_eq!(
+                (settled.settled, settled.already_settled),
+                (40, false),
+                "{at}"
+            );
+            assert_eq!(remaining(&settled.statuses), [960], "{at}: 40 used");
+            let seen = rls.should_rate_limit(check_only(algorithm, "u")).await;
+            let seen = seen.expect("check").into_inner().statuses[0].limit_remaining;
+            assert_eq!(seen, 960, "{at}: ShouldRateLimit sees the same budget");
+
+            // An actual over the estimate is charged on top.
+            let r = reserve(&mut client, algorithm, "u", 100).await;
+            assert_eq!(remaining(&r.statuses), [860], "{at}");
+            let settled = settle(&mut client, &r.reservation_id, 150).await;
+            assert_eq!(remaining(&settled.statuses), [810], "{at}: 40 + 150 used");
+        }
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn concurrent_reserves_never_commit_more_than_the_budget() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let client = connect(&server.addr.to_string()).await;
+        // A budget of 20 and estimates of 2: room for 10.
+        for key in ["small", "small_window"] {
+            let at = format!("{name}/{key}");
+            let granted = reserve_at_once(&client, key, 64).await;
+            assert_eq!(granted.len(), 10, "{at}: exactly 10 of 64");
+            let mut one = client.clone();
+            for id in &granted {
+                assert_eq!(settle(&mut one, id, 1).await.settled, 1, "{at}");
+            }
+            // Settled at half the estimate: 10 of the 20 are back, room
+            // for 5 more estimates of 2.
+            let again = reserve_at_once(&client, key, 64).await;
+            assert_eq!(again.len(), 5, "{at}: the freed budget, no more");
+            let refused = reserve(&mut one, key, "u", 2).await;
+            assert!(
+                !refused.granted && refused.reservation_id.is_empty(),
+                "{at}"
+            );
+            assert!(refused.statuses[0].over, "{at}");
+            let wait = refused.retry_after.expect("retry_after when refused");
+            assert!(wait.seconds > 0 || wait.nanos > 0, "{at}: {wait:?}");
+        }
+        server.stop().await;
+    }
+}
+
+/// Sends `n` reserves of 2 for user `u` at once; the granted ids.
+async fn reserve_at_once(client: &Client, key: &str, n: usize) -> Vec<String> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let mut client = client.clone();
+            let key = key.to_owned();
+            tokio::spawn(async move { reserve(&mut client, &key, "u", 2).await })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for task in tasks {
+        let r = task.await.expect("task");
+        if r.granted {
+            granted.push(r.reservation_id);
+        }
+    }
+    granted
+}
+
+#[tokio::test]
+async fn a_retried_settle_answers_the_same_and_charges_once() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let server = TestServer::start(
+            &[LIMITS],
+            backend.store(Arc::new(ManualClock::new(START_MS))),
+        )
+        .await;
+        let mut client = connect(&server.addr.to_string()).await;
+        for algorithm in ALGORITHMS {
+            let at = format!("{name}/{algorithm}");
+            let r = reserve(&mut client, algorithm, "retry", 100).await;
+            let first = settle(&mut client, &r.reservation_id, 40).await;
+            assert!(!first.already_settled, "{at}");
+            // The retries, the last with another actual: still the first's.
+            for actual in [40, 40, 70] {
+                let retry = settle(&mut client, &r.reservation_id, actual).await;
+                assert!(retry.already_settled, "{at}");
+                assert_eq!(retry.settled, 40, "{at}");
+                assert_eq!(remaining(&retry.statuses), [960], "{at}: charged once");
+            }
+        }
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_unsettled_reservation_stays_charged_after_its_ttl() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let mut rls = server.client().await;
+        let ttl = Duration::from_secs(1);
+        let r = client
+            .reserve(reserve_request("fixed_window", "late", 100, Some(ttl)))
+            .await
+            .expect("reserve")
+            .into_inner();
+        assert_eq!(r.ttl.map(|t| t.seconds), Some(1), "{name}");
+        // Past the TTL on the store's clock and on Redis's own.
+        clock.advance(1_100);
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let late = client
+            .settle(SettleRequest {
+                reservation_id: r.reservation_id,
+                actual: 10,
+            })
+            .await
+            .expect_err("a settle after the TTL");
+        assert_eq!(late.code(), Code::NotFound, "{name}: {late:?}");
+        assert!(late.message().contains("expired"), "{}", late.message());
+        let seen = rls
+            .should_rate_limit(check_only("fixed_window", "late"))
+            .await
+            .expect("check")
+            .into_inner();
+        assert_eq!(
+            seen.statuses[0].limit_remaining, 900,
+            "{name}: the estimate stays spent"
+        );
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn nothing_to_settle_when_no_rule_limits_the_descriptors() {
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let mut client = connect(&server.addr.to_string()).await;
+    for key in ["free", "nobody"] {
+        let r = reserve(&mut client, key, "u", 1_000_000).await;
+        assert!(r.granted && r.reservation_id.is_empty(), "{key}: {r:?}");
+        assert_eq!(r.statuses, [BudgetStatus::default()], "{key}");
+    }
+    // Several descriptors: one status each, in order.
+    let mut two = reserve_request("free", "u", 5, None);
+    two.descriptors.push(entries("fixed_window", "multi"));
+    let r = client.reserve(two).await.expect("reserve").into_inner();
+    assert_eq!(remaining(&r.statuses), [0, 995]);
+    assert_eq!(r.statuses[1].limit, 1000);
+    let s = settle(&mut client, &r.reservation_id, 5).await;
+    assert_eq!(remaining(&s.statuses), [0, 995]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_status_with_a_reason() {
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let granted = reserve(&mut client, "fixed_window", "bad", 10).await;
+    // Another nonce: well formed, but no marker has it.
+    let id = &granted.reservation_id;
+    let flipped = if &id[3..4] == "0" { "1" } else { "0" };
+    let altered = format!("r1.{flipped}{}", &id[4..]);
+    let settles = [
+        (String::new(), Code::InvalidArgument, "empty"),
+        (
+            "garbage".to_owned(),
+            Code::InvalidArgument,
+            "not a reservation id",
+        ),
+        (
+            format!("r1.{}", "a".repeat(32)),
+            Code::InvalidArgument,
+            "malformed",
+        ),
+        (altered, Code::NotFound, "reservation not found"),
+    ];
+    for (id, code, reason) in settles {
+        let e = client
+            .settle(SettleRequest {
+                reservation_id: id.clone(),
+                actual: 1,
+            })
+            .await
+            .expect_err(&id);
+        assert_eq!(e.code(), code, "{id:?}: {e:?}");
+        assert!(e.message().contains(reason), "{id:?}: {}", e.message());
+    }
+    let mut unknown = reserve_request("fixed_window", "bad", 10, None);
+    unknown.domain = "nope".into();
+    let mut no_descriptors = reserve_request("fixed_window", "bad", 10, None);
+    no_descriptors.descriptors.clear();
+    let reserves = [
+        (
+            reserve_request("fixed_window", "bad", 0, None),
+            "estimate must be more than 0",
+        ),
+        (unknown, "unknown domain \"nope\""),
+        (no_descriptors, "descriptor list must not be empty"),
+        (
+            reserve_request("fixed_window", "bad", 1, Some(Duration::from_millis(500))),
+            "ttl must be between 1s and 3600s",
+        ),
+        (
+            reserve_request("fixed_window", "bad", 1, Some(Duration::from_secs(3601))),
+            "ttl must be between",
+        ),
+    ];
+    for (request, reason) in reserves {
+        let e = client.reserve(request).await.expect_err(reason);
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(reason), "{}", e.message());
+    }
+    // None of it took anything.
+    let s = settle(&mut client, &granted.reservation_id, 10).await;
+    assert_eq!(remaining(&s.statuses), [990]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reflection_lists_the_budget_service() {
+    use tokio_stream::StreamExt;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let ask = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let Some(Ok(answer)) = answers.next().await else {
+        panic!("no answer")
+    };
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("{answer:?}")
+    };
+    let services: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        services.iter().any(|s| s == "ratekeeper.v1.BudgetService"),
+        "{services:?}"
+    );
+    server.stop().await;
+}
+
+fn limits_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("llm.yaml"), LIMITS).expect("limits file");
+    dir
+}
+
+fn replica(config_dir: &Path, store_args: &[&str]) -> Ratekeeper {
+    let mut args = store_args.to_vec();
+    args.extend(["--redis-timeout-ms", "2000"]);
+    Ratekeeper::spawn(config_dir, &args)
+}
+
+/// Two replicas on one Redis (or Cluster): a reservation made on one is
+/// settled on the other; one whose replica is SIGKILLed before it settles
+/// stays charged at its estimate, until and after its TTL.
+async fn replicas_share_reservations(store_args: &[&str], name: &str) {
+    let dir = limits_dir();
+    let mut doomed = replica(dir.path(), store_args);
+    let survivor = replica(dir.path(), store_args);
+    let mut on_doomed = connect(&doomed.grpc).await;
+    let mut on_survivor = connect(&survivor.grpc).await;
+    // A day's budget refilling one token in 86 s: no refill within the test.
+    let r = reserve(&mut on_doomed, "daily", "roaming", 100).await;
+    let s = settle(&mut on_survivor, &r.reservation_id, 30).await;
+    assert_eq!(
+        (s.settled, remaining(&s.statuses)),
+        (30, vec![970]),
+        "{name}"
+    );
+    let retry = settle(&mut on_doomed, &r.reservation_id, 30).await;
+    assert!(retry.already_settled, "{name}: either replica knows");
+
+    let r = on_doomed
+        .reserve(reserve_request(
+            "daily",
+            "roaming",
+            200,
+            Some(Duration::from_secs(1)),
+        ))
+        .await
+        .expect("reserve")
+        .into_inner();
+    assert_eq!(remaining(&r.statuses), [770], "{name}");
+    doomed.kill();
+    let mut rls = survivor.client().await;
+    let seen = rls
+        .should_rate_limit(check_only("daily", "roaming"))
+        .await
+        .expect("check")
+        .into_inner();
+    assert_eq!(
+        seen.statuses[0].limit_remaining, 770,
+        "{name}: charged at the estimate"
+    );
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let e = on_survivor
+        .settle(SettleRequest {
+            reservation_id: r.reservation_id,
+            actual: 0,
+        })
+        .await
+        .expect_err("settled after its TTL");
+    assert_eq!(e.code(), Code::NotFound, "{name}: {e:?}");
+    let seen = rls
+        .should_rate_limit(check_only("daily", "roaming"))
+        .await
+        .expect("check")
+        .into_inner();
+    assert_eq!(
+        seen.statuses[0].limit_remaining, 770,
+        "{name}: still spent after the TTL"
+    );
+}
+
+#[tokio::test]
+async fn any_replica_settles_and_a_killed_one_leaves_its_estimate_charged() {
+    let redis = RedisServer::start();
+    replicas_share_reservations(&["--redis-url", &redis.url()], "redis").await;
+    let cluster = RedisCluster::start(3, 0);
+    replicas_share_reservations(
+        &["--redis-type", "cluster", "--redis-url", &cluster.seeds()],
+        "cluster",
+    )
+    .await;
+}
