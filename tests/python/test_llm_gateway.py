@@ -1,14 +1,17 @@
-"""examples/llm_gateway end to end: ratekeeper (in-memory store) on the
-example's limits file with small numbers, the fake model, and the gateway
-in front of it, driven over HTTP as an OpenAI client would.
+"""examples/llm_gateway end to end: ratekeeper on the example's limits file
+with small numbers, the fake model, and the gateway in front of it, driven
+over HTTP as an OpenAI client would; with the in-memory store and with a
+redis-server of its own.
 
 Per user, PER_MINUTE tokens a minute and PER_DAY a day (the example's two
 limits, scaled down). Each test uses users of its own and starts in a
-fresh minute; the per-day test waits for the next minute.
+fresh minute; the per-day test (in-memory store only: it waits for the next
+minute) crosses into the next one.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import re
@@ -21,7 +24,7 @@ import uuid
 import pytest
 import yaml
 
-from conftest import REPO, run_announcing, run_server
+from conftest import REPO, run_announcing, run_redis, run_server
 from rls_client import wait_for_fresh_window
 
 EXAMPLE = REPO / "examples" / "llm_gateway"
@@ -31,6 +34,7 @@ PER_MINUTE, PER_DAY = 1000, 1500
 MAX_TOKENS = 200
 
 
+@functools.lru_cache(maxsize=None)
 def load_gateway_module():
     """The gateway's own module, for its prompt estimate."""
     spec = importlib.util.spec_from_file_location("llm_gateway_example", EXAMPLE / "gateway.py")
@@ -62,17 +66,33 @@ def run_python(script, log_path, *args):
         yield match[1]
 
 
-@pytest.fixture(scope="module")
-def gateway(rk, limits, tmp_path_factory):
+@contextlib.contextmanager
+def run_stack(limits, logs, *server_args):
     """ratekeeper, the fake model and the gateway; yields the gateway's base URL."""
     domain, limits_dir = limits
-    logs = tmp_path_factory.mktemp("llm-gateway")
-    with run_server(limits_dir, logs / "ratekeeper.log") as server, \
+    with run_server(limits_dir, logs / "ratekeeper.log", *server_args) as server, \
             run_python("fake_model.py", logs / "fake_model.log") as model, \
             run_python("gateway.py", logs / "gateway.log", "--upstream", f"http://{model}",
                        "--ratekeeper", server.grpc_addr, "--domain", domain,
                        "--api-keys", str(EXAMPLE / "keys.txt")) as gw:
         yield f"http://{gw}"
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def gateway(request, limits, tmp_path_factory):
+    """The three pieces, ratekeeper on the in-memory store or on Redis."""
+    logs = tmp_path_factory.mktemp(f"llm-gateway-{request.param}")
+    with contextlib.ExitStack() as stack:
+        server_args = []
+        if request.param == "redis":
+            server_args = ["--redis-url", stack.enter_context(run_redis(logs / "redis.log"))]
+        yield stack.enter_context(run_stack(limits, logs, *server_args))
+
+
+@pytest.fixture(scope="module")
+def memory_gateway(limits, tmp_path_factory):
+    with run_stack(limits, tmp_path_factory.mktemp("llm-gateway-daily")) as url:
+        yield url
 
 
 def chat(url, content, user=None, max_tokens=MAX_TOKENS, model="fake-1", headers=None, body=None):
@@ -158,7 +178,7 @@ def test_a_failed_upstream_is_settled_at_zero(gateway):
     assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE - body["usage"]["total_tokens"]
 
 
-def test_an_unreachable_upstream_is_settled_at_zero(rk, limits, tmp_path):
+def test_an_unreachable_upstream_is_settled_at_zero(limits, tmp_path):
     domain, limits_dir = limits
     with run_server(limits_dir, tmp_path / "ratekeeper.log") as server, \
             run_python("gateway.py", tmp_path / "gateway.log", "--upstream", "http://127.0.0.1:1",
@@ -171,7 +191,8 @@ def test_an_unreachable_upstream_is_settled_at_zero(rk, limits, tmp_path):
             assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE
 
 
-def test_the_daily_limit_refuses_across_minutes(gateway):
+def test_the_daily_limit_refuses_across_minutes(memory_gateway):
+    gateway = memory_gateway
     wait_for_fresh_window(60, margin_s=15)
     user, need = new_user(), estimate(LONG)
     first_minute, _, (status, headers, _) = spend_until_refused(gateway, user)
