@@ -28,6 +28,13 @@ B.fw = function() return {
   ttl = function(s, c, now)
     return (s.window + 1) * c.period - now
   end,
+  -- Gives back hits of a reservation made at `at` (lua/budget.lua): only
+  -- in its window (a window that has passed no longer matters), not below 0.
+  refund = function(s, c, hits, at, mark, now)
+    if idiv(at, c.period) == s.window then
+      s.count = s.count - math.min(hits, s.count)
+    end
+  end,
   save = function(key, s, c, now, ttl)
     if s.same_window then
       -- The save that began this window set the key to expire at its end.

@@ -39,9 +39,11 @@ B.sl = function()
     return string.format('%016d:%d', total, hits)
   end
 
-  -- When this call's entry is stamped.
+  -- When this call's entry is stamped: a reservation's when it was made.
   local function sl_stamp(s, now)
-    if s.last ~= nil and s.last > now then
+    if s.stamp ~= nil then
+      return s.stamp
+    elseif s.last ~= nil and s.last > now then
       return s.last
     end
     return now
@@ -157,8 +159,63 @@ B.sl = function()
       end
       return math.max(c.limit - count, 0), stamp + c.period - now
     end,
+    -- A period from this call's entry, which may be stamped after now (a
+    -- reservation's, or after the clock stepped back).
     ttl = function(s, c, now)
-      return c.period
+      return math.max(c.period, sl_stamp(s, now) + c.period - now)
+    end,
+    -- A reservation's hits (lua/budget.lua) are an entry of their own,
+    -- stamped after every entry before it (a millisecond after the newest,
+    -- should that be now or later), so that its time alone finds it again
+    -- whatever refunds or rebases do to the totals: the first member of
+    -- that score. The mark is that time.
+    reserve = function(s, c, now)
+      s.added = s.added + charge(c, s.total + s.added)
+      if s.stamp == nil then
+        s.stamp = now
+        if s.last ~= nil and s.last >= now then
+          s.stamp = s.last + 1
+        end
+      end
+      return s.stamp
+    end,
+    -- Takes hits off the reservation's entry and off the running totals of
+    -- every later one: the work grows with the entries admitted since the
+    -- reservation, never with hits. An entry that aged out, or is not
+    -- found, gives nothing back (the safe side); one left with no hits goes.
+    -- Works on the stored set: s is not brought up to date (lua/budget.lua
+    -- loads the key again to report).
+    refund = function(s, c, hits, at, mark, now)
+      if mark + c.period <= now then
+        return
+      end
+      local first = redis.call('ZRANGEBYSCORE', s.key, int(mark), int(mark), 'LIMIT', 0, 1)
+      if first[1] == nil then
+        return
+      end
+      local rank = redis.call('ZRANK', s.key, first[1])
+      local later = redis.call('ZRANGE', s.key, rank, -1, 'WITHSCORES')
+      local ttl = redis.call('PTTL', s.key)
+      redis.call('ZREMRANGEBYRANK', s.key, rank, -1)
+      local take, args = nil, {}
+      for i = 1, #later, 2 do
+        local total, held, t = sl_entry({ later[i], later[i + 1] })
+        if take == nil then
+          take = math.min(hits, held)
+          held = held - take
+        end
+        if held > 0 then
+          args[#args + 1] = int(t)
+          args[#args + 1] = sl_member(total - take, held)
+        end
+        if #args >= 2000 or (i + 1 >= #later and #args > 0) then
+          redis.call('ZADD', s.key, unpack(args))
+          args = {}
+        end
+      end
+      if ttl > 0 and redis.call('EXISTS', s.key) == 1 then
+        redis.call('PEXPIRE', s.key, ttl)
+      end
     end,
     save = function(key, s, c, now, ttl)
       if s.added == 0 then

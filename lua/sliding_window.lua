@@ -33,6 +33,18 @@ B.sw = function() return {
   ttl = function(s, c, now)
     return (s.window + 2) * c.period - now
   end,
+  -- Gives back hits of a reservation made at `at` (lua/budget.lua) from the
+  -- window it counted in: the current one or the previous one; not below 0.
+  refund = function(s, c, hits, at, mark, now)
+    local window = idiv(at, c.period)
+    if window == s.window then
+      s.current = s.current - math.min(hits, s.current)
+    elseif window + 1 == s.window then
+      s.previous = s.previous - math.min(hits, s.previous)
+      -- Saved whole, then: a save within the window writes only c.
+      s.same_window = nil
+    end
+  end,
   save = function(key, s, c, now, ttl)
     if s.same_window then
       -- The save that began this window set the key's expiry; p is as saved.

@@ -1386,3 +1386,390 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
         panic!("{e}");
     }
 }
+
+/// What a settle of a budget table must answer.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Now,
+    Already(u64),
+    Unknown,
+}
+
+/// One step of a budget table, on one key.
+#[derive(Debug, Clone, Copy)]
+enum BudgetOp {
+    Reserve {
+        nonce: &'static str,
+        estimate: u64,
+    },
+    Settle {
+        nonce: &'static str,
+        actual: u64,
+        answer: Answer,
+    },
+    /// A plain request of these hits.
+    Apply(u64),
+}
+
+/// Reserve and settle on one key of `algorithm` (10 per second, a burst of
+/// 10 for the buckets), the same steps for every algorithm: settled lower,
+/// twice, higher, equal, after the window moved, and never made. Each step
+/// is `(at, op, granted, (over, remaining, reset_ms))`; `granted` is for
+/// reserves, the outcome is the reserve's or the standing after a settle.
+/// Hand-computed per algorithm (the comments give the state after a step).
+fn budget_table(algorithm: Algorithm) -> Vec<(u64, BudgetOp, bool, Outcome)> {
+    use Algorithm::*;
+    use BudgetOp::{Apply, Reserve, Settle};
+    let r = |nonce, estimate| Reserve { nonce, estimate };
+    let st = |nonce, actual, answer| Settle {
+        nonce,
+        actual,
+        answer,
+    };
+    let ops = [
+        (0, r("a", 6)),
+        (0, r("b", 6)),
+        (100, st("a", 2, Answer::Now)),
+        (100, st("a", 9, Answer::Already(2))),
+        (100, r("c", 5)),
+        (100, st("c", 8, Answer::Now)),
+        (100, r("d", 1)),
+        (1500, r("e", 3)),
+        (1500, st("e", 3, Answer::Now)),
+        (1500, r("f", 2)),
+        (2500, Apply(2)),
+        (2500, st("never", 0, Answer::Unknown)),
+        (2500, st("f", 0, Answer::Now)),
+        (2500, st("f", 0, Answer::Already(0))),
+    ];
+    // The buckets take d (they drained one hit by t = 100); the others refuse it.
+    let granted = |i: usize| !matches!(i, 1) && (i != 6 || algorithm.has_burst());
+    let expect: [(bool, u64, u64); 14] = match algorithm {
+        // count: a 6; 2; c 7; 10 (3 charged); window 1: e 3; f 5; window 2:
+        // 2, f's window has passed: nothing back.
+        FixedWindow => [
+            (false, 4, 1000),
+            (true, 4, 1000),
+            (false, 8, 900),
+            (false, 8, 900),
+            (false, 3, 900),
+            (true, 0, 900),
+            (true, 0, 900),
+            (false, 7, 500),
+            (false, 7, 500),
+            (false, 5, 500),
+            (false, 8, 500),
+            (false, 0, 0),
+            (false, 8, 500),
+            (false, 8, 500),
+        ],
+        // As the fixed window in window 0; at 1500 the previous 10 weigh 5:
+        // e 8, f 10; at 2500 the previous 5 weigh 2, +2 = 4; f's 2 come
+        // back from the previous window: 3 weigh 1, +2 = 3.
+        SlidingWindow => [
+            (false, 4, 1000),
+            (true, 4, 1000),
+            (false, 8, 900),
+            (false, 8, 900),
+            (false, 3, 900),
+            (true, 0, 900),
+            (true, 0, 900),
+            (false, 2, 500),
+            (false, 2, 500),
+            (false, 0, 500),
+            (false, 6, 500),
+            (false, 0, 0),
+            (false, 7, 500),
+            (false, 7, 500),
+        ],
+        // Entries (time, hits): a (0, 6) -> (0, 2); c (100, 5) + 3 = 10; at
+        // 1500 all aged out: e (1500, 3), f (1501, 2) (its own entry, a ms
+        // later); at 2500 e aged out, (2500, 2); f's entry given back.
+        SlidingLog => [
+            (false, 4, 1000),
+            (true, 4, 1000),
+            (false, 8, 900),
+            (false, 8, 900),
+            (false, 3, 1000),
+            (true, 0, 900),
+            (true, 0, 900),
+            (false, 7, 1000),
+            (false, 7, 1000),
+            (false, 5, 1001),
+            (false, 6, 1000),
+            (false, 0, 0),
+            (false, 8, 1000),
+            (false, 8, 1000),
+        ],
+        // 100 ms per hit; TAT (ms): a 600 -> 200; c 700, 1000 (+3); d 1100;
+        // e 1800; f 2000; 2700 at 2500: f drained long ago, nothing back.
+        TokenBucket => [
+            (false, 4, 600),
+            (true, 4, 200),
+            (false, 9, 100),
+            (false, 9, 100),
+            (false, 4, 600),
+            (false, 1, 900),
+            (false, 0, 1000),
+            (false, 7, 300),
+            (false, 7, 300),
+            (false, 5, 500),
+            (false, 8, 200),
+            (false, 0, 0),
+            (false, 8, 200),
+            (false, 8, 200),
+        ],
+        // The token bucket's TATs; a taken reservation reports its wait.
+        LeakyBucket => [
+            (false, 4, 0),
+            (true, 4, 200),
+            (false, 9, 100),
+            (false, 9, 100),
+            (false, 4, 100),
+            (false, 1, 900),
+            (false, 0, 900),
+            (false, 7, 0),
+            (false, 7, 300),
+            (false, 5, 300),
+            (false, 8, 0),
+            (false, 0, 0),
+            (false, 8, 200),
+            (false, 8, 200),
+        ],
+    };
+    ops.into_iter()
+        .zip(expect)
+        .enumerate()
+        .map(|(i, ((at, op), (over, remaining, reset)))| {
+            (at, op, granted(i), o(over, remaining, reset))
+        })
+        .collect()
+}
+
+fn budget_check(algorithm: Algorithm, hits: u64) -> Check {
+    let burst = if algorithm.has_burst() { 10 } else { 0 };
+    ck(algorithm, "budget", 10, 1_000, burst, hits)
+}
+
+#[tokio::test]
+async fn budgets_agree_on_every_store() {
+    use ratekeeper::store::Settled;
+    let start = 1_800_000_000_000u64;
+    for backend in Backend::all_with_cluster() {
+        for algorithm in Algorithm::ALL {
+            let clock = Arc::new(ManualClock::new(start));
+            let store = backend.store(clock.clone());
+            let keys = vec![budget_check(algorithm, 0).key];
+            for (i, (at, op, granted, expect)) in budget_table(algorithm).into_iter().enumerate() {
+                clock.set(start + at);
+                let at = format!("{} {algorithm} step {i} ({op:?})", backend.name());
+                match op {
+                    BudgetOp::Reserve { nonce, estimate } => {
+                        let check = budget_check(algorithm, estimate);
+                        let got = store
+                            .reserve(&[check], nonce, 60_000)
+                            .await
+                            .expect("reserve");
+                        assert_eq!((got.granted, got.outcomes), (granted, vec![expect]), "{at}");
+                    }
+                    BudgetOp::Settle {
+                        nonce,
+                        actual,
+                        answer,
+                    } => {
+                        let got = store.settle(&keys, nonce, actual).await.expect("settle");
+                        let want = match answer {
+                            Answer::Now => Settled::Settled {
+                                outcomes: vec![expect],
+                            },
+                            Answer::Already(actual) => Settled::Already {
+                                actual,
+                                outcomes: vec![expect],
+                            },
+                            Answer::Unknown => Settled::Unknown,
+                        };
+                        assert_eq!(got, want, "{at}");
+                    }
+                    BudgetOp::Apply(hits) => {
+                        let got = store.apply(&[budget_check(algorithm, hits)], true).await;
+                        assert_eq!(got.expect("apply"), vec![expect], "{at}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A settle acts only on the keys its reservation took from, all of them:
+/// a part of them, another order or another nonce is Unknown and touches
+/// nothing (on a cluster, where each slot has its own marker, too).
+#[tokio::test]
+async fn a_settle_names_its_reservations_keys_exactly() {
+    use ratekeeper::store::Settled;
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+        let store = backend.store(clock);
+        let (x, y) = (minute(c("slot-a", 10, 4)), minute(c("slot-b", 20, 4)));
+        let reserved = store
+            .reserve(&[x.clone(), y.clone()], "n", 60_000)
+            .await
+            .unwrap();
+        assert!(reserved.granted, "{name}");
+        let (kx, ky) = (x.key.clone(), y.key.clone());
+        for (keys, nonce) in [
+            (vec![kx.clone()], "n"),
+            (vec![ky.clone()], "n"),
+            (vec![ky.clone(), kx.clone()], "n"),
+            (vec![kx.clone(), ky.clone()], "m"),
+        ] {
+            let got = store.settle(&keys, nonce, 0).await.unwrap();
+            assert_eq!(got, Settled::Unknown, "{name}: {keys:?} {nonce}");
+        }
+        let probe = |check: &Check| Check {
+            hits: 0,
+            ..check.clone()
+        };
+        let left = store.apply(&[probe(&x), probe(&y)], true).await.unwrap();
+        assert_eq!((left[0].remaining, left[1].remaining), (6, 16), "{name}");
+        let got = store.settle(&[kx, ky], "n", 1).await.unwrap();
+        let Settled::Settled { outcomes } = got else {
+            panic!("{name}: {got:?}");
+        };
+        assert_eq!(
+            (outcomes[0].remaining, outcomes[1].remaining),
+            (9, 19),
+            "{name}"
+        );
+    }
+}
+
+/// A reservation not settled within its TTL stays charged at its estimate:
+/// a settle after it is Unknown and gives nothing back. (Redis expires the
+/// marker on its own clock: the test waits the TTL out for real.)
+#[tokio::test]
+async fn an_expired_reservation_stays_charged_at_its_estimate() {
+    use ratekeeper::store::Settled;
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+        let store = backend.store(clock.clone());
+        let check = minute(c("ttl", 10, 6));
+        let reserved = store
+            .reserve(std::slice::from_ref(&check), "n", 200)
+            .await
+            .unwrap();
+        assert!(reserved.granted, "{name}");
+        clock.advance(300);
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let got = store
+            .settle(std::slice::from_ref(&check.key), "n", 0)
+            .await
+            .unwrap();
+        assert_eq!(got, Settled::Unknown, "{name}");
+        let probe = Check { hits: 0, ..check };
+        let left = store.apply(&[probe], true).await.unwrap();
+        assert_eq!(left[0].remaining, 4, "{name}: the estimate stays charged");
+    }
+}
+
+/// 64 reservations at once of 1 against a budget of 10: exactly 10 are
+/// granted, on every store.
+#[tokio::test]
+async fn concurrent_reservations_never_commit_more_than_the_budget() {
+    for backend in Backend::all_with_cluster() {
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+        let store = backend.store(clock);
+        let check = minute(c("concurrent", 10, 1));
+        let reserves = (0..64).map(|i| {
+            let (store, check) = (store.clone(), check.clone());
+            tokio::spawn(async move { store.reserve(&[check], &format!("n{i}"), 60_000).await })
+        });
+        let mut granted = 0;
+        for reserve in futures_util::future::join_all(reserves).await {
+            granted += usize::from(reserve.expect("task").expect("reserve").granted);
+        }
+        assert_eq!(granted, 10, "{}", backend.name());
+    }
+}
+
+/// On a cluster a reservation is taken slot by slot: when a later slot
+/// refuses, what the earlier slots took is given back, and every check
+/// still gets its outcome.
+#[tokio::test]
+async fn a_cluster_reservation_refused_in_one_slot_takes_nothing_anywhere() {
+    let cluster = common::RedisCluster::start(3, 0);
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let store = cluster.store(Some(clock));
+    let (a, b, z) = (
+        minute(c("slot-a", 10, 2)),
+        minute(c("slot-b", 1, 2)),
+        minute(c("slot-c", 5, 2)),
+    );
+    let slots: std::collections::HashSet<u16> = [&a, &b, &z]
+        .iter()
+        .map(|c| ratekeeper::keys::cluster_slot(&c.key))
+        .collect();
+    assert_eq!(slots.len(), 3, "the keys must live in different slots");
+    let got = store
+        .reserve(&[a.clone(), b.clone(), z.clone()], "n", 60_000)
+        .await
+        .unwrap();
+    assert!(!got.granted);
+    assert_eq!(
+        got.outcomes,
+        vec![
+            o(false, 10, 60_000),
+            o(true, 1, 60_000),
+            o(false, 5, 60_000)
+        ]
+    );
+    let probe = |check: &Check| Check {
+        hits: 0,
+        ..check.clone()
+    };
+    let left = store
+        .apply(&[probe(&a), probe(&b), probe(&z)], false)
+        .await
+        .unwrap();
+    let left: Vec<u64> = left.iter().map(|o| o.remaining).collect();
+    assert_eq!(left, vec![10, 1, 5]);
+}
+
+/// The budget function is the limiter library's second function: reloaded
+/// with it after `FUNCTION FLUSH`; as a script (Redis without functions,
+/// its scripts flushed), loaded again on `NOSCRIPT`. Either way a
+/// reservation made before the flush settles after it.
+#[tokio::test]
+async fn redis_budget_calls_survive_function_flush_script_flush_and_no_functions() {
+    use ratekeeper::store::Settled;
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let with = common::RedisServer::start();
+    let without = redis_without_functions();
+    for (redis, functions, flush) in [
+        (&with, true, "FUNCTION"),
+        (&with, false, "SCRIPT"),
+        (&without, true, "SCRIPT"),
+    ] {
+        let store = redis.store_with(Some(clock.clone()), functions);
+        let check = minute(c(&format!("budget-{flush}-{functions}"), 10, 6));
+        let reserved = store
+            .reserve(std::slice::from_ref(&check), "n", 60_000)
+            .await
+            .unwrap();
+        assert!(reserved.granted, "{flush} {functions}");
+        let mut conn = redis.client().get_connection().unwrap();
+        let _: () = redis::cmd(flush).arg("FLUSH").query(&mut conn).unwrap();
+        let got = store
+            .settle(std::slice::from_ref(&check.key), "n", 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            got,
+            Settled::Settled {
+                outcomes: vec![o(false, 9, 60_000)]
+            },
+            "{flush} {functions}"
+        );
+    }
+}

@@ -98,11 +98,21 @@ impl Policy for Gcra {
         (self.tat_us - now_ms * 1_000).div_ceil(1_000)
     }
 
-    /// The TAT moves back by the hits' emission, but not before now: what
-    /// has drained since cannot be given back twice.
-    fn refund(&mut self, check: &Check, hits: u64, _reserved_at_ms: u64, _mark: u64, now: u64) {
-        let back = hits.saturating_mul(emission_us(check));
-        self.tat_us = self.tat_us.saturating_sub(back).max(now * 1_000);
+    /// The mark is the TAT the reservation left: hits are served in order,
+    /// so its own are drained by then.
+    fn reserve(&mut self, check: &Check, now_ms: u64) -> u64 {
+        self.apply(check, now_ms);
+        self.tat_us
+    }
+
+    /// The TAT moves back by the hits' emission, but only by what of the
+    /// reservation has not drained yet (what has drained was spent: giving
+    /// it back would hand out later requests' hits), and not before now.
+    fn refund(&mut self, check: &Check, hits: u64, _reserved_at_ms: u64, mark: u64, now: u64) {
+        let now_us = now * 1_000;
+        let undrained = mark.saturating_sub(now_us);
+        let back = hits.saturating_mul(emission_us(check)).min(undrained);
+        self.tat_us = self.tat_us.saturating_sub(back).max(now_us);
     }
 
     fn into_state(self) -> State {
@@ -139,5 +149,12 @@ mod tests {
         let mut g = Gcra::load(Some(g.into_state()), &check(8), 1_400);
         g.refund(&check(8), 5, 1_000, mark, 1_400);
         assert_eq!(g.tat_us, 1_400_000);
+        // Drained altogether: a later request's hits are not given back.
+        let mut g = Gcra::load(None, &check(2), 0);
+        let mark = g.reserve(&check(2), 0);
+        let mut g = Gcra::load(Some(g.into_state()), &check(2), 500);
+        g.apply(&check(2), 500);
+        g.refund(&check(2), 2, 0, mark, 500);
+        assert_eq!(g.tat_us, 700_000);
     }
 }

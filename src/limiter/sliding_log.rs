@@ -96,8 +96,13 @@ impl Policy for Log {
         (remaining, reset)
     }
 
-    fn ttl_ms(&self, check: &Check, _now_ms: u64) -> u64 {
-        check.period_ms
+    /// A period from the newest entry, which may be stamped after now (a
+    /// reservation's, or after the clock stepped back).
+    fn ttl_ms(&self, check: &Check, now_ms: u64) -> u64 {
+        let newest = self.entries.back().map_or(now_ms, |&(t, _)| t);
+        (newest + check.period_ms)
+            .saturating_sub(now_ms)
+            .max(check.period_ms)
     }
 
     /// A reservation's entry is its own, stamped later than every entry

@@ -4,6 +4,10 @@
 //! checks (`FCALL`, or `EVALSHA`); and the reply read back as [`Outcome`]s.
 //! Arguments are described in `lua/README.md`.
 //!
+//! The library has a second function, the budget reservations'
+//! (`lua/budget.lua`, its own script where Redis has no functions): one
+//! `FUNCTION LOAD`, one reload when Redis lost it, for both.
+//!
 //! Why a function where Redis has them: a script runs its whole text on
 //! every call, and defining the limiter's helpers, building its algorithm
 //! closures and parsing the same limits again cost more than a lone
@@ -38,10 +42,16 @@ macro_rules! lua {
     (batch) => {
         include_str!("../../lua/batch.lua")
     };
+    (budget) => {
+        include_str!("../../lua/budget.lua")
+    };
 }
 
 /// The one limiter script: helpers, every algorithm, then the batch driver.
 pub const TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(batch));
+
+/// The budget script: helpers, every algorithm, then reserve and settle.
+pub const BUDGET_TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(budget));
 
 /// The time argument both scripts (this one and `lua/leases.lua`) take: the
 /// pinned clock's ms, or `""` for the Redis server's `TIME`.
@@ -53,10 +63,15 @@ pub fn script_now(clock: Option<&Arc<dyn Clock>>) -> String {
 #[derive(Debug)]
 pub struct LimiterScript {
     script: Script,
-    /// `FUNCTION LOAD` text: the same files, batch.lua as the function.
+    /// The budget reservations' script (`BUDGET_TEXT`).
+    budget_script: Script,
+    /// `FUNCTION LOAD` text: the same files, batch.lua as the function,
+    /// budget.lua as the budget function.
     library: String,
-    /// The library's name, also its one function's.
+    /// The library's name, also its limiter function's.
     function: String,
+    /// The library's budget function.
+    budget_function: String,
     /// Calls go by `FCALL` until Redis shows it has no functions (before
     /// 7.0, or the commands renamed away or denied by ACL); then by
     /// `EVALSHA` for good.
@@ -70,18 +85,31 @@ impl LimiterScript {
     /// has none, or as a script only.
     pub fn new(functions: bool) -> Self {
         let script = Script::new(TEXT);
-        let function = format!("ratekeeper_{}", script.get_hash());
+        // Named after everything it holds, so that a change to either
+        // function makes a library of another name.
+        let whole = Script::new(concat!(
+            lua!(prelude),
+            lua!(algorithms),
+            lua!(batch),
+            lua!(budget)
+        ));
+        let function = format!("ratekeeper_{}", whole.get_hash());
+        let budget_function = format!("{function}_budget");
         let library = format!(
             "#!lua name={function}\n{}{}redis.register_function('{function}', \
+             function(KEYS, ARGV)\n{}end)\nredis.register_function('{budget_function}', \
              function(KEYS, ARGV)\n{}end)\n",
             lua!(prelude),
             lua!(algorithms),
             lua!(batch),
+            lua!(budget),
         );
         LimiterScript {
             script,
+            budget_script: Script::new(BUDGET_TEXT),
             library,
             function,
+            budget_function,
             functions: AtomicBool::new(functions),
             generation: Generation::default(),
         }
@@ -118,7 +146,8 @@ impl LimiterScript {
                 Err(error) => return Err(error),
             }
         }
-        self.script.load_async(conn).await.map(drop)
+        self.script.load_async(conn).await?;
+        self.budget_script.load_async(conn).await.map(drop)
     }
 
     /// Runs `cmd` (made by [`Self::command`]). When Redis has lost the
@@ -161,6 +190,7 @@ impl LimiterScript {
                 tracing::info!("the limiter script was gone from Redis: loading it again");
                 self.generation.bump();
                 self.script.load_async(conn).await?;
+                self.budget_script.load_async(conn).await?;
                 cmd.query_async(conn).await
             }
             result => result,
@@ -175,14 +205,53 @@ impl LimiterScript {
 
     /// The `EVALSHA` twin of an `FCALL`: the same arguments after the name.
     fn as_script_call(&self, cmd: &Cmd) -> Cmd {
+        let budget = cmd.args_iter().nth(1) == Some(Arg::Simple(self.budget_function.as_bytes()));
+        let script = if budget {
+            &self.budget_script
+        } else {
+            &self.script
+        };
         let mut script_call = redis::cmd("EVALSHA");
-        script_call.arg(self.script.get_hash());
+        script_call.arg(script.get_hash());
         for arg in cmd.args_iter().skip(2) {
             if let Arg::Simple(bytes) = arg {
                 script_call.arg(bytes);
             }
         }
         script_call
+    }
+
+    /// A call of the budget function (`lua/budget.lua`, which describes
+    /// the arguments): `call` on the checks of one slot, `slot_keys` their
+    /// counter keys (a settle sends no checks).
+    pub fn budget_command<'k, 'c>(
+        &self,
+        now: &str,
+        call: &BudgetCall<'_>,
+        slot_keys: impl ExactSizeIterator<Item = &'k str>,
+        checks: impl Iterator<Item = &'c Check>,
+    ) -> Cmd {
+        let mut cmd = if self.uses_functions() {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(&self.budget_function);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.budget_script.get_hash());
+            cmd
+        };
+        cmd.arg(slot_keys.len() + 1).arg(call.marker);
+        for key in slot_keys {
+            cmd.arg(key);
+        }
+        cmd.arg(call.op)
+            .arg(now)
+            .arg(call.amount)
+            .arg(call.all_keys);
+        for check in checks {
+            cmd.arg(CheckFields(check));
+        }
+        cmd
     }
 
     /// The call deciding `requests` one after another, each
@@ -223,6 +292,19 @@ impl LimiterScript {
         }
         cmd
     }
+}
+
+/// One budget call's own arguments (`lua/budget.lua`).
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetCall<'a> {
+    /// `reserve`, `check` or `settle`.
+    pub op: &'a str,
+    /// The reservation's marker in this slot.
+    pub marker: &'a str,
+    /// The reservation's counter keys in every slot, one a line.
+    pub all_keys: &'a str,
+    /// The TTL in ms (reserve, check) or the actual cost (settle).
+    pub amount: u64,
 }
 
 /// Redis answered with an error whose text contains `text`.

@@ -15,12 +15,12 @@ use futures_util::future::join_all;
 use redis::Script;
 
 use super::batcher::Batcher;
-use super::budget::{Reserved, Settled};
+use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
 use super::connection::{Connections, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot};
-use super::limiter_script::{self, script_now, LimiterScript};
+use super::limiter_script::{self, script_now, BudgetCall, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
@@ -58,6 +58,30 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("topology", &self.topology)
             .finish_non_exhaustive()
+    }
+}
+
+/// The budget script's answer to a settle in one hash slot:
+/// `[status, actual, (over, remaining, reset_ms) per check...]`.
+#[derive(Debug, PartialEq, Eq)]
+enum SlotSettled {
+    Unknown,
+    Settled(Vec<Outcome>),
+    Already(u64, Vec<Outcome>),
+}
+
+impl SlotSettled {
+    /// Reads the reply for a slot of `keys` keys; any other shape is an error.
+    fn read(reply: &[i64], keys: usize) -> Result<SlotSettled> {
+        match reply {
+            [0, _] => Ok(SlotSettled::Unknown),
+            [1, _, rest @ ..] => Ok(SlotSettled::Settled(limiter_script::outcomes(rest, keys)?)),
+            [2, actual, rest @ ..] => Ok(SlotSettled::Already(
+                (*actual).max(0) as u64,
+                limiter_script::outcomes(rest, keys)?,
+            )),
+            _ => Err(Error::Store(format!("budget script returned {reply:?}"))),
+        }
     }
 }
 
@@ -241,15 +265,167 @@ impl RedisStore {
         limiter_script::outcomes(&reply, group.len())
     }
 
-    /// Reserves `checks`' hits all or nothing (see [`super::budget`]).
-    /// Not on Redis yet: the Lua twin comes next.
-    pub async fn reserve(&self, _checks: &[Check], _nonce: &str, _ttl: u64) -> Result<Reserved> {
-        Err(Error::Store("reservations are not on Redis yet".into()))
+    /// Reserves `checks`' hits all or nothing (see [`super::budget`]). On a
+    /// cluster the slots are reserved one after another; when one refuses
+    /// (or fails), those already reserved are settled at 0, the give-back
+    /// path, and the slots not reached are only checked, for their outcomes.
+    pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
+        let mut outcomes = vec![None; checks.len()];
+        let mut reserved: Vec<Vec<usize>> = Vec::new();
+        let mut granted = true;
+        for group in self.groups(checks.iter().map(|c| c.key.as_str())) {
+            let op = if granted { "reserve" } else { "check" };
+            let answer = self.reserve_slot(op, checks, &group, nonce, ttl_ms).await;
+            let (slot_granted, slot_outcomes) = match answer {
+                Ok(answer) => answer,
+                Err(error) => {
+                    self.give_back_reserved(checks, &reserved, nonce, &mut outcomes)
+                        .await;
+                    return Err(error);
+                }
+            };
+            for (&i, outcome) in group.iter().zip(slot_outcomes) {
+                outcomes[i] = Some(outcome);
+            }
+            if granted && !slot_granted {
+                granted = false;
+                self.give_back_reserved(checks, &reserved, nonce, &mut outcomes)
+                    .await;
+            }
+            if slot_granted {
+                reserved.push(group);
+            }
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
+            .collect::<Result<_>>()?;
+        Ok(Reserved { granted, outcomes })
     }
 
-    /// Settles a reservation (see [`super::budget`]). Not on Redis yet.
-    pub async fn settle(&self, _keys: &[String], _nonce: &str, _actual: u64) -> Result<Settled> {
-        Err(Error::Store("reservations are not on Redis yet".into()))
+    /// One slot's `reserve` (or `check`): whether granted, and its outcomes.
+    async fn reserve_slot(
+        &self,
+        op: &str,
+        checks: &[Check],
+        group: &[usize],
+        nonce: &str,
+        ttl_ms: u64,
+    ) -> Result<(bool, Vec<Outcome>)> {
+        let marker = marker_key(&checks[group[0]].key, nonce);
+        let all_keys: Vec<&str> = checks.iter().map(|c| c.key.as_str()).collect();
+        let call = BudgetCall {
+            op,
+            marker: &marker,
+            all_keys: &all_keys.join("\n"),
+            amount: ttl_ms,
+        };
+        let cmd = self.limiter.budget_command(
+            &self.now_arg(),
+            &call,
+            group.iter().map(|&i| checks[i].key.as_str()),
+            group.iter().map(|&i| &checks[i]),
+        );
+        let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
+        match reply.split_first() {
+            Some((&granted, rest)) => {
+                Ok((granted == 1, limiter_script::outcomes(rest, group.len())?))
+            }
+            None => Err(Error::Store("the budget script returned nothing".into())),
+        }
+    }
+
+    /// Settles the slots of a refused reservation that were reserved at 0,
+    /// and reports their checks as the give-back left them.
+    async fn give_back_reserved(
+        &self,
+        checks: &[Check],
+        reserved: &[Vec<usize>],
+        nonce: &str,
+        outcomes: &mut [Option<Outcome>],
+    ) {
+        let keys: Vec<&str> = checks.iter().map(|c| c.key.as_str()).collect();
+        for group in reserved {
+            match self.settle_slot(&keys, group, nonce, 0).await {
+                Ok(SlotSettled::Settled(slot_outcomes)) => {
+                    for (&i, outcome) in group.iter().zip(slot_outcomes) {
+                        outcomes[i] = Some(outcome);
+                    }
+                }
+                Ok(_) => tracing::warn!("a partial reservation was gone before it was given back"),
+                Err(error) => tracing::warn!(
+                    %error,
+                    "could not give back a partial reservation; it stays charged until its TTL"
+                ),
+            }
+        }
+    }
+
+    /// Settles the reservation `nonce` of `keys` at `actual`, slot by slot
+    /// (in parallel). Unknown when any slot's marker is gone (expired,
+    /// forged, other keys); Already when every slot was settled before.
+    pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let groups = self.groups(keys.iter().copied());
+        let answers = join_all(
+            groups
+                .iter()
+                .map(|group| self.settle_slot(&keys, group, nonce, actual)),
+        )
+        .await;
+        let mut outcomes = vec![None; keys.len()];
+        let (mut now, mut before) = (false, None);
+        for (group, answer) in groups.iter().zip(answers) {
+            let slot_outcomes = match answer? {
+                SlotSettled::Unknown => return Ok(Settled::Unknown),
+                SlotSettled::Settled(o) => {
+                    now = true;
+                    o
+                }
+                SlotSettled::Already(earlier, o) => {
+                    before = before.or(Some(earlier));
+                    o
+                }
+            };
+            for (&i, outcome) in group.iter().zip(slot_outcomes) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
+            .collect::<Result<_>>()?;
+        Ok(match before {
+            Some(actual) if !now => Settled::Already { actual, outcomes },
+            _ => Settled::Settled { outcomes },
+        })
+    }
+
+    /// One slot's settle: `group` indexes `keys`, the reservation's keys.
+    async fn settle_slot(
+        &self,
+        keys: &[&str],
+        group: &[usize],
+        nonce: &str,
+        actual: u64,
+    ) -> Result<SlotSettled> {
+        let Some(&first) = group.first() else {
+            return Ok(SlotSettled::Unknown);
+        };
+        let call = BudgetCall {
+            op: "settle",
+            marker: &marker_key(keys[first], nonce),
+            all_keys: &keys.join("\n"),
+            amount: actual,
+        };
+        let cmd = self.limiter.budget_command(
+            &self.now_arg(),
+            &call,
+            group.iter().map(|&i| keys[i]),
+            std::iter::empty(),
+        );
+        let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
+        SlotSettled::read(&reply, group.len())
     }
 
     /// Takes a lease in every slot, or in none. On a cluster the sets of
