@@ -1,12 +1,13 @@
 """Budgets (reserve, then settle) through examples/clients/python/ratekeeper_client.py,
-against a running ratekeeper (in-memory store) whose `budget` domain gives
-every user_id BUDGET hits a minute.
+against a running ratekeeper whose `budget` domain gives every user_id
+BUDGET hits a minute, on the in-memory store and on a redis-server of its own.
 
 Every test uses user ids of its own, so they share one server; those that
 count a minute's budget start in a fresh minute.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from datetime import timedelta
@@ -14,7 +15,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from conftest import run_server
+from conftest import run_redis, run_server
 from rls_client import CHANNEL_OPTIONS, wait_for_fresh_window
 
 DOMAIN = "budget"
@@ -31,12 +32,16 @@ descriptors:
 DEFAULT_TTL = timedelta(minutes=5)
 
 
-@pytest.fixture(scope="module")
-def budget_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def budget_server(request, tmp_path_factory):
     limits = tmp_path_factory.mktemp("budget-limits")
     (limits / f"{DOMAIN}.yaml").write_text(LIMITS_YAML)
-    with run_server(limits, tmp_path_factory.mktemp("budget-server") / "ratekeeper.log") as server:
-        yield server
+    logs = tmp_path_factory.mktemp(f"budget-server-{request.param}")
+    with contextlib.ExitStack() as stack:
+        server_args = []
+        if request.param == "redis":
+            server_args = ["--redis-url", stack.enter_context(run_redis(logs / "redis.log"))]
+        yield stack.enter_context(run_server(limits, logs / "ratekeeper.log", *server_args))
 
 
 @pytest.fixture(scope="module")
