@@ -178,8 +178,9 @@ class Handler(BaseHTTPRequestHandler):
         except rk.BudgetExceeded as e:
             self.refuse(e)
         except grpc.RpcError as e:
-            # No ratekeeper answer: fail closed, nothing was forwarded.
-            self.answer(503, openai_error(f"Rate limiter unavailable ({e.code().name}).", "server_error"))
+            # No reservation (ratekeeper unreachable, its store down, or a
+            # domain it does not know): fail closed, nothing was forwarded.
+            self.answer(503, openai_error(f"Rate limiter failed ({e.code().name}: {e.details()}).", "server_error"))
 
     def complete(self, user: str, raw: bytes, estimate: int) -> None:
         gw = self.gateway
