@@ -191,6 +191,15 @@ def test_an_unreachable_upstream_is_settled_at_zero(limits, tmp_path):
             assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE
 
 
+def test_without_ratekeeper_nothing_is_forwarded(limits, tmp_path):
+    """Fail closed: no reservation, no model call (a forwarded request would
+    have met the unreachable upstream: 502)."""
+    with run_python("gateway.py", tmp_path / "gateway.log", "--upstream", "http://127.0.0.1:1",
+                    "--ratekeeper", "127.0.0.1:1", "--ratekeeper-timeout", "0.5") as gw:
+        status, _, body = chat(f"http://{gw}", LONG, new_user())
+    assert status == 503 and body["error"]["message"].startswith("Rate limiter failed (UNAVAILABLE")
+
+
 def test_the_daily_limit_refuses_across_minutes(memory_gateway):
     gateway = memory_gateway
     wait_for_fresh_window(60, margin_s=15)
