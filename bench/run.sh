@@ -95,7 +95,7 @@ if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/nu
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
-if ! command -v h2load >/dev/null; then
+if ! command -v h2load >/dev/null && { [ -z "$SCENARIOS" ] || [[ $SCENARIOS == *h2load* ]]; }; then
     log "installing h2load (nghttp2-client)"
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nghttp2-client >/dev/null
