@@ -390,6 +390,14 @@ def budget_section(w, res, env):
         w(f"| reserve+settle pairs/s (`budget_redis`) / ShouldRateLimit req/s (`redis`), same round, "
           f"≥ {BUDGET_GOAL} | {fmt_ratio(med)}; {', '.join(f'{v:.2f}' for v in each)} | {met} |")
         w("")
+    if r and b["calls_per_req"] >= 1:
+        w(f"Where the difference comes from: Redis ran {b['calls_per_req']:.2f} limiter calls "
+          f"(`FCALL`) per reserve+settle pair against {r['calls_per_req']:.3f} per "
+          "`ShouldRateLimit` request. ShouldRateLimit requests in flight together share one "
+          "limiter call (`src/store/batcher.rs`); a Reserve and a Settle are each a call of their "
+          f"own, so Redis spent {b['redis_cpu']:.1f} µs of CPU per pair against "
+          f"{r['redis_cpu']:.1f} per request, and ratekeeper {b['server_cpu']:.1f} against "
+          f"{r['server_cpu']:.1f} (two gRPC calls, and a Redis round trip each, per pair).\n")
     if b["over"]:
         w(f"{b['over']:,} Reserve calls were refused (OVER_LIMIT) in `budget_redis`.\n")
     w(BUDGET_END)

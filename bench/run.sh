@@ -338,7 +338,8 @@ for round in $(seq "$RUNS"); do
     run_scenario "$round" redis_open_eighth red --domain bench_fw --keys distinct --rate $((peak / 8))
     run_scenario "$round" redis_open_quarter red --domain bench_fw --keys distinct --rate $((peak / 4))
     run_scenario "$round" redis_open_half red --domain bench_fw --keys distinct --rate $((peak / 2))
-    half=$(($(rps_of "$round" memory) / 2))
+    half=$(rps_of "$round" memory) # empty when `memory` is not selected
+    half=$((${half:-0} / 2))
     run_scenario "$round" memory_open_half mem --domain bench_fw --keys distinct --rate "$half"
     # A rate far below any peak: what is left is the machine's wake-up latency.
     run_scenario "$round" memory_open_1k mem --domain bench_fw --keys distinct --rate 1000
