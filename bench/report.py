@@ -362,8 +362,9 @@ def budget_section(w, res, env):
           f"BENCH_RUNS={env('BENCH_RUNS')} bench/run.sh` ({env('BENCH_DATE') or f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}'} UTC, "
           f"commit {env('BENCH_COMMIT', 'unknown')}, redis-server {env('BENCH_REDIS_VERSION', '?')}, "
           f"`nproc` = {os.cpu_count()}; "
-          + (f"{busy}% of the machine's CPU was busy with other work in the 2 s before the run, "
-             "and other work kept running during it" if busy else "a shared machine")
+          + (f"{busy}% of the machine's CPU was busy with other work in the 2 s before the run; "
+             "the machine is shared, and others' work comes and goes during a run" if busy
+             else "a shared machine")
           + f"). Closed loop, {env('BENCH_CONCURRENCY')} operations in flight over "
           f"{env('BENCH_CONNECTIONS')} HTTP/2 connections, {env('BENCH_THREADS')} generator "
           f"threads, {env('BENCH_WARMUP')} s warm-up then {env('BENCH_SECONDS')} s measured per "
