@@ -26,12 +26,20 @@
 -- nothing), separated by spaces. A settle trusts only the marker, and only
 -- when it names exactly the keys the settle does (KEYS[2..] and ARGV[4]):
 -- another reservation's keys, or a part of them, touch nothing.
+-- A count argument as a number; nil when it is not one.
+local function count(arg)
+  if arg ~= nil and string.match(arg, '^%d+$') then
+    return tonumber(arg)
+  end
+  return nil
+end
+
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 else
-  now = tonumber(ARGV[2])
+  now = count(ARGV[2])
 end
 local op, n = ARGV[1], #KEYS - 1
 -- This slot's counter keys, one a line.
@@ -45,6 +53,9 @@ end
 
 local function malformed()
   return redis.error_reply('ERR malformed budget arguments')
+end
+if now == nil then
+  return malformed()
 end
 
 -- A check like c but for `hits` (a new table: check_of's are shared).
@@ -70,7 +81,7 @@ local function standing(checks, out)
 end
 
 if op == 'reserve' or op == 'check' then
-  local ttl = tonumber(ARGV[3])
+  local ttl = count(ARGV[3])
   if ttl == nil or n < 1 or #ARGV ~= 4 + n then
     return malformed()
   end
@@ -139,7 +150,7 @@ end
 if op ~= 'settle' then
   return malformed()
 end
-local actual = tonumber(ARGV[3])
+local actual = count(ARGV[3])
 if actual == nil or n < 1 or #ARGV ~= 4 then
   return malformed()
 end

@@ -10,7 +10,7 @@
 //! A tour of the modules, in the order a request meets them:
 //!
 //! - [`server`] binds the gRPC server: the rate limit service, the
-//!   concurrency service, gRPC health, reflection, and the config watcher;
+//!   concurrency and budget services, gRPC health, reflection, and the config watcher;
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
 //!   them and deals them to the [`lanes`], one single-threaded runtime per
 //!   core, each serving its connections start to finish with its own copy
@@ -22,7 +22,9 @@
 //!   ([`service::over_cache`]: fixed-window keys known to be full until
 //!   their window ends cost no store call), else from the store — apply
 //!   the domain's failure mode if the store failed, and build the response.
-//!   [`service::concurrency`] leases places for concurrent connections.
+//!   [`service::concurrency`] leases places for concurrent connections;
+//!   [`service::budget`] reserves an estimate and settles the actual cost
+//!   on the same rules and counters.
 //! - [`config`] loads the limits: its sources (the YAML directory, reloaded
 //!   on change; xDS `RateLimitConfig` messages, pushed by an ADS server to
 //!   [`config::xds_client`]) translate into one
@@ -37,7 +39,9 @@
 //!   process, [`store::redis`] through one call of the Lua limiter (`lua/`,
 //!   [`store::limiter_script`]: a function on Redis 7, else a script) that
 //!   [`store::batcher`] shares among the requests in flight, each call made
-//!   by [`store::caller`] under a deadline and a circuit breaker.
+//!   by [`store::caller`] under a deadline and a circuit breaker;
+//!   [`store::budget`] reserves cost budgets, then settles them at the
+//!   actual cost (the policy side: [`limiter::budget`]).
 //! - [`http`] serves the HTTP listeners on one axum server:
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and

@@ -124,12 +124,15 @@ impl Server {
         let admin_api = self.admin_api();
         let watcher = self.spawn_watcher();
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
+        let limiter_settings = self.limiter.clone();
+        let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
+        // The same over-limit cache: a settle's give-back clears its keys.
         let budget = Budget::new(
             self.config.clone(),
             self.store.clone(),
-            self.limiter.clone(),
+            limiter_settings,
+            limiter.over_cache(),
         );
-        let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
 
         let (reporter, health) = tonic_health::server::health_reporter();
         let readiness = Readiness::new(reporter);

@@ -215,6 +215,45 @@ async fn reserve_at_once(client: &Client, key: &str, n: usize) -> Vec<String> {
 }
 
 #[tokio::test]
+async fn several_descriptors_take_all_or_nothing_on_every_store() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let server = TestServer::start(
+            &[LIMITS],
+            backend.store(Arc::new(ManualClock::new(START_MS))),
+        )
+        .await;
+        let mut client = connect(&server.addr.to_string()).await;
+        // Two users on two nodes of the 3-master Cluster (its first and last
+        // third of the slots): the reservation takes two calls there.
+        let slot = ratekeeper::keys::cluster_slot;
+        assert!(slot("{llm|fixed_window=ann}") < 5_461);
+        assert!(slot("{llm|small_window=bob}") > 10_922);
+        let two = |estimate| ReserveRequest {
+            descriptors: vec![
+                entries("fixed_window", "ann"),
+                entries("small_window", "bob"),
+            ],
+            ..reserve_request("fixed_window", "ann", estimate, None)
+        };
+        let refused = client.reserve(two(25)).await.expect("reserve").into_inner();
+        assert!(!refused.granted, "{name}: 25 does not fit bob's 20");
+        let over: Vec<bool> = refused.statuses.iter().map(|s| s.over).collect();
+        assert_eq!(over, [false, true], "{name}: bob's limit refused");
+        let granted = client.reserve(two(15)).await.expect("reserve").into_inner();
+        assert!(granted.granted, "{name}");
+        assert_eq!(
+            remaining(&granted.statuses),
+            [985, 5],
+            "{name}: the refusal took nothing from ann"
+        );
+        let settled = settle(&mut client, &granted.reservation_id, 10).await;
+        assert_eq!(remaining(&settled.statuses), [990, 10], "{name}");
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
 async fn a_retried_settle_answers_the_same_and_charges_once() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
@@ -302,6 +341,34 @@ async fn nothing_to_settle_when_no_rule_limits_the_descriptors() {
     assert_eq!(r.statuses[1].limit, 1000);
     let s = settle(&mut client, &r.reservation_id, 5).await;
     assert_eq!(remaining(&s.statuses), [0, 995]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_settle_that_gives_back_clears_the_over_limit_cache() {
+    let server = TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let mut rls = server.client().await;
+    let r = reserve(&mut client, "small_window", "cached", 20).await;
+    assert_eq!(remaining(&r.statuses), [0], "the whole budget");
+    // ShouldRateLimit finds the fixed window full, and remembers it.
+    for _ in 0..2 {
+        let full = rls.should_rate_limit(check_only("small_window", "cached"));
+        let full = full.await.expect("check").into_inner();
+        assert_eq!(full.overall_code, 2, "OVER_LIMIT: {full:?}");
+    }
+    settle(&mut client, &r.reservation_id, 5).await;
+    let freed = rls.should_rate_limit(check_only("small_window", "cached"));
+    let freed = freed.await.expect("check").into_inner();
+    assert_eq!(
+        (freed.overall_code, freed.statuses[0].limit_remaining),
+        (1, 15),
+        "OK: the 15 given back, not the cached OVER_LIMIT"
+    );
     server.stop().await;
 }
 
@@ -458,6 +525,13 @@ async fn replicas_share_reservations(store_args: &[&str], name: &str) {
         .expect("reserve")
         .into_inner();
     assert_eq!(remaining(&r.statuses), [770], "{name}");
+    let metrics = doomed.metrics();
+    assert_eq!(
+        counter(&metrics, "ratekeeper_budget_reserves", "granted"),
+        2,
+        "{name}"
+    );
+    assert_eq!(counter(&metrics, "ratekeeper_budget_settles", "already"), 1);
     doomed.kill();
     let mut rls = survivor.client().await;
     let seen = rls
@@ -487,6 +561,22 @@ async fn replicas_share_reservations(store_args: &[&str], name: &str) {
         seen.statuses[0].limit_remaining, 770,
         "{name}: still spent after the TTL"
     );
+    let metrics = survivor.metrics();
+    for (result, count) in [("settled", 1), ("unknown", 1), ("already", 0)] {
+        let seen = counter(&metrics, "ratekeeper_budget_settles", result);
+        assert_eq!(seen, count, "{name}: {result}");
+    }
+}
+
+/// The value of `name`'s series with `result="<result>"` in a `/metrics`
+/// body (0 when absent).
+fn counter(metrics: &str, name: &str, result: &str) -> u64 {
+    let label = format!("result=\"{result}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")) && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 #[tokio::test]

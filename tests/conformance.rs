@@ -1773,3 +1773,148 @@ async fn redis_budget_calls_survive_function_flush_script_flush_and_no_functions
         );
     }
 }
+
+/// Malformed budget arguments get an error reply and save nothing: an
+/// unknown operation, a TTL or actual not a count, a check's fields
+/// malformed, fewer fields than keys.
+#[test]
+fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
+    use ratekeeper::store::limiter_script::LimiterScript;
+
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let function: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(LimiterScript::new(true).library())
+        .query(&mut conn)
+        .unwrap();
+    let (marker, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
+    let good = "fw 5 1000 0 1 1 0";
+    let malformed: [&[&str]; 6] = [
+        &["take", "1800000000000", "1000", key, good],
+        &["reserve", "1800000000000", "soon", key, good],
+        &["reserve", "1800000000000", "1000", key, "fw 5 1000 0 1 1"],
+        &["reserve", "1800000000000", "1000", key],
+        &["settle", "1800000000000", "-1", key],
+        &["settle", "1800000000000", "1", key, good],
+    ];
+    for args in malformed {
+        let error = redis::cmd("FCALL")
+            .arg(format!("{function}_budget"))
+            .arg(2)
+            .arg(marker)
+            .arg(key)
+            .arg(args)
+            .query::<Vec<i64>>(&mut conn)
+            .expect_err("malformed arguments were decided");
+        assert_eq!(
+            (error.code(), error.detail()),
+            (Some("ERR"), Some("malformed budget arguments")),
+            "{args:?}: {error}"
+        );
+    }
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "saved {keys:?}");
+}
+
+/// A step of the random budget runs below.
+#[derive(Debug, Clone)]
+enum BudgetStep {
+    /// Reserve `estimate` on these (key index, enforce) checks.
+    Reserve(Vec<(usize, bool)>, u64),
+    /// Settle the n-th reservation made so far (wrapping; none made: a
+    /// nonce never used) at an actual.
+    Settle(usize, u64),
+    /// A plain request of these hits on a key.
+    Apply(usize, u64),
+}
+
+fn budget_steps() -> impl Strategy<Value = Vec<(u64, BudgetStep)>> {
+    let reserve = (
+        prop::collection::vec((0usize..4, prop::bool::weighted(0.8)), 1..4),
+        1u64..6,
+    )
+        .prop_map(|(checks, estimate)| BudgetStep::Reserve(checks, estimate));
+    let settle = (0usize..8, 0u64..8).prop_map(|(n, actual)| BudgetStep::Settle(n, actual));
+    let apply = (0usize..4, 0u64..4).prop_map(|(key, hits)| BudgetStep::Apply(key, hits));
+    let step = prop_oneof![reserve, settle, apply];
+    prop::collection::vec((0u64..6, step), 1..30)
+}
+
+/// Reservations and settlements decided by the Lua twins answer as the
+/// in-memory store's: random reserves (several keys, some in shadow mode),
+/// settles (lower, higher, twice, of nothing) and plain requests over four
+/// keys of random algorithms, time moving on, compared step by step.
+#[test]
+fn random_budgets_agree_on_memory_and_redis() {
+    use proptest::test_runner::{Config, TestRunner};
+    use ratekeeper::store::{MemoryStore, Store};
+
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = 1_800_000_000_000;
+    let clock = Arc::new(ManualClock::new(start));
+    let on_redis = runtime.block_on(async { redis.store(Some(clock.clone())) });
+    let conn = std::cell::RefCell::new(&mut conn);
+    let mut runner = TestRunner::new(Config {
+        cases: common::proptest_cases(256),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&(key_specs(), budget_steps()), |(specs, steps)| {
+        let _: () = redis::cmd("FLUSHDB").query(*conn.borrow_mut()).unwrap();
+        clock.set(start);
+        let memory = Store::Memory(MemoryStore::new(clock.clone()));
+        let check = |k: usize, hits: u64, enforce: bool| {
+            let (algorithm, limit, period_ms, burst, charges) = specs[k];
+            Check {
+                enforce,
+                charges,
+                ..ck(algorithm, &format!("k{k}"), limit, period_ms, burst, hits)
+            }
+        };
+        let mut reservations: Vec<Vec<String>> = Vec::new();
+        for (i, (wait, step)) in steps.iter().enumerate() {
+            clock.advance(wait * 250);
+            let (a, b) = runtime.block_on(async {
+                match step {
+                    BudgetStep::Reserve(checks, estimate) => {
+                        let checks: Vec<Check> = checks
+                            .iter()
+                            .map(|&(k, enforce)| check(k, *estimate, enforce))
+                            .collect();
+                        let nonce = format!("r{}", reservations.len());
+                        reservations.push(checks.iter().map(|c| c.key.clone()).collect());
+                        let a = memory.reserve(&checks, &nonce, 60_000).await.unwrap();
+                        let b = on_redis.reserve(&checks, &nonce, 60_000).await.unwrap();
+                        (format!("{a:?}"), format!("{b:?}"))
+                    }
+                    BudgetStep::Settle(n, actual) => {
+                        let (nonce, keys) = match reservations.len() {
+                            0 => ("never".to_owned(), vec![check(0, 0, true).key]),
+                            len => (format!("r{}", n % len), reservations[n % len].clone()),
+                        };
+                        let a = memory.settle(&keys, &nonce, *actual).await.unwrap();
+                        let b = on_redis.settle(&keys, &nonce, *actual).await.unwrap();
+                        (format!("{a:?}"), format!("{b:?}"))
+                    }
+                    BudgetStep::Apply(k, hits) => {
+                        let checks = [check(*k, *hits, true)];
+                        let a = memory.apply(&checks, true).await.unwrap();
+                        let b = on_redis.apply(&checks, true).await.unwrap();
+                        (format!("{a:?}"), format!("{b:?}"))
+                    }
+                }
+            });
+            prop_assert_eq!(a, b, "step {} {:?}", i, step);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

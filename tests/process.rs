@@ -240,8 +240,8 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
     let mut health = HealthClient::new(channel);
     common::until_serving(&mut health).await;
     // Ready means warmed up: all 4 pooled connections open, the limiter
-    // loaded as a function and the lease script as a script, before any
-    // request has been sent.
+    // and the budget calls loaded as functions (one library) and the lease
+    // script as a script, before any request has been sent.
     let mut admin = redis
         .client()
         .get_multiplexed_async_connection()
@@ -258,7 +258,11 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in INFO"))
     };
-    assert_eq!(field("number_of_functions"), 1, "the limiter");
+    assert_eq!(
+        field("number_of_functions"),
+        2,
+        "the limiter and the budget calls"
+    );
     assert_eq!(field("number_of_cached_scripts"), 1, "the lease script");
     assert_eq!(field("connected_clients"), 4 + 1, "the pool and this test");
     drop(redis);

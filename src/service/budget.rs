@@ -9,10 +9,16 @@
 //! carries the keys (see `reservation_id`), the store's marker decides what
 //! is given back or charged, and says whether an earlier Settle already did.
 //!
+//! A settle that gives hits back breaks what the over-limit cache relies
+//! on (a fixed window's count only grows within its window), so it forgets
+//! the keys in this replica's cache, as the admin API's reset does.
+//!
 //! There is no failure mode here: a budget call that cannot reach the store
 //! answers UNAVAILABLE. Granting a reservation nobody recorded would let the
 //! work blow the budget, and refusing one silently would look like a spent
 //! budget; the caller decides what its work does without a budget.
+
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -21,12 +27,14 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::{Request, Response, Status};
 
 use super::caps;
+use super::over_cache::OverCache;
 use super::reservation_id::{
     ReservationId, ReservedKey, DEFAULT_TTL, MAX_RESERVATION_ID_BYTES, TTL_RANGE,
 };
 use super::rls::{tightest, Applied, LimiterSettings, Plan};
 use super::wire::{duration, requested_ttl, Entries};
 use crate::config::watch::SharedConfig;
+use crate::config::Config;
 use crate::headers::LimitState;
 use crate::limiter::{Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
@@ -40,14 +48,22 @@ pub struct Budget {
     store: Store,
     /// The rate limit service's settings: the same keys and values.
     settings: LimiterSettings,
+    /// `ShouldRateLimit`'s over-limit cache on this replica.
+    over: Arc<OverCache>,
 }
 
 impl Budget {
-    pub fn new(config: SharedConfig, store: Store, settings: LimiterSettings) -> Self {
+    pub fn new(
+        config: SharedConfig,
+        store: Store,
+        settings: LimiterSettings,
+        over: Arc<OverCache>,
+    ) -> Self {
         Budget {
             config,
             store,
             settings,
+            over,
         }
     }
 
@@ -64,19 +80,7 @@ impl Budget {
         let ttl = requested_ttl(request.ttl.as_ref(), TTL_RANGE, "ttl")?.unwrap_or(DEFAULT_TTL);
         let ttl_ms = ttl.as_millis() as u64;
         let config = self.config.current();
-        let domain = config.domain(&request.domain).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "unknown domain {:?}: no loaded limits file defines it",
-                request.domain
-            ))
-        })?;
-        let as_envoy = as_rate_limit_request(request);
-        let mut plan = Plan::new(&as_envoy, &domain.rules, &self.settings)?;
-        // Admission: a refused reservation takes nothing, whatever the
-        // limit does with charges after the fact.
-        for check in &mut plan.checks {
-            check.charges = false;
-        }
+        let plan = self.plan(&config, request)?;
         let reservation = ReservationId::new(ttl_ms, request.descriptors.len(), slots(&plan));
         if reservation.keys.is_empty() {
             // Nothing limits these descriptors: nothing to take or settle.
@@ -101,18 +105,10 @@ impl Budget {
             .reserve(&plan.checks, &reservation.nonce, ttl_ms)
             .await
             .map_err(store_failed)?;
-        // Only an enforced limit refuses (a shadow-mode one never does).
-        let outcomes: Vec<Outcome> = plan
-            .checks
-            .iter()
-            .zip(&reserved.outcomes)
-            .map(|(check, outcome)| Outcome {
-                over: outcome.over && check.enforce,
-                ..*outcome
-            })
-            .collect();
         let granted = reserved.granted;
         count_reserve(&request.domain, if granted { "granted" } else { "refused" });
+        tracing::debug!(domain = %request.domain, estimate = request.estimate, granted, "reserve");
+        let outcomes = enforced(&plan, &reserved.outcomes);
         Ok(ReserveResponse {
             granted,
             reservation_id: if granted { id } else { String::new() },
@@ -120,6 +116,28 @@ impl Budget {
             retry_after: (!granted).then(|| duration(retry_after_ms(&outcomes))),
             ttl: Some(duration(ttl_ms)),
         })
+    }
+
+    /// The checks of `request`, planned on its domain's rules as
+    /// `ShouldRateLimit` plans them, with the estimate as hits.
+    fn plan<'c>(&self, config: &'c Config, request: &ReserveRequest) -> Result<Plan<'c>, Status> {
+        let domain = config.domain(&request.domain).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "unknown domain {:?}: no loaded limits file defines it",
+                request.domain
+            ))
+        })?;
+        let mut plan = Plan::new(
+            &as_rate_limit_request(request),
+            &domain.rules,
+            &self.settings,
+        )?;
+        // Admission: a refused reservation takes nothing, whatever the
+        // limit does with charges after the fact.
+        for check in &mut plan.checks {
+            check.charges = false;
+        }
+        Ok(plan)
     }
 
     async fn settle(&self, request: &SettleRequest) -> Result<SettleResponse, Status> {
@@ -131,17 +149,17 @@ impl Budget {
                 request.actual
             )));
         }
+        let keys = reservation.counter_keys();
         let settled = self
             .store
-            .settle(
-                &reservation.counter_keys(),
-                &reservation.nonce,
-                request.actual,
-            )
+            .settle(&keys, &reservation.nonce, request.actual)
             .await
             .map_err(store_failed)?;
         let (settled, already, outcomes) = match settled {
-            Settled::Settled { outcomes } => (request.actual, false, outcomes),
+            Settled::Settled { outcomes } => {
+                self.over.forget(&keys);
+                (request.actual, false, outcomes)
+            }
             Settled::Already { actual, outcomes } => (actual, true, outcomes),
             Settled::Unknown => {
                 count_settle("unknown");
@@ -217,6 +235,19 @@ fn slots(plan: &Plan<'_>) -> Vec<ReservedKey> {
         }
     }
     slots
+}
+
+/// The store's outcomes, over only where the limit is enforced (a limit in
+/// shadow mode never refuses).
+fn enforced(plan: &Plan<'_>, outcomes: &[Outcome]) -> Vec<Outcome> {
+    plan.checks
+        .iter()
+        .zip(outcomes)
+        .map(|(check, outcome)| Outcome {
+            over: outcome.over && check.enforce,
+            ..*outcome
+        })
+        .collect()
 }
 
 /// One status per descriptor of the Reserve: its tightest limit among the

@@ -12,6 +12,11 @@
 //! is not recorded, which changes no decision: the counter is already at its
 //! limit until the window ends, when its count, however high, is dropped.
 //!
+//! Two callers lower a count on purpose, and then [`OverCache::forget`] its
+//! keys on this replica: the admin API's reset and a budget's settle that
+//! gives back an unused estimate (other replicas keep refusing until the
+//! window ends, as documented in the README).
+//!
 //! Unless Redis lost the counter: after a restart or a failover to a server
 //! without the data, other replicas admit again while this one would keep
 //! refusing until the window ends. So the whole cache is dropped whenever

@@ -149,6 +149,12 @@ impl RateLimiter {
         }
     }
 
+    /// This replica's over-limit cache, for a service that gives hits back
+    /// to counters it may remember full (the budget service's settle).
+    pub fn over_cache(&self) -> Arc<OverCache> {
+        self.over.clone()
+    }
+
     /// Decides one request. `Err` only for a request that cannot be
     /// evaluated, or with `failure_mode: unavailable` while the store fails.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
