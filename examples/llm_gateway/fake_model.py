@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKENS_PER_MESSAGE = 3
 DEFAULT_MAX_TOKENS = 256
+MAX_BODY_BYTES = 1 << 20
 ASKED_LENGTH = re.compile(r"\bin (\d+) words?\b", re.IGNORECASE)
 
 
@@ -55,9 +56,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         if self.path != "/v1/chat/completions":
+            self.close_connection = True  # its body is not read
             return self.answer(404, error_body(f"no route {self.path}", "invalid_request_error"))
         try:
             length = int(self.headers.get("content-length") or 0)
+            if not 0 <= length <= MAX_BODY_BYTES:
+                self.close_connection = True
+                raise ValueError(f"Content-Length must be 0 to {MAX_BODY_BYTES}")
             request = json.loads(self.rfile.read(length) or b"{}")
             messages = request["messages"]
             max_tokens = int(request.get("max_tokens") or DEFAULT_MAX_TOKENS)

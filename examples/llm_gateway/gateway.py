@@ -49,6 +49,8 @@ import grpc  # noqa: E402
 import ratekeeper_client as rk  # noqa: E402
 
 DEFAULT_MAX_TOKENS = 256
+# The largest request body read.
+MAX_BODY_BYTES = 1 << 20
 # The most a request may ask for: a cap on one reservation.
 MAX_TOKENS_CAP = 32_768
 # OpenAI's rule of thumb: a token is about 4 characters of English; each
@@ -163,10 +165,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         try:
-            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+            length = int(self.headers.get("content-length") or 0)
         except ValueError:
-            self.close_connection = True
-            return self.answer(400, openai_error("Bad Content-Length.", "invalid_request_error"))
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True  # the body, if any, is not read
+            return self.answer(400, openai_error(
+                f"Content-Length must be a number of bytes up to {MAX_BODY_BYTES}.", "invalid_request_error"))
+        raw = self.rfile.read(length)
         if self.path != "/v1/chat/completions":
             return self.answer(404, openai_error(f"Unknown route {self.path}.", "invalid_request_error"))
         try:

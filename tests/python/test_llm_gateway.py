@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import importlib.util
 import json
 import re
@@ -234,6 +235,15 @@ def test_bad_requests_are_refused_before_reserving(gateway):
     for max_tokens in (0, 10**6, "many"):
         status, _, body = chat(gateway, "hi", user, max_tokens=max_tokens)
         assert status == 400 and "max_tokens" in body["error"]["message"]
+    for length in ("-1", str(2 << 20), "many"):  # not read: no hang, no huge read
+        connection = http.client.HTTPConnection(gateway.removeprefix("http://"), timeout=5)
+        connection.putrequest("POST", "/v1/chat/completions")
+        connection.putheader("x-user-id", user)
+        connection.putheader("content-length", length)
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 400 and b"Content-Length" in response.read()
+        connection.close()
     status, _, body = chat(gateway, None, user, body=json.dumps({"messages": []}).encode())
     assert status == 400 and "messages" in body["error"]["message"]
     status, _, body = chat(gateway, None, user, body=json.dumps(
