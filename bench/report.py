@@ -2,6 +2,8 @@
 """Writes BENCHMARKS.md (to stdout) from bench/run.sh's results.
 
 Usage: report.py RESULTS.jsonl RESULTS_DIR
+       report.py --splice budget FROM.md INTO.md   (puts FROM's "Reserve and
+       settle" section into INTO, replacing INTO's; exit 1 if FROM has none)
 
 The page is a template filled in with medians over the rounds; ratios are
 taken within each round (both sides measured minutes apart at most) and the
@@ -339,6 +341,94 @@ def sliding_log_hits_section(w, rows):
           "BUSY after 5 s).\n")
 
 
+# The "Reserve and settle" section's bounds, so that a run of that scenario
+# alone (BENCH_SCENARIOS) can replace it in BENCHMARKS.md.
+BUDGET_BEGIN, BUDGET_END = "<!-- budget:begin -->", "<!-- budget:end -->"
+BUDGET_GOAL = 0.45
+
+
+def budget_section(w, res, env):
+    """budget_redis (a Reserve and a Settle per operation) against redis
+    (one ShouldRateLimit), same round."""
+    b = res.summary("budget_redis")
+    if b is None:
+        return
+    w(BUDGET_BEGIN)
+    w("## Reserve and settle (issue #23)\n")
+    scenarios = env("BENCH_SCENARIOS")
+    if scenarios:
+        busy = env("BENCH_BACKGROUND_BUSY")
+        w(f"Measured on its own: `BENCH_SCENARIOS='{scenarios}' BENCH_SECONDS={env('BENCH_SECONDS')} "
+          f"BENCH_RUNS={env('BENCH_RUNS')} bench/run.sh` ({env('BENCH_DATE') or f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}'} UTC, "
+          f"commit {env('BENCH_COMMIT', 'unknown')}, redis-server {env('BENCH_REDIS_VERSION', '?')}, "
+          f"`nproc` = {os.cpu_count()}; "
+          + (f"{busy}% of the machine's CPU was busy with other work in the 2 s before the run; "
+             "the machine is shared, and others' work comes and goes during a run" if busy
+             else "a shared machine")
+          + f"). Closed loop, {env('BENCH_CONCURRENCY')} operations in flight over "
+          f"{env('BENCH_CONNECTIONS')} HTTP/2 connections, {env('BENCH_THREADS')} generator "
+          f"threads, {env('BENCH_WARMUP')} s warm-up then {env('BENCH_SECONDS')} s measured per "
+          "run, Redis flushed before each run; in each round the selected scenarios run one after the other.\n")
+    w("`budget_redis`: `ratekeeper-bench --mode budget --estimate 100 --actual 60`: each "
+      "operation is one `BudgetService.Reserve` of 100 hits on one descriptor (domain `bench_fw`, "
+      "a fixed window, a new `user_id` per operation) and, once granted, one `Settle` of that "
+      "reservation at 60, two gRPC calls in sequence; **a reserve+settle pair counts as one "
+      "operation**, its latency is the pair's. `redis`: one `ShouldRateLimit` per operation "
+      "on the same keys. Both on the Redis store.\n")
+    r = res.summary("redis")
+    w("| scenario | operations/s (median) | each round | p50 | p99 | p99.9 | errors | "
+      "CPU µs/op: ratekeeper / Redis / generator | Redis FCALL/EVALSHA calls per op |")
+    w("|---|---:|---|---:|---:|---:|---:|---|---:|")
+    for name, s in (("redis", r), ("budget_redis", b)):
+        if s:
+            w(f"| `{name}` | {measured_cells(s, s['errors'], True)} | {s['calls_per_req']:.3f} |")
+    w("")
+    med, each = res.ratio("budget_redis", "redis")
+    if med is not None:
+        met = "yes" if med >= BUDGET_GOAL else "**no**"
+        w("| target | measured (median; each round) | met |")
+        w("|---|---|---|")
+        w(f"| reserve+settle pairs/s (`budget_redis`) / ShouldRateLimit req/s (`redis`), same round, "
+          f"≥ {BUDGET_GOAL} | {fmt_ratio(med)}; {', '.join(f'{v:.2f}' for v in each)} | {met} |")
+        w("")
+    if r and b["calls_per_req"] >= 1:
+        w(f"Where the difference comes from: Redis ran {b['calls_per_req']:.2f} limiter calls "
+          f"(`FCALL`) per reserve+settle pair against {r['calls_per_req']:.3f} per "
+          "`ShouldRateLimit` request. ShouldRateLimit requests in flight together share one "
+          "limiter call (`src/store/batcher.rs`); a Reserve and a Settle are each a call of their "
+          f"own, so Redis spent {b['redis_cpu']:.1f} µs of CPU per pair against "
+          f"{r['redis_cpu']:.1f} per request, and ratekeeper {b['server_cpu']:.1f} against "
+          f"{r['server_cpu']:.1f} (two gRPC calls, and a Redis round trip each, per pair).\n")
+    if b["over"]:
+        w(f"{b['over']:,} Reserve calls were refused (OVER_LIMIT) in `budget_redis`.\n")
+    w(BUDGET_END)
+    w("")
+
+
+def splice(section, source, target):
+    """Replaces target's marked section with source's (or adds it before the
+    soak section, or at the end). False if source has none."""
+    begin, end = {"budget": (BUDGET_BEGIN, BUDGET_END)}[section]
+    text = open(source).read()
+    if begin not in text or end not in text:
+        return False
+    block = text[text.index(begin):text.index(end) + len(end)]
+    try:
+        page = open(target).read()
+    except FileNotFoundError:
+        page = ""
+    if begin in page and end in page:
+        page = page[:page.index(begin)] + block + page[page.index(end) + len(end):]
+    elif "<!-- soak:begin -->" in page:
+        at = page.index("<!-- soak:begin -->")
+        page = page[:at] + block + "\n\n" + page[at:]
+    else:
+        page = page.rstrip("\n") + "\n\n" + block + "\n"
+    with open(target, "w") as f:
+        f.write(page)
+    return True
+
+
 def perf_section(w, results_dir, secs):
     profiles = [(store, title, perf_rows(results_dir, store)) for store, title in
                 [("mem", "`memory` (in-memory store)"), ("red", "`redis` (Redis store)")]]
@@ -369,6 +459,8 @@ def perf_section(w, results_dir, secs):
 
 
 def main():
+    if sys.argv[1] == "--splice":
+        sys.exit(0 if splice(*sys.argv[2:5]) else 1)
     results_path, results_dir = sys.argv[1], sys.argv[2]
     res = Results(load(results_path))
     env = os.environ.get
@@ -564,6 +656,8 @@ def main():
         med, each = res.ratio(num, den)
         w(f"- {label}: {fmt_ratio(med)} ({', '.join(f'{v:.2f}' for v in each)})")
     w("")
+
+    budget_section(w, res, env)
 
     # --- memory -------------------------------------------------------------------
     w("## Memory (in-memory store)\n")

@@ -25,6 +25,13 @@
 #   BENCH_SWEEP_SECONDS=60 BENCH_SWEEP_RATE=20000   the sweep check
 #   BENCH_PERF=auto        profile ratekeeper with perf (auto|0|1)
 #   BENCH_OUT=BENCHMARKS.md
+#   BENCH_SCENARIOS="redis budget_redis"   run only these scenarios (names
+#                          as in the rounds below), and none of the h2load,
+#                          redis-benchmark, sliding log, profile, memory and
+#                          sweep parts; the report then goes to
+#                          target/bench/BENCHMARKS.partial.md, and only its
+#                          "Reserve and settle" section, if it has one, is
+#                          put into BENCH_OUT (replacing the one there)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -41,6 +48,7 @@ SWEEP_SECONDS=${BENCH_SWEEP_SECONDS:-60}
 SWEEP_RATE=${BENCH_SWEEP_RATE:-20000}
 PERF=${BENCH_PERF:-auto}
 OUT=${BENCH_OUT:-BENCHMARKS.md}
+SCENARIOS=${BENCH_SCENARIOS:-}
 LIMITS=$ROOT/bench/limits
 RK=$ROOT/target/release/ratekeeper
 GEN=$ROOT/target/release/ratekeeper-bench
@@ -88,7 +96,7 @@ if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/nu
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
-if ! command -v h2load >/dev/null; then
+if ! command -v h2load >/dev/null && { [ -z "$SCENARIOS" ] || [[ $SCENARIOS == *h2load* ]]; }; then
     log "installing h2load (nghttp2-client)"
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nghttp2-client >/dev/null
@@ -188,12 +196,18 @@ script_calls() {
         awk '{ n += $1 } END { print n + 0 }'
 }
 
+# selected NAME: whether BENCH_SCENARIOS (empty: all) names NAME.
+selected() {
+    [ -z "$SCENARIOS" ] || [[ " $SCENARIOS " == *" $1 "* ]]
+}
+
 # run_scenario ROUND NAME STORE(mem|red) GENERATOR-FLAGS...: one run, one
 # JSON line in $RESULTS with the generator's line, the CPU the server and
 # Redis used during it, and the script calls Redis ran.
 run_scenario() {
     local round=$1 name=$2 store=$3
     shift 3
+    selected "$name" || return 0
     fresh_store "$store"
     local pid_var="${store}_PID" addr_var="${store}_ADDR"
     local pid=${!pid_var} addr=${!addr_var}
@@ -256,6 +270,7 @@ PY
 # h2load's counts, the answers ratekeeper counted meanwhile and the CPU used.
 run_h2load() {
     local round=$1 name=$2 store=$3 body=$4
+    selected "$name" || return 0
     fresh_store "$store"
     local pid_var="${store}_PID" addr_var="${store}_ADDR"
     local pid=${!pid_var} addr=${!addr_var}
@@ -309,6 +324,10 @@ for round in $(seq "$RUNS"); do
     run_scenario "$round" memory mem --domain bench_fw --keys distinct
     run_scenario "$round" redis red --domain bench_fw --keys distinct
     run_scenario "$round" redis_hot red --domain bench_fw --keys hot
+    # Reserve and settle (issue #23): a Reserve of 100 then a Settle at 60 per
+    # operation, on the keys of `redis` (compared with it, same round).
+    run_scenario "$round" budget_redis red --domain bench_fw --keys distinct \
+        --mode budget --estimate 100 --actual 60
     run_scenario "$round" redis_5desc red --domain bench_fw --keys distinct --descriptors 5
     run_scenario "$round" memory_5desc mem --domain bench_fw --keys distinct --descriptors 5
     for algorithm in sw sl tb lb; do
@@ -320,7 +339,8 @@ for round in $(seq "$RUNS"); do
     run_scenario "$round" redis_open_eighth red --domain bench_fw --keys distinct --rate $((peak / 8))
     run_scenario "$round" redis_open_quarter red --domain bench_fw --keys distinct --rate $((peak / 4))
     run_scenario "$round" redis_open_half red --domain bench_fw --keys distinct --rate $((peak / 2))
-    half=$(($(rps_of "$round" memory) / 2))
+    half=$(rps_of "$round" memory) # empty when `memory` is not selected
+    half=$((${half:-0} / 2))
     run_scenario "$round" memory_open_half mem --domain bench_fw --keys distinct --rate "$half"
     # A rate far below any peak: what is left is the machine's wake-up latency.
     run_scenario "$round" memory_open_1k mem --domain bench_fw --keys distinct --rate 1000
@@ -331,9 +351,24 @@ for round in $(seq "$RUNS"); do
     run_h2load "$round" h2load_redis red "$WORK/fixed.bin"
     run_h2load "$round" h2load_redis_over red "$WORK/hot.bin"
     # The two forms back to back at each pipeline depth, to be compared.
+    [ -n "$SCENARIOS" ] && continue
     for command in EVALSHA FCALL; do redis_ceiling "$round" "$command" 1 $((SECS * 30000)); done
     for command in EVALSHA FCALL; do redis_ceiling "$round" "$command" 16 $((SECS * 100000)); done
 done
+
+# A selection of scenarios: its report, and its "Reserve and settle"
+# section put into $OUT.
+if [ -n "$SCENARIOS" ]; then
+    export BENCH_SECONDS=$SECS BENCH_WARMUP=$WARMUP BENCH_RUNS=$RUNS BENCH_CONCURRENCY=$CONC \
+        BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS BENCH_REDIS_POOL=$POOL BENCH_SCENARIOS
+    export BENCH_REDIS_VERSION="$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
+    export BENCH_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
+    python3 bench/report.py "$RESULTS" "$RESULTS_DIR" >"$RESULTS_DIR/BENCHMARKS.partial.md"
+    log "wrote $RESULTS_DIR/BENCHMARKS.partial.md (raw results: $RESULTS)"
+    python3 bench/report.py --splice budget "$RESULTS_DIR/BENCHMARKS.partial.md" "$OUT" &&
+        log "put its \"Reserve and settle\" section into $OUT"
+    exit 0
+fi
 
 # --- sliding log: what a request's hits cost Redis (issue 19) ----------------
 log "sliding log: hits_addend 1 against 1,000,000 (bench/sliding_log_hits.sh)"

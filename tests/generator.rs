@@ -78,6 +78,40 @@ async fn closed_loop_sends_its_budget_exactly_once_over_threads() {
 }
 
 #[tokio::test]
+async fn budget_mode_reserves_then_settles_each_operation() {
+    let server = server().await;
+    // `hot` holds 100. Reserving 10 and settling at 1 costs 1 an operation:
+    // all 15 fit, and only because each Settle gave 9 back.
+    let cheap = ["--mode", "budget", "--estimate", "10", "--actual", "1"];
+    let flags = [
+        &cheap[..],
+        &["--keys", "hot", "--requests", "15", "--concurrency", "3"],
+    ]
+    .concat();
+    let report = generate(&server, &flags).await;
+    assert_eq!(
+        (report.ok, report.over_limit, report.errors),
+        (15, 0, 0),
+        "{report:?}"
+    );
+    assert_eq!(report.call, "budget");
+    // 85 left; settled at the estimate, 8 reservations of 10 fit, 7 are refused.
+    let full = ["--mode", "budget", "--estimate", "10", "--actual", "10"];
+    let flags = [
+        &full[..],
+        &["--keys", "hot", "--requests", "15", "--concurrency", "3"],
+    ]
+    .concat();
+    let report = generate(&server, &flags).await;
+    assert_eq!(
+        (report.ok, report.over_limit, report.errors),
+        (8, 7, 0),
+        "{report:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn open_loop_threads_share_the_schedule() {
     let server = server().await;
     // 2,000 requests/s for 0.5 s: 1,000 due, half on each thread's schedule.

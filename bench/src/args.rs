@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::call::Mode;
 use crate::keys::KeyDist;
 
 /// Command-line options.
@@ -61,6 +62,17 @@ pub struct Args {
     /// Per-call deadline in milliseconds (a call past it counts as an error).
     #[arg(long, default_value_t = 5_000)]
     pub timeout_ms: u64,
+    /// What one operation is: `rls` (a ShouldRateLimit call) or `budget` (a
+    /// BudgetService Reserve of --estimate, then a Settle of it at --actual,
+    /// on the same descriptors; the pair counts as one operation).
+    #[arg(long, value_enum, default_value_t = Mode::Rls)]
+    pub mode: Mode,
+    /// `--mode budget`: hits each Reserve asks for (> 0).
+    #[arg(long, default_value_t = 100)]
+    pub estimate: u64,
+    /// `--mode budget`: hits each Settle says were used.
+    #[arg(long, default_value_t = 60)]
+    pub actual: u64,
     /// Free text copied into the JSON line.
     #[arg(long, default_value = "")]
     pub label: String,
@@ -78,6 +90,9 @@ impl Args {
             || !(self.warmup.is_finite() && self.warmup >= 0.0)
         {
             return Err("--rate and --duration must be > 0, --warmup >= 0".to_owned());
+        }
+        if self.estimate == 0 {
+            return Err("--estimate must be > 0".to_owned());
         }
         Ok(dist)
     }
@@ -99,5 +114,7 @@ mod tests {
         assert!(parse(&["--duration", "0"]).is_err());
         assert!(parse(&["--warmup=-1"]).is_err());
         assert!(parse(&["--warmup", "0", "--rate", "10"]).is_ok());
+        assert!(parse(&["--mode", "budget", "--estimate", "0"]).is_err());
+        assert!(parse(&["--mode", "budget", "--estimate", "5", "--actual", "9"]).is_ok());
     }
 }

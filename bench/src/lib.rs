@@ -27,6 +27,8 @@
 //! - [`keys`]: how descriptor values are picked (`--keys`).
 //! - [`request`]: a task's reusable request, and the gRPC framing
 //!   `--write-request` writes for other HTTP/2 load tools.
+//! - [`call`]: what one operation is (`--mode`): a ShouldRateLimit call, or
+//!   a Reserve then a Settle over [`budget_api`] (messages in [`v1_wire`]).
 //! - [`run`]: the run's threads, each with its runtime, connections and
 //!   share of the tasks; they start together and their tallies are merged.
 //! - [`tasks`]: the sending tasks, closed loop and open loop.
@@ -41,6 +43,8 @@
 //! mixed load (ShouldRateLimit and lease churn) on several replicas.
 
 pub mod args;
+pub mod budget_api;
+pub mod call;
 pub mod keys;
 pub mod pacer;
 pub mod report;
@@ -50,6 +54,7 @@ pub mod schedule;
 pub mod soak;
 pub mod tally;
 pub mod tasks;
+pub mod v1_wire;
 
 pub use args::Args;
 pub use keys::KeyDist;

@@ -14,6 +14,9 @@ pub struct Report {
     pub label: String,
     /// `closed` or `open`.
     pub mode: &'static str,
+    /// What one operation is (`--mode`): `rls` or `budget` (a Reserve and
+    /// a Settle, counted as one request).
+    pub call: &'static str,
     /// Open loop: requests per second (0 for a closed loop).
     pub rate: f64,
     pub concurrency: usize,
@@ -72,6 +75,7 @@ impl Report {
             } else {
                 "closed"
             },
+            call: args.mode.name(),
             rate: args.rate.unwrap_or(0.0),
             concurrency: args.concurrency,
             connections: args.connections,
@@ -126,8 +130,9 @@ impl Report {
         };
         let mut lines = vec![
             format!(
-                "ratekeeper-bench: {mode} over {} connection(s); keys {}, {} descriptor(s), domain {}; {:.1} s measured after {:.1} s warm-up",
-                self.connections, self.keys, self.descriptors, self.domain, self.seconds, self.warmup
+                "ratekeeper-bench: {mode} over {} connection(s); keys {}, {} descriptor(s), domain {}; {:.1} s measured after {:.1} s warm-up{}",
+                self.connections, self.keys, self.descriptors, self.domain, self.seconds, self.warmup,
+                if self.call == "budget" { "; a request is a Reserve and a Settle" } else { "" }
             ),
             format!(
                 "requests {} ({:.0} req/s)  ok {}  over_limit {}  unknown {}  errors {}{unsent}",
@@ -219,6 +224,7 @@ mod tests {
         let expected = [
             "label",
             "mode",
+            "call",
             "rate",
             "concurrency",
             "connections",

@@ -7,11 +7,11 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tokio::runtime::Runtime;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::args::Args;
+use crate::call::Caller;
 use crate::keys::{KeyDist, KeySpace};
 use crate::pacer::{pace, Alarm};
 use crate::request::RequestTemplate;
@@ -222,7 +222,7 @@ async fn load(args: &Args, part: ThreadShare, timing: Timing) -> Result<Tally, S
     };
     let mut tasks = Vec::new();
     for (n, &i) in task_ids.iter().enumerate() {
-        let client = RateLimitServiceClient::new(channels[n % channels.len()].clone());
+        let client = Caller::new(args, channels[n % channels.len()].clone());
         let template = RequestTemplate::new(args, keys.clone(), 0x5EED ^ (i as u64) << 20);
         tasks.push(match &schedule {
             Some(schedule) => tokio::spawn(open_loop_task(

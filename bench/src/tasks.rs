@@ -6,13 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tonic::transport::Channel;
-
+use crate::call::Caller;
 use crate::request::RequestTemplate;
 use crate::schedule::Schedule;
-use crate::tally::{micros, CallResult, Tally};
+use crate::tally::{micros, Tally};
 
 /// Times shared by every task of a run.
 #[derive(Debug, Clone, Copy)]
@@ -23,23 +20,10 @@ pub struct Window {
     pub end: Instant,
 }
 
-/// Sends one request with a deadline.
-async fn call(
-    client: &mut RateLimitServiceClient<Channel>,
-    request: RateLimitRequest,
-    timeout: Duration,
-) -> CallResult {
-    match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
-        Ok(Ok(response)) => Ok(response.into_inner().overall_code),
-        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
-        Err(_) => Err(format!("no answer within {timeout:?}")),
-    }
-}
-
 /// Closed loop: one call in flight at a time until the window ends or the
 /// request budget is spent.
 pub async fn closed_loop_task(
-    mut client: RateLimitServiceClient<Channel>,
+    mut caller: Caller,
     mut template: RequestTemplate,
     window: Window,
     budget: Option<Arc<AtomicU64>>,
@@ -58,7 +42,7 @@ pub async fn closed_loop_task(
         if started >= window.end {
             break;
         }
-        let result = call(&mut client, template.next_request(), timeout).await;
+        let result = caller.call(template.next_request(), timeout).await;
         tally.calls += 1;
         if started >= window.measure_from {
             tally.record(&result, started.elapsed());
@@ -70,7 +54,7 @@ pub async fn closed_loop_task(
 /// Open loop: takes the next due request, sends it, and measures from its
 /// intended time. Requests still unsent at `hard_stop` are counted as unsent.
 pub async fn open_loop_task(
-    mut client: RateLimitServiceClient<Channel>,
+    mut caller: Caller,
     mut template: RequestTemplate,
     schedule: Arc<Schedule>,
     window: Window,
@@ -84,7 +68,7 @@ pub async fn open_loop_task(
             tally.unsent += 1;
             continue;
         }
-        let result = call(&mut client, template.next_request(), timeout).await;
+        let result = caller.call(template.next_request(), timeout).await;
         tally.calls += 1;
         if intended >= window.measure_from {
             tally

@@ -16,9 +16,11 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,6 +163,36 @@ def run_server(config_dir: Path, log_path: Path, *extra_args: str):
     env.pop("REDIS_URL", None)  # the in-memory store: no Redis needed
     with run_announcing(args, log_path, LISTENING, "ratekeeper", env) as (match, process):
         yield Server(match[1], match[2], process.pid, process, log_path)
+
+
+@contextlib.contextmanager
+def run_redis(log_path: Path):
+    """A redis-server of its own (loopback, a free port, no persistence)
+    until the block ends, stopped by PID; yields its redis:// URL."""
+    if not shutil.which("redis-server"):
+        pytest.fail("redis-server not found: `make redis-server` installs it")
+    with socket.socket() as probe:  # a free port (the kernel's pick)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(_dying_with_parent(args), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"redis-server did not start:\n{log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        stop(process)
 
 
 @pytest.fixture(scope="session")

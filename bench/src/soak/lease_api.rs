@@ -1,30 +1,14 @@
 //! A client for ratekeeper's `ratekeeper.v1.ConcurrencyService`
 //! (`proto/ratekeeper/v1/concurrency.proto`), the three unary calls the soak
-//! run churns. The messages are written out by hand (the fields the proto
-//! gives them, same tags) rather than generated in a build script: six small
-//! messages do not justify `protoc` in the generator's build.
+//! run churns, with messages written by hand ([`crate::v1_wire`] says why).
 
 use envoy_types::pb::google::protobuf::Duration;
-use http::uri::PathAndQuery;
 use tonic::client::Grpc;
 use tonic::transport::Channel;
 use tonic::Status;
 
-/// One `key`/`value` pair of a descriptor.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Entry {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-/// Matched against the domain's `concurrency:` rules.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Descriptor {
-    #[prost(message, repeated, tag = "1")]
-    pub entries: Vec<Entry>,
-}
+use crate::v1_wire::unary;
+pub use crate::v1_wire::{Descriptor, Entry};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AcquireRequest {
@@ -107,36 +91,15 @@ impl ConcurrencyClient {
             lease_ttl: None,
             holder: holder.to_owned(),
         };
-        self.unary(ACQUIRE, request).await
+        unary(&mut self.grpc, ACQUIRE, request).await
     }
 
     pub async fn heartbeat(&mut self, lease_id: &str) -> Result<HeartbeatResponse, Status> {
-        self.unary(HEARTBEAT, one_lease(lease_id)).await
+        unary(&mut self.grpc, HEARTBEAT, one_lease(lease_id)).await
     }
 
     pub async fn release(&mut self, lease_id: &str) -> Result<ReleaseResponse, Status> {
-        self.unary(RELEASE, one_lease(lease_id)).await
-    }
-
-    async fn unary<Req, Resp>(&mut self, path: &'static str, request: Req) -> Result<Resp, Status>
-    where
-        Req: prost::Message + Send + Sync + 'static,
-        Resp: prost::Message + Default + Send + Sync + 'static,
-    {
-        self.grpc
-            .ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("channel not ready: {e}")))?;
-        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-        let response = self
-            .grpc
-            .unary(
-                tonic::Request::new(request),
-                PathAndQuery::from_static(path),
-                codec,
-            )
-            .await?;
-        Ok(response.into_inner())
+        unary(&mut self.grpc, RELEASE, one_lease(lease_id)).await
     }
 }
 

@@ -1,5 +1,6 @@
 """A small Python client for ratekeeper: ShouldRateLimit (Envoy's rate limit
-API v3) and concurrency leases (ratekeeper.v1.ConcurrencyService).
+API v3), concurrency leases (ratekeeper.v1.ConcurrencyService) and cost
+budgets spent in two steps (ratekeeper.v1.BudgetService).
 
 It uses grpcio with stubs that grpcio-tools generates from the repository's
 `proto/` directory (nothing generated is committed):
@@ -28,6 +29,18 @@ Concurrency leases ("at most N open connections per user", the limits file's
         with rl.hold("ws", [{"user_id": "alice"}]) as lease:
             if lease.granted:
                 ...                              # released when the block ends
+
+Budgets for work whose cost is known only when it ends but bounded before it
+starts (an LLM call's tokens): reserve the most it can cost, settle at what
+it cost:
+
+    with RateLimitClient("localhost:8081") as rl:
+        try:
+            with rl.budget("llm", [{"user_id": "alice"}], estimate=512) as b:
+                usage = call_the_model(max_tokens=512)
+                b.spend(usage.total_tokens)      # settled at this on exit
+        except BudgetExceeded as e:
+            print("429, retry after", e.retry_after)
 """
 from __future__ import annotations
 
@@ -43,12 +56,18 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tu
 import grpc
 
 __all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "BudgetStatus",
     "Decision",
     "DescriptorStatus",
     "HeartbeatResult",
     "Lease",
     "Limit",
     "RateLimitClient",
+    "Reservation",
+    "ReservationNotFound",
+    "Settlement",
     "generate_stubs",
 ]
 
@@ -102,21 +121,40 @@ def _stubs():
     return rls_pb2, rls_pb2_grpc
 
 
-def _concurrency_stubs():
-    """The generated ratekeeper.v1 modules (concurrency leases)."""
+def _v1_stubs(name: str):
+    """The generated ratekeeper.v1 modules of proto/ratekeeper/v1/NAME.proto
+    (`concurrency`: leases, `budget`: reserve and settle)."""
     try:
-        from ratekeeper.v1 import concurrency_pb2, concurrency_pb2_grpc
+        pb2 = importlib.import_module(f"ratekeeper.v1.{name}_pb2")
+        pb2_grpc = importlib.import_module(f"ratekeeper.v1.{name}_pb2_grpc")
     except ImportError as e:
         raise ImportError(
             "ratekeeper.v1 stubs not found: call ratekeeper_client.generate_stubs(DIR) "
-            "(it compiles proto/ratekeeper/v1/concurrency.proto too) or put the "
+            f"(it compiles proto/ratekeeper/v1/{name}.proto too) or put the "
             "grpcio-tools output directory on PYTHONPATH"
         ) from e
-    return concurrency_pb2, concurrency_pb2_grpc
+    return pb2, pb2_grpc
 
 
 def _entries(descriptor: Descriptor):
     return descriptor.items() if isinstance(descriptor, Mapping) else descriptor
+
+
+def _add_descriptors(field, descriptors: Iterable[Descriptor]) -> None:
+    """Appends descriptors to a request's repeated descriptor field (Envoy's
+    RateLimitDescriptor and ratekeeper.v1's Descriptor both hold `entries`)."""
+    for d in descriptors:
+        desc = field.add()
+        for key, value in _entries(d):
+            desc.entries.add(key=key, value=value)
+
+
+def _as_timedelta(value: Union[float, timedelta]) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def _optional_duration(message, name: str) -> Optional[timedelta]:
+    return getattr(message, name).ToTimedelta() if message.HasField(name) else None
 
 
 @dataclass(frozen=True)
@@ -183,6 +221,90 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class BudgetStatus:
+    """One descriptor's standing after a reserve or settle: remaining hits
+    of its tightest limit, that limit's requests_per_unit (both 0 when no
+    rule limits the descriptor), and whether it refused the reservation."""
+
+    remaining: int
+    limit: int
+    over: bool = False
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The answer to reserve().
+
+    granted: the estimate was taken from every limit of the descriptors'
+    rules (or, refused, from none). reservation_id: settle it; empty when
+    refused, and also when granted because no rule limits the descriptors
+    (nothing to settle). statuses: one BudgetStatus per descriptor, in
+    order. retry_after: when refused, how long until the estimate would fit.
+    ttl: settle within it; a reservation never settled stays charged at its
+    estimate. error: set only when fail_open granted a call the service did
+    not answer.
+    """
+
+    granted: bool
+    reservation_id: str = ""
+    statuses: Tuple[BudgetStatus, ...] = ()
+    retry_after: Optional[timedelta] = None
+    ttl: Optional[timedelta] = None
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The answer to settle(): the cost the reservation is settled at (for
+    a retried settle, the first settle's), whether an earlier settle had
+    already settled it (this one charged nothing), and one BudgetStatus per
+    descriptor of the reserve, after the settlement."""
+
+    settled: int
+    already_settled: bool = False
+    statuses: Tuple[BudgetStatus, ...] = ()
+
+
+class BudgetExceeded(Exception):
+    """Raised by budget() when the reservation is refused; retry_after says
+    how long until the estimate would fit (None if the service did not say)."""
+
+    def __init__(self, reservation: Reservation):
+        self.reservation = reservation
+        self.retry_after = reservation.retry_after
+        self.statuses = reservation.statuses
+        super().__init__(f"budget exceeded; retry after {self.retry_after}")
+
+
+class ReservationNotFound(LookupError):
+    """settle() of a reservation the service does not know: it expired (its
+    estimate stays charged), was never granted, or the id was altered."""
+
+    def __init__(self, reservation_id: str, details: str):
+        self.reservation_id = reservation_id
+        super().__init__(f"reservation not found: {details}")
+
+
+class Budget:
+    """A granted reservation being spent, as budget() yields it: report what
+    the work cost with spend(n) (more than once adds up); on exit it is
+    settled at the total."""
+
+    def __init__(self, reservation: Reservation, estimate: int):
+        self.reservation = reservation
+        self.estimate = estimate
+        self.spent: Optional[int] = None  # None until spend() is called
+        self.settlement: Optional[Settlement] = None
+        # A settle that failed on exit from a block that raised.
+        self.settle_error: Optional[Exception] = None
+
+    def spend(self, n: int) -> None:
+        if n < 0:
+            raise ValueError("spend(n) needs n >= 0")
+        self.spent = (self.spent or 0) + n
+
+
+@dataclass(frozen=True)
 class HeartbeatResult:
     """extended: leases renewed for their TTL. lost: leases that expired or
     were released; their connections should close."""
@@ -191,16 +313,20 @@ class HeartbeatResult:
     lost: Tuple[str, ...] = ()
 
 
+def _budget_statuses(statuses) -> Tuple[BudgetStatus, ...]:
+    return tuple(BudgetStatus(s.remaining, s.limit, s.over) for s in statuses)
+
+
 class RateLimitClient:
-    """ShouldRateLimit and the concurrency lease calls over one gRPC channel
-    (HTTP/2, reused for every call).
+    """ShouldRateLimit, the concurrency lease calls and the budget calls over
+    one gRPC channel (HTTP/2, reused for every call).
 
     target: "host:port". timeout: seconds per call. fail_open: when the service
     is unreachable or misses the deadline, answer allowed (with `error` set)
     instead of raising grpc.RpcError. channel: an existing channel (e.g. with
     TLS); options: grpc channel options for the channel made here. fail_open
-    applies to ShouldRateLimit, acquire_connection and hold; heartbeat and
-    release always raise.
+    applies to ShouldRateLimit, acquire_connection, hold and reserve (and so
+    budget); heartbeat, release and settle always raise.
     """
 
     def __init__(
@@ -219,6 +345,7 @@ class RateLimitClient:
         self.timeout = timeout
         self.fail_open = fail_open
         self._leases = None  # (concurrency_pb2, stub), made on first use
+        self._budgets = None  # (budget_pb2, stub), made on first use
 
     def should_rate_limit(self, domain: str, descriptors: Iterable[Descriptor], hits_addend: int = 1) -> Decision:
         """Asks whether a request carrying `descriptors` in `domain` may go ahead,
@@ -229,11 +356,9 @@ class RateLimitClient:
             raise ValueError("hits_addend must be >= 0")
         pb2 = self._pb2
         request = pb2.RateLimitRequest(domain=domain, hits_addend=hits_addend)
-        for d in descriptors:
-            desc = request.descriptors.add()
-            for key, value in _entries(d):
-                desc.entries.add(key=key, value=value)
-            if hits_addend == 0:
+        _add_descriptors(request.descriptors, descriptors)
+        if hits_addend == 0:
+            for desc in request.descriptors:
                 desc.hits_addend.value = 0
                 desc.hits_addend.SetInParent()  # present, with value 0
         try:
@@ -254,7 +379,7 @@ class RateLimitClient:
             if s.HasField("current_limit"):
                 cl = s.current_limit
                 limit = Limit(cl.requests_per_unit, units.Name(cl.unit), cl.name)
-            reset = s.duration_until_reset.ToTimedelta() if s.HasField("duration_until_reset") else None
+            reset = _optional_duration(s, "duration_until_reset")
             statuses.append(DescriptorStatus(codes.Name(s.code), limit, s.limit_remaining, reset))
         return Decision(allowed=response.overall_code != codes.OVER_LIMIT, statuses=tuple(statuses))
 
@@ -262,21 +387,16 @@ class RateLimitClient:
 
     def _lease_api(self):
         if self._leases is None:
-            pb2, pb2_grpc = _concurrency_stubs()
+            pb2, pb2_grpc = _v1_stubs("concurrency")
             self._leases = (pb2, pb2_grpc.ConcurrencyServiceStub(self.channel))
         return self._leases
 
     def _acquire_request(self, domain, descriptors, lease_ttl, holder):
         pb2, _ = self._lease_api()
         request = pb2.AcquireRequest(domain=domain, holder=holder)
-        for d in descriptors:
-            desc = request.descriptors.add()
-            for key, value in _entries(d):
-                desc.entries.add(key=key, value=value)
+        _add_descriptors(request.descriptors, descriptors)
         if lease_ttl is not None:
-            if not isinstance(lease_ttl, timedelta):
-                lease_ttl = timedelta(seconds=lease_ttl)
-            request.lease_ttl.FromTimedelta(lease_ttl)
+            request.lease_ttl.FromTimedelta(_as_timedelta(lease_ttl))
         return request
 
     @staticmethod
@@ -286,8 +406,8 @@ class RateLimitClient:
             lease_id=response.lease_id,
             active=response.active,
             limit=response.limit,
-            retry_after=response.retry_after.ToTimedelta() if response.HasField("retry_after") else None,
-            lease_ttl=response.lease_ttl.ToTimedelta() if response.HasField("lease_ttl") else None,
+            retry_after=_optional_duration(response, "retry_after"),
+            lease_ttl=_optional_duration(response, "lease_ttl"),
         )
 
     def acquire_connection(
@@ -375,6 +495,107 @@ class RateLimitClient:
                     return
         except grpc.RpcError:
             pass  # cancelled on exit, or the channel closed
+
+    # Budgets: ratekeeper.v1.BudgetService (reserve, then settle).
+
+    def _budget_api(self):
+        if self._budgets is None:
+            pb2, pb2_grpc = _v1_stubs("budget")
+            self._budgets = (pb2, pb2_grpc.BudgetServiceStub(self.channel))
+        return self._budgets
+
+    def reserve(
+        self,
+        domain: str,
+        descriptors: Iterable[Descriptor],
+        estimate: int,
+        ttl: Union[None, float, timedelta] = None,
+    ) -> Reservation:
+        """Takes `estimate` hits (the most the work can cost, > 0) from every
+        limit of the descriptors' rate limit rules, or none (refused). ttl
+        (seconds or a timedelta, 1 s to 1 h; the service's default is 5
+        minutes): how long the reservation can be settled."""
+        if estimate <= 0:
+            raise ValueError("estimate must be > 0")
+        pb2, stub = self._budget_api()
+        request = pb2.ReserveRequest(domain=domain, estimate=estimate)
+        _add_descriptors(request.descriptors, descriptors)
+        if ttl is not None:
+            request.ttl.FromTimedelta(_as_timedelta(ttl))
+        try:
+            response = stub.Reserve(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if self.fail_open and e.code() in _UNAVAILABLE:
+                return Reservation(granted=True, error=f"{e.code().name}: {e.details()}")
+            raise
+        return Reservation(
+            granted=response.granted,
+            reservation_id=response.reservation_id,
+            statuses=_budget_statuses(response.statuses),
+            retry_after=_optional_duration(response, "retry_after"),
+            ttl=_optional_duration(response, "ttl"),
+        )
+
+    def settle(self, reservation_id: str, actual: int) -> Settlement:
+        """Makes the reservation's charge `actual` (0 gives the whole estimate
+        back; more than the estimate is charged after the fact). Retrying is
+        safe: a reservation settles once. An empty id (nothing was limited)
+        settles at once without a call. Raises ReservationNotFound when the
+        service does not know the id, grpc.RpcError otherwise, whatever
+        fail_open says."""
+        if actual < 0:
+            raise ValueError("actual must be >= 0")
+        if not reservation_id:
+            return Settlement(settled=actual)
+        pb2, stub = self._budget_api()
+        request = pb2.SettleRequest(reservation_id=reservation_id, actual=actual)
+        try:
+            response = stub.Settle(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                raise ReservationNotFound(reservation_id, e.details()) from e
+            raise
+        return Settlement(
+            settled=response.settled,
+            already_settled=response.already_settled,
+            statuses=_budget_statuses(response.statuses),
+        )
+
+    @contextlib.contextmanager
+    def budget(
+        self,
+        domain: str,
+        descriptors: Iterable[Descriptor],
+        estimate: int,
+        ttl: Union[None, float, timedelta] = None,
+    ) -> Iterator[Budget]:
+        """Reserves `estimate` on entering (raises BudgetExceeded, carrying
+        retry_after, when refused) and yields a Budget; report the work's
+        cost with budget.spend(n). On exit the reservation is settled at what
+        was spent. If nothing was spent when the block raised, it is settled
+        at the estimate: the work may have cost anything up to it, and
+        charging the most it could have cost keeps the budget safe (call
+        spend(0) first if a failure is known to have cost nothing). A block
+        that ends without spend() is settled at the estimate as well. When
+        the block raised, a failed settle does not hide its exception (the
+        reservation then stays charged at its estimate until its TTL; the
+        error is kept in budget.settle_error)."""
+        reservation = self.reserve(domain, descriptors, estimate, ttl)
+        if not reservation.granted:
+            raise BudgetExceeded(reservation)
+        spending = Budget(reservation, estimate)
+        failed = True
+        try:
+            yield spending
+            failed = False
+        finally:
+            actual = estimate if spending.spent is None else spending.spent
+            try:
+                spending.settlement = self.settle(reservation.reservation_id, actual)
+            except (grpc.RpcError, ReservationNotFound) as e:
+                if not failed:
+                    raise
+                spending.settle_error = e
 
     def close(self) -> None:
         if self._own_channel:
