@@ -399,6 +399,14 @@ def budget_section(w, res, env):
           f"own, so Redis spent {b['redis_cpu']:.1f} µs of CPU per pair against "
           f"{r['redis_cpu']:.1f} per request, and ratekeeper {b['server_cpu']:.1f} against "
           f"{r['server_cpu']:.1f} (two gRPC calls, and a Redis round trip each, per pair).\n")
+    elif r:
+        w(f"Redis calls: {b['calls_per_req']:.3f} budget or limiter calls (`FCALL`) per "
+          f"reserve+settle pair against {r['calls_per_req']:.3f} per `ShouldRateLimit` request: "
+          "Reserves and Settles in flight together share one call of the budget function, as "
+          "ShouldRateLimit requests share the limiter's (`src/store/batcher.rs`). Per pair Redis "
+          f"spent {b['redis_cpu']:.1f} µs of CPU against {r['redis_cpu']:.1f} per request, and "
+          f"ratekeeper {b['server_cpu']:.1f} against {r['server_cpu']:.1f} (two gRPC calls per "
+          "pair).\n")
     if b["over"]:
         w(f"{b['over']:,} Reserve calls were refused (OVER_LIMIT) in `budget_redis`.\n")
     w(BUDGET_END)

@@ -1784,9 +1784,61 @@ async fn redis_budget_calls_survive_function_flush_script_flush_and_no_functions
     }
 }
 
-/// Malformed budget arguments get an error reply and save nothing: an
-/// unknown operation, a TTL or actual not a count, a check's fields
-/// malformed, fewer fields than keys.
+/// Concurrent reserves and settles on single Redis share limiter calls
+/// (src/store/batcher.rs), each still its own atomic step: 64 reserves of
+/// 1 at once against a budget of 10 grant exactly 10, in fewer calls than
+/// operations, and their 10 settles give back exactly what they should.
+#[tokio::test]
+async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
+    use futures_util::future::join_all;
+    use ratekeeper::store::Settled;
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let redis = common::RedisServer::start();
+    for functions in [true, false] {
+        let store = redis.store_with(Some(clock.clone()), functions);
+        let check = minute(c(&format!("shared-{functions}"), 10, 1));
+        let mut conn = redis.client().get_connection().unwrap();
+        let before = limiter_calls(&mut conn);
+        let nonces: Vec<String> = (0..64).map(|i| format!("n{i}")).collect();
+        let reserved = join_all(
+            nonces
+                .iter()
+                .map(|n| store.reserve(std::slice::from_ref(&check), n, 60_000)),
+        )
+        .await;
+        let calls = limiter_calls(&mut conn) - before;
+        let granted: Vec<&String> = nonces
+            .iter()
+            .zip(&reserved)
+            .filter(|(_, r)| r.as_ref().unwrap().granted)
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(granted.len(), 10, "functions {functions}");
+        assert!(calls < 64, "{calls} calls for 64 reserves ({functions})");
+        let keys = [check.key.clone()];
+        let before = limiter_calls(&mut conn);
+        let settled = join_all(granted.iter().map(|n| store.settle(&keys, n, 0))).await;
+        let calls = limiter_calls(&mut conn) - before;
+        assert!(calls < 10, "{calls} calls for 10 settles ({functions})");
+        for answer in settled {
+            assert!(
+                matches!(answer.unwrap(), Settled::Settled { .. }),
+                "functions {functions}"
+            );
+        }
+        let probe = Check {
+            hits: 0,
+            ..check.clone()
+        };
+        let after = store.apply(&[probe], false).await;
+        assert_eq!(after.unwrap()[0].remaining, 10, "all given back");
+    }
+}
+
+/// Malformed budget calls get an error reply and save nothing: an unknown
+/// operation, a TTL or actual not a count, fewer fields than keys, more
+/// arguments than operations, no time. A check's fields malformed fail
+/// that operation alone (`{-1, 1}`), saving nothing.
 #[test]
 fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
     use ratekeeper::store::limiter_script::LimiterScript;
@@ -1800,29 +1852,43 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
         .unwrap();
     let (marker, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
     let good = "fw 5 1000 0 1 1 0";
-    let malformed: [&[&str]; 6] = [
-        &["take", "1800000000000", "1000", key, good],
-        &["reserve", "1800000000000", "soon", key, good],
-        &["reserve", "1800000000000", "1000", key, "fw 5 1000 0 1 1"],
-        &["reserve", "1800000000000", "1000", key],
-        &["settle", "1800000000000", "-1", key],
-        &["settle", "1800000000000", "1", key, good],
-    ];
-    for args in malformed {
-        let error = redis::cmd("FCALL")
+    let now = "1800000000000";
+    let call = |args: &[&str]| {
+        redis::cmd("FCALL")
             .arg(format!("{function}_budget"))
             .arg(2)
             .arg(marker)
             .arg(key)
             .arg(args)
-            .query::<Vec<i64>>(&mut conn)
-            .expect_err("malformed arguments were decided");
+            .query::<Vec<i64>>(&mut redis.client().get_connection().unwrap())
+    };
+    let malformed: [&[&str]; 7] = [
+        &[now, "take 1 1000", key, good],
+        &[now, "reserve 1 soon", key, good],
+        &[now, "reserve 1 1000", key],
+        &[now, "settle 1 -1", key],
+        &[now, "settle 1 1", key, good],
+        &[
+            now,
+            "reserve 1 1000",
+            key,
+            good,
+            "reserve 1 1000",
+            key,
+            good,
+        ],
+        &["soon", "reserve 1 1000", key, good],
+    ];
+    for args in malformed {
+        let error = call(args).expect_err("malformed arguments were decided");
         assert_eq!(
             (error.code(), error.detail()),
             (Some("ERR"), Some("malformed budget arguments")),
             "{args:?}: {error}"
         );
     }
+    let bad_fields = call(&[now, "reserve 1 1000", key, "fw 5 1000 0 1 1"]).unwrap();
+    assert_eq!(bad_fields, vec![2, -1, 1]);
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "saved {keys:?}");
 }

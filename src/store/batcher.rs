@@ -1,5 +1,6 @@
-//! Joins the checks of concurrent requests into one limiter-script call
-//! (standalone and Sentinel Redis; a cluster call can only touch one slot).
+//! Joins concurrent requests into one script call (standalone and Sentinel
+//! Redis; a cluster call can only touch one slot): the limiter's checks
+//! ([`Checks`]) and the budget's reserves and settles ([`BudgetOps`]).
 //!
 //! Every script call costs Redis a fixed price (command dispatch, running
 //! the script's top level, the reply) and costs ratekeeper a round trip
@@ -10,8 +11,8 @@
 //! at low load), so batching adds no latency, only takes away queueing.
 //!
 //! The script decides the requests of a call one after another, each
-//! all-or-nothing on its own, exactly as if they had come in separate calls
-//! in that order.
+//! atomic on its own, exactly as if they had come in separate calls in
+//! that order.
 //!
 //! Every request is answered within the call deadline of its arrival,
 //! queueing included, without a timer of its own (arming a Tokio timer
@@ -30,11 +31,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use redis::Cmd;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::caller::Caller;
-use super::limiter_script::{self, script_now, LimiterScript};
+use super::limiter_script::{self, script_now, BudgetOp, LimiterScript};
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::otel::shared::{self, SharedCall, SpanRef};
@@ -45,66 +47,135 @@ use crate::{Error, Result};
 /// single thread (a request larger than this still goes, alone).
 const MAX_CHECKS_PER_CALL: usize = 256;
 
-/// Sends requests' checks to Redis in as few script calls as keeps up.
-pub struct Batcher {
+/// A kind of request a [`Batcher`] joins: how a call of several is made,
+/// and how its reply is handed back to each.
+pub trait Batched: Send + Sync + 'static {
+    /// One request.
+    type Request: Send + Sync + 'static;
+    /// One request's answer.
+    type Answer: Send + 'static;
+    /// The checks a request carries (bounds a call's size, and tracing
+    /// reports it).
+    fn checks(request: &Self::Request) -> usize;
+    /// The call deciding `requests` in order; `now` as [`script_now`].
+    fn command(&self, now: &str, requests: &[&Self::Request]) -> Cmd;
+    /// The reply of that call, as one answer per request (in order).
+    fn answers(&self, reply: &[i64], requests: &[&Self::Request]) -> Result<Vec<Self::Answer>>;
+    /// The script the call runs (for its reload).
+    fn script(&self) -> &LimiterScript;
+}
+
+/// The limiter's requests: checks, and whether all or nothing.
+pub struct Checks(pub Arc<LimiterScript>);
+
+impl Batched for Checks {
+    type Request = (Vec<Check>, bool);
+    type Answer = Vec<Outcome>;
+
+    fn checks(request: &Self::Request) -> usize {
+        request.0.len()
+    }
+
+    fn command(&self, now: &str, requests: &[&Self::Request]) -> Cmd {
+        let requests = requests.iter().map(|(checks, all)| (*all, checks.iter()));
+        self.0.command(now, requests)
+    }
+
+    fn answers(&self, reply: &[i64], requests: &[&Self::Request]) -> Result<Vec<Vec<Outcome>>> {
+        let total = requests.iter().map(|r| r.0.len()).sum();
+        let mut rest = limiter_script::outcomes(reply, total)?.into_iter();
+        Ok(requests
+            .iter()
+            .map(|r| rest.by_ref().take(r.0.len()).collect())
+            .collect())
+    }
+
+    fn script(&self) -> &LimiterScript {
+        &self.0
+    }
+}
+
+/// The budget's reserves and settles, each answered with its own reply
+/// (or its own error: a malformed one fails alone).
+pub struct BudgetOps(pub Arc<LimiterScript>);
+
+impl Batched for BudgetOps {
+    type Request = BudgetOp;
+    type Answer = Result<Vec<i64>>;
+
+    fn checks(request: &BudgetOp) -> usize {
+        request.keys.len()
+    }
+
+    fn command(&self, now: &str, requests: &[&BudgetOp]) -> Cmd {
+        self.0.budget_command(now, requests.iter().copied())
+    }
+
+    fn answers(&self, reply: &[i64], requests: &[&BudgetOp]) -> Result<Vec<Result<Vec<i64>>>> {
+        limiter_script::budget_answers(reply, requests.len())
+    }
+
+    fn script(&self) -> &LimiterScript {
+        &self.0
+    }
+}
+
+/// Sends requests to Redis in as few script calls as keeps up.
+pub struct Batcher<K: Batched> {
     caller: Arc<Caller>,
-    limiter: Arc<LimiterScript>,
+    kind: K,
     clock: Option<Arc<dyn Clock>>,
     /// Calls in flight at most; requests beyond wait for the next call.
     max_in_flight: usize,
-    state: Mutex<State>,
+    state: Mutex<State<K>>,
 }
 
-#[derive(Default)]
-struct State {
-    waiting: Vec<Waiting>,
+struct State<K: Batched> {
+    waiting: Vec<Waiting<K>>,
     in_flight: usize,
 }
 
 /// A request waiting to be sent, and where its answer goes.
-struct Waiting {
-    checks: Vec<Check>,
-    all_or_nothing: bool,
+struct Waiting<K: Batched> {
+    request: K::Request,
     /// Answered by then: its arrival plus the call deadline.
     deadline: Instant,
     /// The store span of a sampled decision (tracing).
     trace: Option<SpanRef>,
-    answer: oneshot::Sender<Answer>,
+    answer: oneshot::Sender<Reply<K>>,
 }
 
-/// A request's outcomes, and for a sampled one the call that carried it.
-type Answer = (Result<Vec<Outcome>>, Option<SharedCall>);
+/// A request's answer, and for a sampled one the call that carried it.
+type Reply<K> = (Result<<K as Batched>::Answer>, Option<SharedCall>);
 
-impl Batcher {
+impl<K: Batched> Batcher<K> {
     pub fn new(
         caller: Arc<Caller>,
-        limiter: Arc<LimiterScript>,
+        kind: K,
         clock: Option<Arc<dyn Clock>>,
         max_in_flight: usize,
     ) -> Self {
         Batcher {
             caller,
-            limiter,
+            kind,
             clock,
             max_in_flight: max_in_flight.max(1),
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                waiting: Vec::new(),
+                in_flight: 0,
+            }),
         }
     }
 
-    /// Decides one request's checks, as one atomic step in Redis; answers
-    /// within the call deadline (queueing included) or fails.
-    pub async fn apply(
-        self: &Arc<Self>,
-        checks: &[Check],
-        all_or_nothing: bool,
-    ) -> Result<Vec<Outcome>> {
+    /// Decides one request, as one atomic step in Redis; answers within
+    /// the call deadline (queueing included) or fails.
+    pub async fn apply(self: &Arc<Self>, request: K::Request) -> Result<K::Answer> {
         // No breaker check here: the call checks it once, and a second
         // check would take the one probe the breaker grants after its
         // cool-down, leaving the call itself refused.
         let (answer, answered) = oneshot::channel();
         let request = Waiting {
-            checks: checks.to_vec(),
-            all_or_nothing,
+            request,
             deadline: Instant::now() + self.caller.call_timeout,
             trace: shared::current(),
             answer,
@@ -136,7 +207,7 @@ impl Batcher {
     }
 
     /// Sends `call`, then whatever queued meanwhile, until nothing waits.
-    async fn send(self: Arc<Self>, mut call: Vec<Waiting>) {
+    async fn send(self: Arc<Self>, mut call: Vec<Waiting<K>>) {
         loop {
             // A caller that stopped waiting (client gone) must not have its
             // hits counted; one whose deadline passed in the queue gets the
@@ -169,7 +240,7 @@ impl Batcher {
                     start_ns,
                     end_ns: now_ns(),
                     requests: call.len(),
-                    checks: call.iter().map(|w| w.checks.len()).sum(),
+                    checks: call.iter().map(|w| K::checks(&w.request)).sum(),
                 });
                 deliver(call, result, shared);
             }
@@ -182,30 +253,42 @@ impl Batcher {
         }
     }
 
-    async fn call(&self, call: &[Waiting]) -> Result<Vec<Outcome>> {
+    async fn call(&self, call: &[Waiting<K>]) -> Result<Vec<K::Answer>> {
         let now = script_now(self.clock.as_ref());
-        let requests = call.iter().map(|w| (w.all_or_nothing, w.checks.iter()));
-        let cmd = self.limiter.command(&now, requests);
+        let requests: Vec<&K::Request> = call.iter().map(|w| &w.request).collect();
+        let cmd = self.kind.command(&now, &requests);
         let deadline = call
             .iter()
             .map(|w| w.deadline)
             .min()
             .unwrap_or_else(|| Instant::now() + self.caller.call_timeout);
-        let reply: Vec<i64> = self.caller.eval_by(&self.limiter, &cmd, deadline).await?;
-        limiter_script::outcomes(&reply, call.iter().map(|w| w.checks.len()).sum())
+        let reply: Vec<i64> = self
+            .caller
+            .eval_by(self.kind.script(), &cmd, deadline)
+            .await?;
+        let answers = self.kind.answers(&reply, &requests)?;
+        if answers.len() != call.len() {
+            return Err(Error::Store(format!(
+                "script answered {} of {} requests",
+                answers.len(),
+                call.len()
+            )));
+        }
+        Ok(answers)
     }
 }
 
 /// Takes the requests for the next call off the front of the queue: at
 /// least one, and more while they fit in [`MAX_CHECKS_PER_CALL`].
-fn next_call(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
+fn next_call<K: Batched>(waiting: &mut Vec<Waiting<K>>) -> Vec<Waiting<K>> {
     let mut checks = 0;
     let mut take = 0;
     for w in waiting.iter() {
-        if take > 0 && checks + w.checks.len() > MAX_CHECKS_PER_CALL {
+        let size = K::checks(&w.request);
+        if take > 0 && checks + size > MAX_CHECKS_PER_CALL {
             break;
         }
-        checks += w.checks.len();
+        checks += size;
         take += 1;
     }
     if take == waiting.len() {
@@ -214,17 +297,19 @@ fn next_call(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
     waiting.drain(..take).collect()
 }
 
-/// Hands each request its part of the reply (or the call's error), and
-/// each sampled one the `shared` call's span.
-fn deliver(call: Vec<Waiting>, result: Result<Vec<Outcome>>, shared: Option<SharedCall>) {
-    let carried = |w: &Waiting| shared.filter(|_| w.trace.is_some());
+/// Hands each request its answer (or the call's error), and each sampled
+/// one the `shared` call's span.
+fn deliver<K: Batched>(
+    call: Vec<Waiting<K>>,
+    result: Result<Vec<K::Answer>>,
+    shared: Option<SharedCall>,
+) {
+    let carried = |w: &Waiting<K>| shared.filter(|_| w.trace.is_some());
     match result {
-        Ok(outcomes) => {
-            let mut rest = outcomes.into_iter();
-            for w in call {
-                let mine: Vec<Outcome> = rest.by_ref().take(w.checks.len()).collect();
+        Ok(answers) => {
+            for (w, answer) in call.into_iter().zip(answers) {
                 let shared = carried(&w);
-                let _ = w.answer.send((Ok(mine), shared));
+                let _ = w.answer.send((Ok(answer), shared));
             }
         }
         Err(error) => {

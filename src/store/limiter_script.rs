@@ -237,14 +237,11 @@ impl LimiterScript {
     }
 
     /// A call of the budget function (`lua/budget.lua`, which describes
-    /// the arguments): `call` on the checks of one slot, `slot_keys` their
-    /// counter keys (a settle sends no checks).
-    pub fn budget_command<'k, 'c>(
+    /// the arguments) making `ops` one after another, each in one slot.
+    pub fn budget_command<'o>(
         &self,
         now: &str,
-        call: &BudgetCall<'_>,
-        slot_keys: impl ExactSizeIterator<Item = &'k str>,
-        checks: impl Iterator<Item = &'c Check>,
+        ops: impl Iterator<Item = &'o BudgetOp> + Clone,
     ) -> Cmd {
         let mut cmd = if self.uses_functions() {
             let mut cmd = redis::cmd("FCALL");
@@ -255,16 +252,19 @@ impl LimiterScript {
             cmd.arg(self.budget_script.get_hash());
             cmd
         };
-        cmd.arg(slot_keys.len() + 1).arg(call.marker);
-        for key in slot_keys {
-            cmd.arg(key);
+        cmd.arg(ops.clone().map(|op| op.keys.len() + 1).sum::<usize>());
+        for op in ops.clone() {
+            cmd.arg(op.marker.as_str());
+            for key in &op.keys {
+                cmd.arg(key.as_str());
+            }
         }
-        cmd.arg(call.op)
-            .arg(now)
-            .arg(call.amount)
-            .arg(call.all_keys);
-        for check in checks {
-            cmd.arg(CheckFields(check));
+        cmd.arg(now);
+        for op in ops {
+            cmd.arg(BudgetHeader(op)).arg(op.all_keys.as_str());
+            for check in &op.checks {
+                cmd.arg(CheckFields(check));
+            }
         }
         cmd
     }
@@ -314,17 +314,57 @@ impl LimiterScript {
     }
 }
 
-/// One budget call's own arguments (`lua/budget.lua`).
-#[derive(Debug, Clone, Copy)]
-pub struct BudgetCall<'a> {
+/// One budget operation in one hash slot (`lua/budget.lua`).
+#[derive(Debug, Clone)]
+pub struct BudgetOp {
     /// `reserve`, `check` or `settle`.
-    pub op: &'a str,
+    pub op: &'static str,
     /// The reservation's marker in this slot.
-    pub marker: &'a str,
+    pub marker: String,
+    /// The counter keys of its checks in this slot, in order.
+    pub keys: Vec<String>,
     /// The reservation's counter keys in every slot, one a line.
-    pub all_keys: &'a str,
+    pub all_keys: String,
     /// The TTL in ms (reserve, check) or the actual cost (settle).
     pub amount: u64,
+    /// This slot's checks (reserve, check); none for a settle.
+    pub checks: Vec<Check>,
+}
+
+/// An operation's header argument: `"<op> <keys> <amount>"`.
+struct BudgetHeader<'o>(&'o BudgetOp);
+
+impl fmt::Display for BudgetHeader<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = self.0;
+        write!(f, "{} {} {}", op.op, op.keys.len(), op.amount)
+    }
+}
+
+/// The budget function's reply to a call of `ops` operations: each one's
+/// own answer (as `lua/budget.lua` describes it), or its own error.
+pub fn budget_answers(reply: &[i64], ops: usize) -> Result<Vec<Result<Vec<i64>>>> {
+    let mut answers = Vec::with_capacity(ops);
+    let mut rest = reply;
+    while let Some((&len, tail)) = rest.split_first() {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len > tail.len() {
+            break;
+        }
+        let (answer, tail) = tail.split_at(len);
+        answers.push(match answer {
+            [-1, 2] => Err(Error::Store("a malformed budget marker".into())),
+            [-1, ..] => Err(Error::Store("malformed budget arguments".into())),
+            _ => Ok(answer.to_vec()),
+        });
+        rest = tail;
+    }
+    if answers.len() != ops || !rest.is_empty() {
+        return Err(Error::Store(format!(
+            "budget script returned {reply:?} for {ops} operations"
+        )));
+    }
+    Ok(answers)
 }
 
 /// Redis answered with an error whose text contains `text`.
@@ -404,7 +444,12 @@ macro_rules! formatted_arg {
         }
     )*};
 }
-formatted_arg!(RequestHeader, CheckFields<'_>, JitteredNow<'_>);
+formatted_arg!(
+    RequestHeader,
+    CheckFields<'_>,
+    JitteredNow<'_>,
+    BudgetHeader<'_>
+);
 
 /// The script's reply for `checks` checks, in the order they were sent.
 pub fn outcomes(reply: &[i64], checks: usize) -> Result<Vec<Outcome>> {

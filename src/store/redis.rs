@@ -2,7 +2,8 @@
 //! limiter ([`LimiterScript`]: a function by `FCALL` on Redis 7, else a
 //! script by `EVALSHA`; reloaded when Redis lost it), so the decision is
 //! atomic across replicas and timed by the Redis server's clock; requests
-//! in flight together share a call ([`Batcher`]). On Redis Cluster the checks are
+//! in flight together share a call ([`Batcher`]), and so do budget
+//! reserves and settles. On Redis Cluster the checks are
 //! grouped by hash slot: one script call per slot, the slots in parallel,
 //! each slot all-or-nothing on its own.
 //!
@@ -14,13 +15,13 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Script;
 
-use super::batcher::Batcher;
+use super::batcher::{Batcher, BudgetOps, Checks};
 use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
 use super::connection::{Connections, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
-use super::limiter_script::{self, script_now, BudgetCall, LimiterScript};
+use super::limiter_script::{self, script_now, BudgetOp, LimiterScript};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
@@ -44,12 +45,14 @@ pub struct RedisStore {
     clock: Option<Arc<dyn Clock>>,
 }
 
-/// A serving lane's own connections, and its batcher.
+/// A serving lane's own connections, and its batchers.
 struct Lane {
     caller: Arc<Caller>,
     /// Joins concurrent requests into one call; None on a cluster, where
     /// each call must stay within one hash slot.
-    batcher: Option<Arc<Batcher>>,
+    batcher: Option<Arc<Batcher<Checks>>>,
+    /// The same for budget operations.
+    budget: Option<Arc<Batcher<BudgetOps>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -83,6 +86,11 @@ impl SlotSettled {
             _ => Err(Error::Store(format!("budget script returned {reply:?}"))),
         }
     }
+}
+
+/// A reservation's counter keys, one a line (its markers name them).
+fn join_keys<'k>(keys: impl Iterator<Item = &'k str>) -> String {
+    keys.collect::<Vec<_>>().join("\n")
 }
 
 /// The lease script's answer to an acquire in one hash slot:
@@ -162,12 +170,24 @@ impl RedisStore {
                 let batcher = (!clustered).then(|| {
                     Arc::new(Batcher::new(
                         Arc::clone(&caller),
-                        Arc::clone(&limiter),
+                        Checks(Arc::clone(&limiter)),
                         clock.clone(),
                         per_lane,
                     ))
                 });
-                Ok(Lane { caller, batcher })
+                let budget = (!clustered).then(|| {
+                    Arc::new(Batcher::new(
+                        Arc::clone(&caller),
+                        BudgetOps(Arc::clone(&limiter)),
+                        clock.clone(),
+                        per_lane,
+                    ))
+                });
+                Ok(Lane {
+                    caller,
+                    batcher,
+                    budget,
+                })
             })
             .collect::<Result<Arc<[_]>>>()?;
         Ok(RedisStore {
@@ -258,7 +278,7 @@ impl RedisStore {
     /// requests in flight), or on a cluster one call per slot.
     pub async fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Result<Vec<Outcome>> {
         if let Some(batcher) = &self.lane().batcher {
-            return batcher.apply(checks, all_or_nothing).await;
+            return batcher.apply((checks.to_vec(), all_or_nothing)).await;
         }
         let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
         let answers = join_all(
@@ -335,27 +355,21 @@ impl RedisStore {
     /// One slot's `reserve` (or `check`): whether granted, and its outcomes.
     async fn reserve_slot(
         &self,
-        op: &str,
+        op: &'static str,
         checks: &[Check],
         group: &[usize],
         nonce: &str,
         ttl_ms: u64,
     ) -> Result<(bool, Vec<Outcome>)> {
-        let marker = marker_key(&checks[group[0]].key, nonce);
-        let all_keys: Vec<&str> = checks.iter().map(|c| c.key.as_str()).collect();
-        let call = BudgetCall {
+        let op = BudgetOp {
             op,
-            marker: &marker,
-            all_keys: &all_keys.join("\n"),
+            marker: marker_key(&checks[group[0]].key, nonce),
+            keys: group.iter().map(|&i| checks[i].key.clone()).collect(),
+            all_keys: join_keys(checks.iter().map(|c| c.key.as_str())),
             amount: ttl_ms,
+            checks: group.iter().map(|&i| checks[i].clone()).collect(),
         };
-        let cmd = self.limiter.budget_command(
-            &self.now_arg(),
-            &call,
-            group.iter().map(|&i| checks[i].key.as_str()),
-            group.iter().map(|&i| &checks[i]),
-        );
-        let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
+        let reply = self.budget_call(op).await?;
         match reply.split_first() {
             Some((&granted, rest)) => {
                 Ok((granted == 1, limiter_script::outcomes(rest, group.len())?))
@@ -441,20 +455,32 @@ impl RedisStore {
         let Some(&first) = group.first() else {
             return Ok(SlotSettled::Unknown);
         };
-        let call = BudgetCall {
+        let op = BudgetOp {
             op: "settle",
-            marker: &marker_key(keys[first], nonce),
-            all_keys: &keys.join("\n"),
+            marker: marker_key(keys[first], nonce),
+            keys: group.iter().map(|&i| keys[i].to_owned()).collect(),
+            all_keys: join_keys(keys.iter().copied()),
             amount: actual,
+            checks: Vec::new(),
         };
-        let cmd = self.limiter.budget_command(
-            &self.now_arg(),
-            &call,
-            group.iter().map(|&i| keys[i]),
-            std::iter::empty(),
-        );
-        let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
+        let reply = self.budget_call(op).await?;
         SlotSettled::read(&reply, group.len())
+    }
+
+    /// One budget operation's reply: shared with others in flight, or on a
+    /// cluster a call of its own.
+    async fn budget_call(&self, op: BudgetOp) -> Result<Vec<i64>> {
+        if let Some(batcher) = &self.lane().budget {
+            return batcher.apply(op).await?;
+        }
+        let cmd = self
+            .limiter
+            .budget_command(&self.now_arg(), std::iter::once(&op));
+        let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
+        let mut answers = limiter_script::budget_answers(&reply, 1)?;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(Error::Store("no budget answer".into())))
     }
 
     /// Takes a lease in every slot, or in none. On a cluster the sets of
