@@ -125,16 +125,7 @@ mod tests {
     use super::*;
 
     fn check(hits: u64) -> Check {
-        Check {
-            key: "k".into(),
-            algorithm: Algorithm::TokenBucket,
-            limit: 10,
-            period_ms: 1_000,
-            burst: 10,
-            hits,
-            enforce: true,
-            charges: false,
-        }
+        Check::for_test("k", Algorithm::TokenBucket, 10, 1_000, hits)
     }
 
     #[test]

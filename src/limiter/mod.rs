@@ -237,6 +237,30 @@ impl Check {
     }
 }
 
+#[cfg(test)]
+impl Check {
+    /// An enforced check without charges, for unit tests; the GCRA
+    /// algorithms' burst is the limit.
+    pub(crate) fn for_test(
+        key: &str,
+        algorithm: Algorithm,
+        limit: u64,
+        period_ms: u64,
+        hits: u64,
+    ) -> Check {
+        Check {
+            key: key.into(),
+            algorithm,
+            limit,
+            period_ms,
+            burst: if algorithm.has_burst() { limit } else { 0 },
+            hits,
+            enforce: true,
+            charges: false,
+        }
+    }
+}
+
 /// The store's verdict on one [`Check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {

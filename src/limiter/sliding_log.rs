@@ -158,16 +158,7 @@ mod tests {
     use crate::limiter::Algorithm;
 
     fn check(hits: u64) -> Check {
-        Check {
-            key: "k".into(),
-            algorithm: Algorithm::SlidingLog,
-            limit: 1_000_000,
-            period_ms: 3_600_000,
-            burst: 0,
-            hits,
-            enforce: true,
-            charges: false,
-        }
+        Check::for_test("k", Algorithm::SlidingLog, 1_000_000, 3_600_000, hits)
     }
 
     #[test]

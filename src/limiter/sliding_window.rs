@@ -90,16 +90,7 @@ mod tests {
     use crate::limiter::Algorithm;
 
     fn check(hits: u64) -> Check {
-        Check {
-            key: "k".into(),
-            algorithm: Algorithm::SlidingWindow,
-            limit: 10,
-            period_ms: 1_000,
-            burst: 0,
-            hits,
-            enforce: true,
-            charges: false,
-        }
+        Check::for_test("k", Algorithm::SlidingWindow, 10, 1_000, hits)
     }
 
     #[test]

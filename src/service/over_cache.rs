@@ -228,16 +228,7 @@ mod tests {
     use super::*;
 
     fn check(key: &str, algorithm: Algorithm, limit: u64) -> Check {
-        Check {
-            key: key.into(),
-            algorithm,
-            limit,
-            period_ms: 60_000,
-            burst: 0,
-            hits: 1,
-            enforce: true,
-            charges: false,
-        }
+        Check::for_test(key, algorithm, limit, 60_000, 1)
     }
 
     #[test]

@@ -423,16 +423,7 @@ mod tests {
     use crate::limiter::Algorithm;
 
     fn check(key: &str, limit: u64, hits: u64) -> Check {
-        Check {
-            key: key.into(),
-            algorithm: Algorithm::FixedWindow,
-            limit,
-            period_ms: 1_000,
-            burst: 0,
-            hits,
-            enforce: true,
-            charges: false,
-        }
+        Check::for_test(key, Algorithm::FixedWindow, limit, 1_000, hits)
     }
 
     #[test]

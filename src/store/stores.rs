@@ -223,16 +223,7 @@ mod tests {
     use crate::store::MemoryStore;
 
     fn check(key: &str, period_ms: u64, limit: u64) -> Check {
-        Check {
-            key: key.into(),
-            algorithm: Algorithm::FixedWindow,
-            limit,
-            period_ms,
-            burst: 0,
-            hits: 1,
-            enforce: true,
-            charges: false,
-        }
+        Check::for_test(key, Algorithm::FixedWindow, limit, period_ms, 1)
     }
 
     #[test]
