@@ -371,16 +371,6 @@ async fn run(cli: Cli) -> Result<()> {
             "the key prefix must not contain '{' or '}'".into(),
         ));
     }
-    let headers = HeaderSettings {
-        enabled: cli.response_headers,
-        names: HeaderNames {
-            limit: cli.header_limit.clone(),
-            remaining: cli.header_remaining.clone(),
-            reset: cli.header_reset.clone(),
-            retry_after: cli.header_retry_after.clone(),
-        },
-    };
-    headers.names.validate()?;
     // Before any stat is made: series keep the name first given.
     ratekeeper::stat_mapper::install(cli.stats.prometheus_mapper()?)?;
     let metrics = match metrics_addr(
@@ -404,7 +394,7 @@ async fn run(cli: Cli) -> Result<()> {
     if let Some(statsd) = cli.stats.statsd()? {
         ratekeeper::statsd::install(statsd).await?;
     }
-    let near_limit_ratio = cli.stats.near_limit_ratio()?;
+    let limiter = limiter_settings(&cli)?;
 
     let config_dir = cli.envoy.limits_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
@@ -422,58 +412,12 @@ async fn run(cli: Cli) -> Result<()> {
         .serving_threads
         .map_or_else(ratekeeper::lanes::default_count, NonZeroUsize::get);
     let store = stores(&cli, lanes)?;
-
-    let grpc_addr = cli.envoy.grpc_addr(cli.grpc_addr);
-    let tls = match cli.envoy.grpc_tls(
-        cli.grpc_tls_cert.as_deref(),
-        cli.grpc_tls_key.as_deref(),
-        cli.grpc_tls_client_ca.as_deref(),
-    )? {
-        Some(files) => Some(ReloadingTls::start(
-            files,
-            Duration::from_millis(cli.reload_interval_ms.max(50)),
-        )?),
-        None => None,
-    };
-    let grpc = match &cli.envoy.grpc_uds {
-        Some(path) => Listener::Unix(bind_unix(path)?),
-        None => bind(&grpc_addr, "gRPC").await?.into(),
-    };
-    let grpc_addr = grpc.describe().map_err(|source| Error::Io {
-        context: "gRPC listener address".into(),
-        source,
-    })?;
-    let metrics_addr = match metrics {
-        Some((listener, handle)) => {
-            let addr = local_addr(&listener)?;
-            let router = http::metrics::router(&cli.metrics_path, handle)?;
-            let idle = Duration::from_millis(cli.handshake_timeout_ms);
-            tokio::spawn(http::serve(listener, idle, router, std::future::pending()));
-            addr.to_string()
-        }
-        None => "off".into(),
-    };
-    let (api_addr, asked) = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
-    let api = bind_http(&api_addr, "HTTP", asked).await?;
-    let (debug_addr, asked) =
-        listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
-    let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
-    let reload = Duration::from_millis(cli.reload_interval_ms.max(50));
-    let admin = bind_admin(&cli.admin, reload).await?;
-    let shown = |listener: &Option<TcpListener>| match listener {
-        Some(listener) => local_addr(listener).map(|a| a.to_string()),
-        None => Ok("off".to_owned()),
-    };
-    // One plain line on stdout for scripts and tests that start us on port 0.
-    println!(
-        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={} admin={}",
-        shown(&api)?,
-        shown(&debug)?,
-        match &admin {
-            Some(admin) => local_addr(&admin.listener)?.to_string(),
-            None => "off".to_owned(),
-        }
-    );
+    let reload_interval = Duration::from_millis(cli.reload_interval_ms.max(50));
+    let tls = grpc_tls(&cli, reload_interval)?;
+    let grpc = bind_grpc(&cli).await?;
+    let metrics_addr = serve_metrics(&cli, metrics)?;
+    let http = http_listeners(&cli, reload_interval).await?;
+    announce(&grpc, &metrics_addr, &http)?;
 
     Server {
         grpc,
@@ -482,24 +426,8 @@ async fn run(cli: Cli) -> Result<()> {
         config,
         health_needs_domains: cli.envoy.healthy_with_at_least_one_config_loaded,
         store,
-        limiter: LimiterSettings {
-            key_prefix: cli.key_prefix,
-            headers,
-            failure_mode: cli.failure_mode.into(),
-            expected_replicas: cli.expected_replicas,
-            max_detailed_series: cli.max_detailed_metric_series,
-            stop_increment_when_over_limit: cli.envoy.stop_cache_key_increment_when_overlimit,
-            values: if cli.hash_descriptor_values {
-                Values::Sha256
-            } else {
-                Values::Raw
-            },
-            near_limit_ratio,
-            modes: cli.envoy_modes.modes(),
-            over_cache_keys: cli.envoy.over_cache_keys(),
-            tracer: cli.tracing.tracer()?,
-        },
-        reload_interval: Duration::from_millis(cli.reload_interval_ms.max(50)),
+        limiter,
+        reload_interval,
         shutdown_grace: Duration::from_millis(cli.shutdown_grace_ms),
         limits: ConnectionLimits {
             tls,
@@ -509,10 +437,111 @@ async fn run(cli: Cli) -> Result<()> {
             ..ConnectionLimits::default()
         },
         lanes,
-        http: http::Listeners { api, debug, admin },
+        http,
     }
     .run(shutdown_signal())
     .await
+}
+
+/// How the rate limit service decides and answers, from the flags.
+fn limiter_settings(cli: &Cli) -> Result<LimiterSettings> {
+    let headers = HeaderSettings {
+        enabled: cli.response_headers,
+        names: HeaderNames {
+            limit: cli.header_limit.clone(),
+            remaining: cli.header_remaining.clone(),
+            reset: cli.header_reset.clone(),
+            retry_after: cli.header_retry_after.clone(),
+        },
+    };
+    headers.names.validate()?;
+    Ok(LimiterSettings {
+        key_prefix: cli.key_prefix.clone(),
+        headers,
+        failure_mode: cli.failure_mode.into(),
+        expected_replicas: cli.expected_replicas,
+        max_detailed_series: cli.max_detailed_metric_series,
+        stop_increment_when_over_limit: cli.envoy.stop_cache_key_increment_when_overlimit,
+        values: if cli.hash_descriptor_values {
+            Values::Sha256
+        } else {
+            Values::Raw
+        },
+        near_limit_ratio: cli.stats.near_limit_ratio()?,
+        modes: cli.envoy_modes.modes(),
+        over_cache_keys: cli.envoy.over_cache_keys(),
+        tracer: cli.tracing.tracer()?,
+    })
+}
+
+/// The gRPC listener: a Unix socket (`GRPC_UDS`) or TCP.
+async fn bind_grpc(cli: &Cli) -> Result<Listener> {
+    Ok(match &cli.envoy.grpc_uds {
+        Some(path) => Listener::Unix(bind_unix(path)?),
+        None => bind(&cli.envoy.grpc_addr(cli.grpc_addr), "gRPC")
+            .await?
+            .into(),
+    })
+}
+
+/// gRPC's TLS files, reloaded when they change; `None`: plaintext.
+fn grpc_tls(cli: &Cli, reload_interval: Duration) -> Result<Option<ReloadingTls>> {
+    let files = cli.envoy.grpc_tls(
+        cli.grpc_tls_cert.as_deref(),
+        cli.grpc_tls_key.as_deref(),
+        cli.grpc_tls_client_ca.as_deref(),
+    )?;
+    files
+        .map(|files| ReloadingTls::start(files, reload_interval))
+        .transpose()
+}
+
+/// Serves `/metrics` on its own listener, if there is one; its address, or "off".
+fn serve_metrics(
+    cli: &Cli,
+    metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
+) -> Result<String> {
+    let Some((listener, handle)) = metrics else {
+        return Ok("off".into());
+    };
+    let addr = local_addr(&listener)?;
+    let router = http::metrics::router(&cli.metrics_path, handle)?;
+    let idle = Duration::from_millis(cli.handshake_timeout_ms);
+    tokio::spawn(http::serve(listener, idle, router, std::future::pending()));
+    Ok(addr.to_string())
+}
+
+/// The HTTP listeners: the API (`/healthcheck`, `/json`), debug, admin.
+async fn http_listeners(cli: &Cli, reload_interval: Duration) -> Result<http::Listeners> {
+    let (api_addr, asked) = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
+    let api = bind_http(&api_addr, "HTTP", asked).await?;
+    let (debug_addr, asked) =
+        listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
+    let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
+    let admin = bind_admin(&cli.admin, reload_interval).await?;
+    Ok(http::Listeners { api, debug, admin })
+}
+
+/// One plain line on stdout for scripts and tests that start us on port 0.
+fn announce(grpc: &Listener, metrics_addr: &str, http: &http::Listeners) -> Result<()> {
+    let grpc_addr = grpc.describe().map_err(|source| Error::Io {
+        context: "gRPC listener address".into(),
+        source,
+    })?;
+    let shown = |listener: &Option<TcpListener>| match listener {
+        Some(listener) => local_addr(listener).map(|a| a.to_string()),
+        None => Ok("off".to_owned()),
+    };
+    let admin = match &http.admin {
+        Some(admin) => local_addr(&admin.listener)?.to_string(),
+        None => "off".to_owned(),
+    };
+    println!(
+        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={} admin={admin}",
+        shown(&http.api)?,
+        shown(&http.debug)?,
+    );
+    Ok(())
 }
 
 /// The counter stores: in memory without REDIS_URL; else the main Redis,

@@ -3,6 +3,7 @@
 //! health probe, with graceful shutdown.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -108,6 +109,33 @@ impl Default for ConnectionLimits {
 }
 
 impl Server {
+    /// The services every lane serves, on one store, config and over-limit
+    /// cache; `holds` keeps the `Hold` streams' leases.
+    fn services(&self, holds: &Arc<Holds>) -> (RateLimiter, Concurrency, Budget) {
+        let concurrency = Concurrency::new(
+            self.config.clone(),
+            self.store.main().clone(),
+            self.limiter.key_prefix.clone(),
+            self.limiter.values,
+            holds.clone(),
+        );
+        let limiter = RateLimiter::new(
+            self.config.clone(),
+            self.store.clone(),
+            self.limiter.clone(),
+        );
+        let local_cache = self.limiter.over_cache_keys.is_some_and(|keys| keys > 0);
+        crate::read_stats::register(&self.store, limiter.over_caches(), local_cache);
+        // The same over-limit cache: a settle's give-back clears its keys.
+        let budget = Budget::new(
+            self.config.clone(),
+            self.store.clone(),
+            self.limiter.clone(),
+            limiter.over_cache(),
+        );
+        (limiter, concurrency, budget)
+    }
+
     /// Serves until `shutdown` resolves, then drains in-flight calls.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
         let addr = self.grpc.describe().map_err(|source| Error::Io {
@@ -116,29 +144,10 @@ impl Server {
         })?;
         let holds = Holds::new(self.store.main().clone());
         let refresher = tokio::spawn(holds.clone().refresh_forever());
-        let concurrency = Concurrency::new(
-            self.config.clone(),
-            self.store.main().clone(),
-            self.limiter.key_prefix.clone(),
-            self.limiter.values,
-            holds.clone(),
-        );
+        let (limiter, concurrency, budget) = self.services(&holds);
         let admin_api = self.admin_api();
         let watcher = self.spawn_watcher();
         let serves_without_store = self.limiter.failure_mode.serves_without_store();
-        let limiter_settings = self.limiter.clone();
-        let limiter = RateLimiter::new(self.config.clone(), self.store.clone(), self.limiter);
-        let local_cache = limiter_settings
-            .over_cache_keys
-            .is_some_and(|keys| keys > 0);
-        crate::read_stats::register(&self.store, limiter.over_caches(), local_cache);
-        // The same over-limit cache: a settle's give-back clears its keys.
-        let budget = Budget::new(
-            self.config.clone(),
-            self.store.clone(),
-            limiter_settings,
-            limiter.over_cache(),
-        );
 
         let (reporter, health) = crate::health::health_reporter();
         let readiness = Readiness::new(reporter);
