@@ -39,16 +39,15 @@ use crate::headers::LimitState;
 use crate::limiter::{Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
 use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
-use crate::store::{Role, Settled, Store, Stores};
+use crate::store::{Role, Settled, Stores};
 
 /// The budget service.
 #[derive(Debug, Clone)]
 pub struct Budget {
     config: SharedConfig,
-    /// Budgets live in the main store; [`Stores`] only to know which
-    /// limits the per-second store keeps.
+    /// Budgets live in the main store; the per-second one (if any) only
+    /// says which limits it keeps, and so cannot be budgeted.
     stores: Stores,
-    store: Store,
     /// The rate limit service's settings: the same keys and values.
     settings: LimiterSettings,
     /// `ShouldRateLimit`'s over-limit cache on this replica.
@@ -64,7 +63,6 @@ impl Budget {
     ) -> Self {
         Budget {
             config,
-            store: stores.main().clone(),
             stores,
             settings,
             over,
@@ -74,7 +72,7 @@ impl Budget {
     /// The same service, using serving lane `lane`'s store connections.
     pub fn for_lane(&self, lane: usize) -> Self {
         Budget {
-            store: self.store.for_lane(lane),
+            stores: self.stores.for_lane(lane),
             ..self.clone()
         }
     }
@@ -105,7 +103,8 @@ impl Budget {
             )));
         }
         let reserved = self
-            .store
+            .stores
+            .main()
             .reserve(&plan.checks, &reservation.nonce, ttl_ms)
             .await
             .map_err(store_failed)?;
@@ -169,7 +168,8 @@ impl Budget {
         }
         let keys = reservation.counter_keys();
         let settled = self
-            .store
+            .stores
+            .main()
             .settle(&keys, &reservation.nonce, request.actual)
             .await
             .map_err(store_failed)?;
