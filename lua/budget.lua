@@ -12,7 +12,8 @@
 -- order: in KEYS the reservation's marker in this slot, then the counter
 -- keys of its checks in this slot, in order (n of them); in ARGV a header
 -- "<op> <n> <amount>", the counter keys of the whole reservation (every
--- slot's), one a line, then for reserve and check each check's fields.
+-- slot's) one a line, or "" when they are this operation's, then for
+-- reserve and check each check's fields.
 --   reserve: amount = TTL in ms; the fields as batch.lua takes them
 --            (hits = the estimate; charges are ignored).
 --            -> {granted 1|0, then over, remaining, reset_ms per check}
@@ -26,14 +27,21 @@
 -- The reply: per operation the length of its answer, then the answer. An
 -- operation whose fields (answer {-1, 1}) or marker ({-1, 2}) are
 -- malformed does nothing; the others of the call stand.
--- The marker, a hash expiring with the reservation: s = "" while pending,
--- else the actual it was settled at; at = the time of the reservation (ms);
--- k = its counter keys (the whole reservation's), sk = this slot's, c =
--- this slot's checks' fields, one a line; m = the mark of each check (what
--- the algorithm's `reserve` returned; "-" when it took nothing), separated
--- by spaces. A settle trusts only the marker, and only when it names
--- exactly the keys the settle does: another reservation's keys, or a part
--- of them, touch nothing.
+-- The marker, a string expiring with the reservation, five fields
+-- separated by tabs (counter keys escape control bytes, see src/keys.rs):
+--   the state: '-' while pending, else the actual it was settled at;
+--   the time of the reservation (ms), then the mark of each check (what
+--   the algorithm's `reserve` returned; '-' when it took nothing),
+--   separated by spaces;
+--   this slot's checks' fields, one a line;
+--   the header's line of the whole reservation's keys ('' on one slot);
+--   this slot's counter keys, one a line.
+-- A settle trusts only the marker, and only when it names exactly the keys
+-- the settle does: another reservation's keys, or a part of them, touch
+-- nothing. One string, written by one SET (replacing whatever the key
+-- held) and read by one GET, costs Redis less than a hash and its
+-- PEXPIRE; the marker is a large part of what a reserve and a settle cost
+-- Redis (lua/README.md).
 
 -- A count argument as a number; nil when it is not one.
 local function count(arg)
@@ -54,42 +62,62 @@ if now == nil then
   return redis.error_reply('ERR malformed budget arguments')
 end
 
--- A check like c but for `hits` (a new table: check_of's are shared).
-local function with_hits(c, hits, charges)
+local out = {}
+-- Per key, within one operation: its state, the check to save it with,
+-- and the reservation's mark on it. Shared by the operations of the call
+-- and emptied after each (as batch.lua's per-request tables).
+local state, save_with, taken = {}, {}, {}
+
+-- The check c for `hits` charged after the fact (a new table: check_of's
+-- are shared).
+local function excess(c, hits)
   return {
     tag = c.tag, algo = c.algo, limit = c.limit, period = c.period, burst = c.burst,
-    hits = hits, need = math.max(hits, 1), enforce = c.enforce, charges = charges,
+    hits = hits, need = math.max(hits, 1), enforce = c.enforce, charges = true,
   }
 end
 
--- Puts each check's standing (one more hit over? what is left, the reset)
--- into out from index 3, consuming nothing. keys: the marker, then the
--- checks' counter keys.
-local function standing(keys, checks, out)
-  for i, c in ipairs(checks) do
-    local probe = with_hits(c, 0, false)
-    local s = c.algo.load(keys[i + 1], probe, now)
-    local over = c.algo.is_over(s, probe, now)
-    local o = 3 * i
-    out[o] = over and 1 or 0
-    out[o + 1], out[o + 2] = c.algo.report(s, probe, over, false, now)
+-- The check c with no hits, to report a standing: kept in c (check_of's
+-- tables are shared and live as long as its memo; no step reads `probe`).
+local function probe_of(c)
+  local probe = c.probe
+  if probe == nil then
+    probe = excess(c, 0)
+    probe.charges = false
+    c.probe = probe
   end
-  return out
+  return probe
 end
 
--- reserve (or check, when `only_check`): keys as for standing, fields each
--- check's, all_keys the whole reservation's counter keys.
-local function reserve(keys, fields, ttl, all_keys, only_check)
-  local n = #fields
-  -- Per key: its state, the check to save it with, the reservation's mark.
-  local checks, state, save_with, taken, marks = {}, {}, {}, {}, {}
-  local out, blocked = { 1 }, only_check
+-- Ends an operation on KEYS[k + 1 .. k + n]: the per-key tables emptied.
+local function forget(k, n)
   for i = 1, n do
-    local c, key = check_of(fields[i]), keys[i + 1]
+    local key = KEYS[k + i]
+    state[key], save_with[key], taken[key] = nil, nil, nil
+  end
+end
+
+-- Ends an operation whose answer starts at out[p] with the answer {x, y}
+-- (malformed or unknown), dropping what it wrote after.
+local function answer2(p, k, n, x, y)
+  for i = p + 2, #out do
+    out[i] = nil
+  end
+  out[p], out[p + 1] = x, y
+  forget(k, n)
+end
+
+-- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
+-- with fields ARGV[a + 1 .. a + n], marker KEYS[k]; all_keys as the
+-- header's line. Its answer goes to out from index p.
+local function reserve(p, k, a, n, ttl, all_keys, only_check)
+  out[p] = 1
+  local blocked, changed, marks = only_check, false, nil
+  for i = 1, n do
+    local c, key = check_of(ARGV[a + i]), KEYS[k + i]
     if c == nil then
-      return { -1, 1 }
+      return answer2(p, k, n, -1, 1)
     end
-    checks[i] = c
     local algo, s = c.algo, state[key]
     if s == nil then
       s = algo.load(key, c, now)
@@ -100,123 +128,202 @@ local function reserve(keys, fields, ttl, all_keys, only_check)
       blocked = true
     end
     local applied = c.hits > 0 and not over
-    marks[i] = '-'
+    local mark = '-'
     if applied then
       -- The reservation's hits on a key are one entry: the key's first
       -- check makes it, the others join it.
-      local mark = taken[key]
-      if mark ~= nil then
+      local m = taken[key]
+      if m ~= nil then
         algo.apply(s, c, now)
       elseif algo.reserve ~= nil then
-        mark = algo.reserve(s, c, now)
+        m = algo.reserve(s, c, now)
       else
         algo.apply(s, c, now)
-        mark = 0
+        m = 0
       end
-      taken[key], marks[i], save_with[key] = mark, int(mark), c
+      taken[key], save_with[key], mark = m, c, int(m)
+      changed = true
     end
-    local o = 3 * i
-    out[o - 1] = over and 1 or 0
-    out[o], out[o + 1] = algo.report(s, c, over, applied, now)
+    marks = marks and (marks .. ' ' .. mark) or mark
+    local o = p + 3 * i - 2
+    out[o] = over and 1 or 0
+    out[o + 1], out[o + 2] = algo.report(s, c, over, applied, now)
   end
   if blocked then
     -- Refused: nothing was saved; each check is reported against its
-    -- state as stored, like a refused all-or-nothing request's.
-    state = {}
-    for i, c in ipairs(checks) do
-      local key = keys[i + 1]
-      local s = state[key] or c.algo.load(key, c, now)
-      state[key] = s
-      local o = 3 * i
-      out[o], out[o + 1] = c.algo.report(s, c, out[o - 1] == 1, false, now)
+    -- state as stored, like a refused all-or-nothing request's (a lone
+    -- check refused took nothing: its report stands).
+    out[p] = 0
+    if changed then
+      local stored = {}
+      for i = 1, n do
+        local c, key = check_of(ARGV[a + i]), KEYS[k + i]
+        local s = stored[key] or c.algo.load(key, c, now)
+        stored[key] = s
+        local o = p + 3 * i - 2
+        out[o + 1], out[o + 2] = c.algo.report(s, c, out[o] == 1, false, now)
+      end
     end
-    out[1] = 0
-    return out
+    return forget(k, n)
   end
   for key, c in pairs(save_with) do
     local s, algo = state[key], c.algo
     algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
   end
-  redis.call('HSET', keys[1], 's', '', 'at', int(now), 'k', all_keys,
-    'sk', table.concat(keys, '\n', 2), 'c', table.concat(fields, '\n'),
-    'm', table.concat(marks, ' '))
-  redis.call('PEXPIRE', keys[1], int(math.max(ttl, 1)))
-  return out
+  local marker, sk, fields = KEYS[k], KEYS[k + 1], ARGV[a + 1]
+  if n > 1 then
+    sk, fields = table.concat(KEYS, '\n', k + 1, k + n), table.concat(ARGV, '\n', a + 1, a + n)
+  end
+  -- Pending ('-'), then the rest (module doc): SET replaces whatever the
+  -- key held, in one command with its expiry.
+  redis.call('SET', marker, '-\t' .. int(now) .. ' ' .. marks .. '\t' .. fields .. '\t' ..
+    all_keys .. '\t' .. sk, 'PX', int(math.max(ttl, 1)))
+  return forget(k, n)
 end
 
-local function settle(keys, actual, all_keys)
-  local n = #keys - 1
-  local h = redis.call('HMGET', keys[1], 's', 'at', 'k', 'c', 'm', 'sk')
-  if h[3] ~= all_keys or h[6] ~= table.concat(keys, '\n', 2) then
-    return { 0, 0 }
+-- The checks and marks a marker's c and m hold, n of each; nil when not.
+local function read_marker(n, c, m)
+  if n == 1 then
+    local check, at, mark = check_of(c), string.match(m, '^(%d+) (%S+)$')
+    if check == nil or at == nil then
+      return nil
+    end
+    return { check }, { tonumber(mark) or false }, tonumber(at)
   end
   local checks, marks = {}, {}
-  for fields in string.gmatch(h[4], '[^\n]+') do
-    checks[#checks + 1] = check_of(fields)
+  for fields in string.gmatch(c, '[^\n]+') do
+    checks[#checks + 1] = check_of(fields) or false
   end
-  for mark in string.gmatch(h[5], '%S+') do
-    marks[#marks + 1] = tonumber(mark) or false
+  local at
+  for mark in string.gmatch(m, '%S+') do
+    if at == nil then
+      at = tonumber(mark)
+    else
+      marks[#marks + 1] = tonumber(mark) or false
+    end
   end
-  if #checks ~= n or #marks ~= n then
-    return { -1, 2 }
+  if #checks ~= n or #marks ~= n or at == nil then
+    return nil
   end
-  if h[1] ~= '' then
-    return standing(keys, checks, { 2, tonumber(h[1]) })
+  for i = 1, n do
+    if not checks[i] then
+      return nil
+    end
   end
-  local at = tonumber(h[2])
+  return checks, marks, at
+end
+
+-- Puts each check's standing (one more hit over? what is left, the reset)
+-- into out from index p + 2, consuming nothing: from the state this
+-- settle left a key in, where the algorithm keeps it up to date, else as
+-- stored.
+local function standing(p, k, checks)
+  for i, c in ipairs(checks) do
+    local key, algo, probe = KEYS[k + i], c.algo, probe_of(c)
+    local s = state[key]
+    if s == nil or algo.refund_stores_only then
+      s = algo.load(key, probe, now)
+    end
+    local over = algo.is_over(s, probe, now)
+    local o = p + 3 * i - 1
+    out[o] = over and 1 or 0
+    out[o + 1], out[o + 2] = algo.report(s, probe, over, false, now)
+  end
+end
+
+-- A marker's fields (module doc).
+local MARKER = '^([^\t]+)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
+
+local function settle(p, k, n, actual, all_keys)
+  local v = redis.call('GET', KEYS[k])
+  if not v then
+    return answer2(p, k, n, 0, 0)
+  end
+  local settled, m, fields, all, sk = string.match(v, MARKER)
+  if settled == nil then
+    return answer2(p, k, n, -1, 2)
+  end
+  local expected = KEYS[k + 1]
+  if n > 1 then
+    expected = table.concat(KEYS, '\n', k + 1, k + n)
+  end
+  if sk ~= expected or all ~= all_keys then
+    return answer2(p, k, n, 0, 0)
+  end
+  local checks, marks, at = read_marker(n, fields, m)
+  if checks == nil then
+    return answer2(p, k, n, -1, 2)
+  end
+  if settled ~= '-' then
+    local earlier = tonumber(settled)
+    if earlier == nil then
+      return answer2(p, k, n, -1, 2)
+    end
+    out[p], out[p + 1] = 2, earlier
+    standing(p, k, checks)
+    return forget(k, n)
+  end
   for i, c in ipairs(checks) do
     if marks[i] and actual ~= c.hits then
-      local key, algo = keys[i + 1], c.algo
-      local s = algo.load(key, c, now)
+      local key, algo = KEYS[k + i], c.algo
+      local s = state[key]
+      if s == nil or algo.refund_stores_only then
+        s = algo.load(key, c, now)
+        state[key] = s
+      end
       if actual < c.hits then
         algo.refund(s, c, c.hits - actual, at, marks[i], now)
       else
-        algo.apply(s, with_hits(c, actual - c.hits, true), now)
+        algo.apply(s, excess(c, actual - c.hits), now)
       end
       algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
     end
   end
-  redis.call('HSET', keys[1], 's', int(actual))
-  return standing(keys, checks, { 1, actual })
+  redis.call('SET', KEYS[k], int(actual) .. string.sub(v, 2), 'KEEPTTL')
+  out[p], out[p + 1] = 1, actual
+  standing(p, k, checks)
+  return forget(k, n)
 end
+
+-- An operation's header, "<op> <n> <amount>", as {op, n, amount, nf (its
+-- fields' count)}; nil when malformed. Memoized (lua/prelude.lua): the
+-- operations of a call mostly repeat their headers.
+local op_of = memo(function(header)
+  local op, n, amount = string.match(header, '^(%l+) (%d+) (%d+)$')
+  n, amount = tonumber(n), tonumber(amount)
+  if op == nil or n == nil or amount == nil or n < 1
+    or not (op == 'settle' or op == 'reserve' or op == 'check') then
+    return nil
+  end
+  return { op = op, n = n, amount = amount, nf = op == 'settle' and 0 or n }
+end)
 
 -- The operations' framing, all read before any is made: a call whose
 -- framing is wrong (a header, the number of keys or of fields) does nothing.
 local ops, k, a = {}, 1, 2
 while a <= #ARGV do
-  local op, n, amount = string.match(ARGV[a], '^(%l+) (%d+) (%d+)$')
-  n, amount = tonumber(n), tonumber(amount)
-  local settling = op == 'settle'
-  local nf = settling and 0 or n
-  if op == nil or n == nil or amount == nil or n < 1 or k + n > #KEYS
-    or a + 1 + nf > #ARGV or not (settling or op == 'reserve' or op == 'check') then
+  local o = op_of(ARGV[a])
+  if o == nil or k + o.n > #KEYS or a + 1 + o.nf > #ARGV then
     return redis.error_reply('ERR malformed budget arguments')
   end
-  ops[#ops + 1] = { op = op, n = n, nf = nf, amount = amount, k = k, a = a }
-  k, a = k + n + 1, a + 2 + nf
+  local i = #ops
+  ops[i + 1], ops[i + 2], ops[i + 3] = o, k, a
+  k, a = k + o.n + 1, a + 2 + o.nf
 end
 if k ~= #KEYS + 1 or #ops == 0 then
   return redis.error_reply('ERR malformed budget arguments')
 end
 
-local out = {}
-for _, o in ipairs(ops) do
-  local keys, fields = {}, {}
-  for i = 0, o.n do
-    keys[i + 1] = KEYS[o.k + i]
-  end
-  for i = 1, o.nf do
-    fields[i] = ARGV[o.a + 1 + i]
-  end
-  local answer
+for i = 1, #ops, 3 do
+  local o, ok, oa = ops[i], ops[i + 1], ops[i + 2]
+  -- out[p - 1]: the answer's length, known once it is written.
+  local p = #out + 2
+  out[p - 1] = 0
   if o.op == 'settle' then
-    answer = settle(keys, o.amount, ARGV[o.a + 1])
+    settle(p, ok, o.n, o.amount, ARGV[oa + 1])
   else
-    answer = reserve(keys, fields, o.amount, ARGV[o.a + 1], o.op == 'check')
+    reserve(p, ok, oa + 1, o.n, o.amount, ARGV[oa + 1], o.op == 'check')
   end
-  out[#out + 1] = #answer
-  for i = 1, #answer do
-    out[#out + 1] = answer[i]
-  end
+  out[p - 1] = #out - p + 1
 end
 return out

@@ -183,8 +183,9 @@ B.sl = function()
     -- every later one: the work grows with the entries admitted since the
     -- reservation, never with hits. An entry that aged out, or is not
     -- found, gives nothing back (the safe side); one left with no hits goes.
-    -- Works on the stored set: s is not brought up to date (lua/budget.lua
-    -- loads the key again to report).
+    -- Works on the stored set: s is not brought up to date, and
+    -- lua/budget.lua loads the key again to report (refund_stores_only).
+    refund_stores_only = true,
     refund = function(s, c, hits, at, mark, now)
       if mark + c.period <= now then
         return

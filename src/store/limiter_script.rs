@@ -323,7 +323,8 @@ pub struct BudgetOp {
     pub marker: String,
     /// The counter keys of its checks in this slot, in order.
     pub keys: Vec<String>,
-    /// The reservation's counter keys in every slot, one a line.
+    /// The reservation's counter keys in every slot, one a line; empty
+    /// when they are all in this slot (`keys`).
     pub all_keys: String,
     /// The TTL in ms (reserve, check) or the actual cost (settle).
     pub amount: u64,

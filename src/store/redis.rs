@@ -88,8 +88,13 @@ impl SlotSettled {
     }
 }
 
-/// A reservation's counter keys, one a line (its markers name them).
-fn join_keys<'k>(keys: impl Iterator<Item = &'k str>) -> String {
+/// A slot's line of the whole reservation's counter `keys`, which its
+/// marker names: empty when `group` (the slot's) holds all of them, as on
+/// one Redis, else every key, one a line.
+fn whole_reservation<'k>(group: &[usize], keys: impl ExactSizeIterator<Item = &'k str>) -> String {
+    if group.len() == keys.len() {
+        return String::new();
+    }
     keys.collect::<Vec<_>>().join("\n")
 }
 
@@ -365,7 +370,7 @@ impl RedisStore {
             op,
             marker: marker_key(&checks[group[0]].key, nonce),
             keys: group.iter().map(|&i| checks[i].key.clone()).collect(),
-            all_keys: join_keys(checks.iter().map(|c| c.key.as_str())),
+            all_keys: whole_reservation(group, checks.iter().map(|c| c.key.as_str())),
             amount: ttl_ms,
             checks: group.iter().map(|&i| checks[i].clone()).collect(),
         };
@@ -459,7 +464,7 @@ impl RedisStore {
             op: "settle",
             marker: marker_key(keys[first], nonce),
             keys: group.iter().map(|&i| keys[i].to_owned()).collect(),
-            all_keys: join_keys(keys.iter().copied()),
+            all_keys: whole_reservation(group, keys.iter().copied()),
             amount: actual,
             checks: Vec::new(),
         };
