@@ -11,9 +11,11 @@
 -- ARGV[1] now in ms or "" for the server's TIME. Then per operation, in
 -- order: in KEYS the reservation's marker in this slot, then the counter
 -- keys of its checks in this slot, in order (n of them); in ARGV a header
--- "<op> <n> <amount>", the counter keys of the whole reservation (every
--- slot's) one a line, or "" when they are this operation's, then for
--- reserve and check each check's fields.
+-- "<op> <n> <amount>", with " k" after it when other slots hold some of
+-- the reservation's counter keys and the next argument is all of them (of
+-- every slot, one a line), then for reserve and check each check's
+-- fields. Every argument costs Redis an object and Lua a string, so a
+-- reservation on one slot (any on one Redis) sends no keys line.
 --   reserve: amount = TTL in ms; the fields as batch.lua takes them
 --            (hits = the estimate; charges are ignored).
 --            -> {granted 1|0, then over, remaining, reset_ms per check}
@@ -29,7 +31,8 @@
 -- malformed does nothing; the others of the call stand.
 -- The marker, a string expiring with the reservation, five fields
 -- separated by tabs (counter keys escape control bytes, see src/keys.rs):
---   the state: '-' while pending, else the actual it was settled at;
+--   the state: '----------' while pending, else the actual it was
+--   settled at, as ten digits (SETRANGE rewrites it in place);
 --   the time of the reservation (ms), then the mark of each check (what
 --   the algorithm's `reserve` returned; '-' when it took nothing),
 --   separated by spaces;
@@ -61,6 +64,10 @@ end
 if now == nil then
   return redis.error_reply('ERR malformed budget arguments')
 end
+
+-- A marker's state while pending: as wide as a settled one (ten digits
+-- hold any actual up to MAX_HITS, 2^32), so a settle rewrites it in place.
+local PENDING, MAX_ACTUAL = '----------', 2 ^ 32
 
 local out = {}
 -- Per key, within one operation: its state, the check to save it with,
@@ -108,8 +115,9 @@ local function answer2(p, k, n, x, y)
 end
 
 -- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
--- with fields ARGV[a + 1 .. a + n], marker KEYS[k]; all_keys as the
--- header's line. Its answer goes to out from index p.
+-- with fields ARGV[a + 1 .. a + n], marker KEYS[k]; all_keys the whole
+-- reservation's keys line ('' on one slot). Its answer goes to out from
+-- index p.
 local function reserve(p, k, a, n, ttl, all_keys, only_check)
   out[p] = 1
   local blocked, changed, marks = only_check, false, nil
@@ -174,10 +182,9 @@ local function reserve(p, k, a, n, ttl, all_keys, only_check)
   if n > 1 then
     sk, fields = table.concat(KEYS, '\n', k + 1, k + n), table.concat(ARGV, '\n', a + 1, a + n)
   end
-  -- Pending ('-'), then the rest (module doc): SET replaces whatever the
-  -- key held, in one command with its expiry.
-  redis.call('SET', marker, '-\t' .. int(now) .. ' ' .. marks .. '\t' .. fields .. '\t' ..
-    all_keys .. '\t' .. sk, 'PX', int(math.max(ttl, 1)))
+  -- SET replaces whatever the key held, in one command with its expiry.
+  redis.call('SET', marker, PENDING .. '\t' .. int(now) .. ' ' .. marks .. '\t' .. fields ..
+    '\t' .. all_keys .. '\t' .. sk, 'PX', int(math.max(ttl, 1)))
   return forget(k, n)
 end
 
@@ -254,7 +261,7 @@ local function settle(p, k, n, actual, all_keys)
   if checks == nil then
     return answer2(p, k, n, -1, 2)
   end
-  if settled ~= '-' then
+  if settled ~= PENDING then
     local earlier = tonumber(settled)
     if earlier == nil then
       return answer2(p, k, n, -1, 2)
@@ -279,23 +286,31 @@ local function settle(p, k, n, actual, all_keys)
       algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
     end
   end
-  redis.call('SET', KEYS[k], int(actual) .. string.sub(v, 2), 'KEEPTTL')
+  -- In place: the marker keeps its expiry, and only the state is sent.
+  redis.call('SETRANGE', KEYS[k], 0, string.format('%010d', actual))
   out[p], out[p + 1] = 1, actual
   standing(p, k, checks)
   return forget(k, n)
 end
 
--- An operation's header, "<op> <n> <amount>", as {op, n, amount, nf (its
--- fields' count)}; nil when malformed. Memoized (lua/prelude.lua): the
--- operations of a call mostly repeat their headers.
+-- An operation's header, "<op> <n> <amount>", then " k" when the next
+-- argument is the whole reservation's keys, as {op, n, amount, args (the
+-- arguments after the header: that line and the fields)}; nil when
+-- malformed. Memoized (lua/prelude.lua): the operations of a call mostly
+-- repeat their headers.
 local op_of = memo(function(header)
-  local op, n, amount = string.match(header, '^(%l+) (%d+) (%d+)$')
+  local op, n, amount, line = string.match(header, '^(%l+) (%d+) (%d+)( ?k?)$')
   n, amount = tonumber(n), tonumber(amount)
-  if op == nil or n == nil or amount == nil or n < 1
-    or not (op == 'settle' or op == 'reserve' or op == 'check') then
+  if op == nil or n == nil or amount == nil or n < 1 or not (line == '' or line == ' k')
+    or not (op == 'settle' or op == 'reserve' or op == 'check')
+    or (op == 'settle' and amount > MAX_ACTUAL) then
     return nil
   end
-  return { op = op, n = n, amount = amount, nf = op == 'settle' and 0 or n }
+  local args = op == 'settle' and 0 or n
+  if line == ' k' then
+    args = args + 1
+  end
+  return { op = op, n = n, amount = amount, line = line == ' k', args = args }
 end)
 
 -- The operations' framing, all read before any is made: a call whose
@@ -303,12 +318,12 @@ end)
 local ops, k, a = {}, 1, 2
 while a <= #ARGV do
   local o = op_of(ARGV[a])
-  if o == nil or k + o.n > #KEYS or a + 1 + o.nf > #ARGV then
+  if o == nil or k + o.n > #KEYS or a + o.args > #ARGV then
     return redis.error_reply('ERR malformed budget arguments')
   end
   local i = #ops
   ops[i + 1], ops[i + 2], ops[i + 3] = o, k, a
-  k, a = k + o.n + 1, a + 2 + o.nf
+  k, a = k + o.n + 1, a + 1 + o.args
 end
 if k ~= #KEYS + 1 or #ops == 0 then
   return redis.error_reply('ERR malformed budget arguments')
@@ -316,13 +331,18 @@ end
 
 for i = 1, #ops, 3 do
   local o, ok, oa = ops[i], ops[i + 1], ops[i + 2]
+  local all_keys = ''
+  if o.line then
+    oa = oa + 1
+    all_keys = ARGV[oa]
+  end
   -- out[p - 1]: the answer's length, known once it is written.
   local p = #out + 2
   out[p - 1] = 0
   if o.op == 'settle' then
-    settle(p, ok, o.n, o.amount, ARGV[oa + 1])
+    settle(p, ok, o.n, o.amount, all_keys)
   else
-    reserve(p, ok, oa + 1, o.n, o.amount, ARGV[oa + 1], o.op == 'check')
+    reserve(p, ok, oa, o.n, o.amount, all_keys, o.op == 'check')
   end
   out[p - 1] = #out - p + 1
 end

@@ -1836,8 +1836,9 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
 }
 
 /// Malformed budget calls get an error reply and save nothing: an unknown
-/// operation, a TTL or actual not a count, fewer fields than keys, more
-/// arguments than operations, no time. A check's fields malformed fail
+/// operation, a TTL or actual not a count, fewer fields than keys, a keys
+/// line announced and missing or a header's tail not ` k`, an actual over
+/// 2^32 (`MAX_HITS`), more arguments than operations, no time. A check's fields malformed fail
 /// that operation alone (`{-1, 1}`), saving nothing.
 #[test]
 fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
@@ -1862,22 +1863,17 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
             .arg(args)
             .query::<Vec<i64>>(&mut redis.client().get_connection().unwrap())
     };
-    let malformed: [&[&str]; 7] = [
-        &[now, "take 1 1000", key, good],
-        &[now, "reserve 1 soon", key, good],
-        &[now, "reserve 1 1000", key],
-        &[now, "settle 1 -1", key],
-        &[now, "settle 1 1", key, good],
-        &[
-            now,
-            "reserve 1 1000",
-            key,
-            good,
-            "reserve 1 1000",
-            key,
-            good,
-        ],
-        &["soon", "reserve 1 1000", key, good],
+    let malformed: [&[&str]; 10] = [
+        &[now, "take 1 1000", good],
+        &[now, "reserve 1 soon", good],
+        &[now, "reserve 1 1000"],
+        &[now, "reserve 1 1000 k", good],
+        &[now, "reserve 1 1000 x", key, good],
+        &[now, "settle 1 -1"],
+        &[now, "settle 1 4294967297"],
+        &[now, "settle 1 1", good],
+        &[now, "reserve 1 1000", good, "reserve 1 1000", good],
+        &["soon", "reserve 1 1000", good],
     ];
     for args in malformed {
         let error = call(args).expect_err("malformed arguments were decided");
@@ -1887,7 +1883,7 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
             "{args:?}: {error}"
         );
     }
-    let bad_fields = call(&[now, "reserve 1 1000", key, "fw 5 1000 0 1 1"]).unwrap();
+    let bad_fields = call(&[now, "reserve 1 1000", "fw 5 1000 0 1 1"]).unwrap();
     assert_eq!(bad_fields, vec![2, -1, 1]);
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "saved {keys:?}");

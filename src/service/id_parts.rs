@@ -30,8 +30,11 @@ pub fn is_nonce(s: &str) -> bool {
 
 /// Appends `s`'s bytes to `out` as lowercase hex.
 pub fn push_hex(out: &mut String, s: &str) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(2 * s.len());
     for b in s.bytes() {
-        out.push_str(&format!("{b:02x}"));
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
 }
 

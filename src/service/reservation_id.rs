@@ -18,6 +18,7 @@
 //! altered id therefore touches nothing (the store answers Unknown); at
 //! worst an altered limit misreports the `limit` of its own answer.
 
+use std::fmt::Write;
 use std::time::Duration;
 
 use super::caps::MAX_DESCRIPTORS;
@@ -74,12 +75,16 @@ impl ReservationId {
     }
 
     pub fn encode(&self) -> String {
-        let mut id = format!(
+        let hex: usize = self.keys.iter().map(|k| 2 * k.key.len() + 32).sum();
+        let mut id = String::with_capacity(PREFIX.len() + self.nonce.len() + 32 + hex);
+        // Writing to a String cannot fail.
+        let _ = write!(
+            id,
             "{PREFIX}{}.{}.{}",
             self.nonce, self.ttl_ms, self.descriptors
         );
         for key in &self.keys {
-            id.push_str(&format!(".{}:{}:", key.descriptor, key.limit));
+            let _ = write!(id, ".{}:{}:", key.descriptor, key.limit);
             push_hex(&mut id, &key.key);
         }
         id

@@ -261,7 +261,10 @@ impl LimiterScript {
         }
         cmd.arg(now);
         for op in ops {
-            cmd.arg(BudgetHeader(op)).arg(op.all_keys.as_str());
+            cmd.arg(BudgetHeader(op));
+            if !op.all_keys.is_empty() {
+                cmd.arg(op.all_keys.as_str());
+            }
             for check in &op.checks {
                 cmd.arg(CheckFields(check));
             }
@@ -332,13 +335,18 @@ pub struct BudgetOp {
     pub checks: Vec<Check>,
 }
 
-/// An operation's header argument: `"<op> <keys> <amount>"`.
+/// An operation's header argument: `"<op> <keys> <amount>"`, and ` k`
+/// when the whole reservation's keys follow (other slots hold some).
 struct BudgetHeader<'o>(&'o BudgetOp);
 
 impl fmt::Display for BudgetHeader<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let op = self.0;
-        write!(f, "{} {} {}", op.op, op.keys.len(), op.amount)
+        write!(f, "{} {} {}", op.op, op.keys.len(), op.amount)?;
+        if !op.all_keys.is_empty() {
+            f.write_str(" k")?;
+        }
+        Ok(())
     }
 }
 
