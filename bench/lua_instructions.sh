@@ -11,7 +11,10 @@
 # hits_addend 1 and 1,000,000 over 1,000 keys (every call admitted: a limit
 # of 4,000,000,000 per hour); with SHAPES="lease lease_holder", lone
 # acquires of lua/leases.lua (a new lease on one of 1,000 sets, without and
-# with a holder; run it as `bench/lua_instructions.sh lua/leases.lua`).
+# with a holder; run it as `bench/lua_instructions.sh lua/leases.lua`); with
+# SHAPES=budget, calls of the library's budget function carrying 15
+# reserves on new fixed-window keys and the settles of the call before's
+# (bench/budget_calls.py; the first measured call settles nothing).
 # Prints one line per script and shape.
 # SHAPES (default "lone distinct same") picks the shapes.
 #
@@ -29,6 +32,7 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh # free_port, write_limiter
 N=${N:-2000}
 BATCH=23
+BUDGET_PAIRS=15
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lua-instructions.XXXXXX")
 pid=
 trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null; rm -rf "$WORK"' EXIT
@@ -74,6 +78,11 @@ for script in "$@"; do
             sl_1m) sliding_log_args 1000000; requests=1; range=1000; label="sliding_log, hits 1,000,000" ;;
             lease) lease_args; requests=1; range=1000; label="lease acquire, no holder" ;;
             lease_holder) lease_args 'pod-a/conn-7'; requests=1; range=1000; label="lease acquire, with a holder" ;;
+            budget)
+                # The library's budget function only (the script form is a
+                # script of its own, not written by --write-limiter-script).
+                head -n 1 "$script" | grep -q '^#!lua name=' || continue
+                requests=$BUDGET_PAIRS; label="$BUDGET_PAIRS reserves + $BUDGET_PAIRS settles a call, a request = a reserve+settle pair" ;;
             *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac
         port=$(free_port)
@@ -86,9 +95,16 @@ for script in "$@"; do
         else
             invoke=(EVALSHA "$(redis-cli -p "$port" -x SCRIPT LOAD <"$script")")
         fi
-        redis-benchmark -p "$port" -c 10 -n 500 -r "$range" -q "${invoke[@]}" "${CALL[@]}" >/dev/null
-        callgrind_control -i on "$pid" >/dev/null
-        redis-benchmark -p "$port" -c 10 -n "$N" -r "$range" -q "${invoke[@]}" "${CALL[@]}" >/dev/null
+        if [ "$shape" = budget ]; then
+            calls=(python3 bench/budget_calls.py "$port" "${invoke[1]}_budget")
+            "${calls[@]}" 100 "$BUDGET_PAIRS" 0
+            callgrind_control -i on "$pid" >/dev/null
+            "${calls[@]}" "$N" "$BUDGET_PAIRS" 100000000
+        else
+            redis-benchmark -p "$port" -c 10 -n 500 -r "$range" -q "${invoke[@]}" "${CALL[@]}" >/dev/null
+            callgrind_control -i on "$pid" >/dev/null
+            redis-benchmark -p "$port" -c 10 -n "$N" -r "$range" -q "${invoke[@]}" "${CALL[@]}" >/dev/null
+        fi
         callgrind_control -i off "$pid" >/dev/null
         redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
         wait "$pid" || true
