@@ -238,6 +238,23 @@ local function standing(p, k, checks)
   end
 end
 
+-- Makes the charge of check c on `key` the actual: gives back what the
+-- reservation took beyond it, or charges the excess; from the key's state
+-- as this settle left it, else as stored.
+local function settle_check(key, c, actual, at, mark)
+  local algo, s = c.algo, state[key]
+  if s == nil or algo.refund_stores_only then
+    s = algo.load(key, c, now)
+    state[key] = s
+  end
+  if actual < c.hits then
+    algo.refund(s, c, c.hits - actual, at, mark, now)
+  else
+    algo.apply(s, excess(c, actual - c.hits), now)
+  end
+  algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
+end
+
 -- A marker's fields (module doc).
 local MARKER = '^([^\t]+)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 
@@ -273,17 +290,14 @@ local function settle(p, k, n, actual, all_keys)
   for i, c in ipairs(checks) do
     if marks[i] and actual ~= c.hits then
       local key, algo = KEYS[k + i], c.algo
-      local s = state[key]
-      if s == nil or algo.refund_stores_only then
-        s = algo.load(key, c, now)
-        state[key] = s
+      local s
+      if actual < c.hits and algo.refund_in_window then
+        s = algo.refund_in_window(key, c, c.hits - actual, at, now)
+        state[key] = s or state[key]
       end
-      if actual < c.hits then
-        algo.refund(s, c, c.hits - actual, at, marks[i], now)
-      else
-        algo.apply(s, excess(c, actual - c.hits), now)
+      if s == nil then
+        settle_check(key, c, actual, at, marks[i])
       end
-      algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
     end
   end
   -- In place: the marker keeps its expiry, and only the state is sent.

@@ -1600,6 +1600,57 @@ async fn budgets_agree_on_every_store() {
     }
 }
 
+/// A fixed window reset (deleted) between a reservation and its settle
+/// gives nothing back below zero, on every store: the window counts 0, and
+/// on Redis the key the settle's one-command refund (HINCRBY) would have
+/// left at -4 with no expiry is a window of 0 expiring at its end.
+#[tokio::test]
+async fn a_settle_after_a_reset_leaves_an_empty_window() {
+    use ratekeeper::store::Settled;
+    let start = 1_800_000_000_000u64;
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(start));
+        let store = backend.store(clock.clone());
+        let window = |hits| ck(Algorithm::FixedWindow, "reset", 10, 60_000, 0, hits);
+        let reserved = window(6);
+        let keys = vec![reserved.key.clone()];
+        let got = store
+            .reserve(&[reserved], "n", 60_000)
+            .await
+            .expect("reserve");
+        assert!(got.granted, "{name}");
+        store.delete(&keys).await.expect("reset");
+        clock.set(start + 100);
+        let got = store.settle(&keys, "n", 2).await.expect("settle");
+        let empty = Outcome {
+            over: false,
+            remaining: 10,
+            reset_ms: 59_900,
+        };
+        assert_eq!(
+            got,
+            Settled::Settled {
+                outcomes: vec![empty]
+            },
+            "{name}"
+        );
+        let got = store.apply(&[window(1)], true).await.expect("apply");
+        assert_eq!(got[0].remaining, 9, "{name}: the window counts from 0");
+        if let Backend::Redis(redis) = &backend {
+            let mut conn = redis.client().get_connection().expect("redis");
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&keys[0])
+                .query(&mut conn)
+                .expect("pttl");
+            assert!(
+                ttl > 0 && ttl <= 59_900,
+                "{name}: expires with its window, PTTL {ttl}"
+            );
+        }
+    }
+}
+
 /// A settle acts only on the keys its reservation took from, all of them:
 /// a part of them, another order or another nonce is Unknown and touches
 /// nothing (on a cluster, where each slot has its own marker, too).
