@@ -58,6 +58,15 @@ const START_MS: u64 = 1_800_000_000_000;
 
 type Client = BudgetServiceClient<Channel>;
 
+/// A server on the memory store, its clock standing at `START_MS`.
+async fn memory_server() -> TestServer {
+    TestServer::start(
+        &[LIMITS],
+        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+    )
+    .await
+}
+
 async fn connect(addr: &str) -> Client {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -322,11 +331,7 @@ async fn an_unsettled_reservation_stays_charged_after_its_ttl() {
 
 #[tokio::test]
 async fn nothing_to_settle_when_no_rule_limits_the_descriptors() {
-    let server = TestServer::start(
-        &[LIMITS],
-        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
-    )
-    .await;
+    let server = memory_server().await;
     let mut client = connect(&server.addr.to_string()).await;
     for key in ["free", "nobody"] {
         let r = reserve(&mut client, key, "u", 1_000_000).await;
@@ -346,11 +351,7 @@ async fn nothing_to_settle_when_no_rule_limits_the_descriptors() {
 
 #[tokio::test]
 async fn a_settle_that_gives_back_clears_the_over_limit_cache() {
-    let server = TestServer::start(
-        &[LIMITS],
-        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
-    )
-    .await;
+    let server = memory_server().await;
     let mut client = connect(&server.addr.to_string()).await;
     let mut rls = server.client().await;
     let r = reserve(&mut client, "small_window", "cached", 20).await;
@@ -374,11 +375,7 @@ async fn a_settle_that_gives_back_clears_the_over_limit_cache() {
 
 #[tokio::test]
 async fn bad_input_gets_a_status_with_a_reason() {
-    let server = TestServer::start(
-        &[LIMITS],
-        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
-    )
-    .await;
+    let server = memory_server().await;
     let mut client = connect(&server.addr.to_string()).await;
     let granted = reserve(&mut client, "fixed_window", "bad", 10).await;
     // Another nonce: well formed, but no marker has it.
@@ -449,11 +446,7 @@ async fn reflection_lists_the_budget_service() {
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
 
-    let server = TestServer::start(
-        &[LIMITS],
-        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
-    )
-    .await;
+    let server = memory_server().await;
     let ask = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),

@@ -1046,11 +1046,7 @@ fn the_function_library_does_not_grow_with_distinct_arguments() {
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
     let limiter = LimiterScript::new(true);
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(limiter.library())
-        .query(&mut conn)
-        .unwrap();
+    common::load_limiter_library(&mut conn);
     let vm_memory = |conn: &mut redis::Connection| -> u64 {
         let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
         info.lines()
@@ -1085,16 +1081,11 @@ fn the_function_library_does_not_grow_with_distinct_arguments() {
 /// checks than were sent.
 #[test]
 fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
-    use ratekeeper::store::limiter_script::{LimiterScript, TEXT};
+    use ratekeeper::store::limiter_script::TEXT;
 
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
-    let library = LimiterScript::new(true).library().to_owned();
-    let function: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library)
-        .query(&mut conn)
-        .unwrap();
+    let function = common::load_limiter_library(&mut conn);
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(TEXT)
@@ -1316,11 +1307,7 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
     let forms = [LimiterScript::new(true), LimiterScript::new(false)];
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(forms[0].library())
-        .query(&mut conn)
-        .unwrap();
+    common::load_limiter_library(&mut conn);
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(ratekeeper::store::limiter_script::TEXT)
@@ -1893,15 +1880,9 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
 /// that operation alone (`{-1, 1}`), saving nothing.
 #[test]
 fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
-    use ratekeeper::store::limiter_script::LimiterScript;
-
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
-    let function: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(LimiterScript::new(true).library())
-        .query(&mut conn)
-        .unwrap();
+    let function = common::load_limiter_library(&mut conn);
     let (marker, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
     let good = "fw 5 1000 0 1 1 0";
     let now = "1800000000000";

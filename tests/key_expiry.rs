@@ -149,16 +149,9 @@ async fn the_jitter_applies_on_the_redis_servers_clock_too() {
 /// `j<ms>` is refused like any malformed argument, and saves nothing.
 #[test]
 fn a_malformed_time_argument_is_refused() {
-    use ratekeeper::store::limiter_script::LimiterScript;
-
     let redis = RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
-    let library = LimiterScript::new(true).library().to_owned();
-    let function: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library)
-        .query(&mut conn)
-        .unwrap();
+    let function = common::load_limiter_library(&mut conn);
     let key = "rk:{bad|a}:fw.1000";
     let mut call = |now: &str| -> redis::RedisResult<Vec<i64>> {
         redis::cmd("FCALL")

@@ -86,6 +86,11 @@ fn count(redis: &RedisServer, key: &str) -> u64 {
     count.unwrap_or(0)
 }
 
+/// The main Redis's limit only.
+fn user_only() -> RateLimitRequest {
+    request("api", vec![descriptor(&[("user", "alice")])])
+}
+
 fn both() -> RateLimitRequest {
     request(
         "api",
@@ -131,9 +136,8 @@ async fn per_second_counters_live_in_the_per_second_redis_and_answers_join() {
         "fixed windows take charges"
     );
 
-    let user_only = request("api", vec![descriptor(&[("user", "alice")])]);
     let answer = client
-        .should_rate_limit(user_only)
+        .should_rate_limit(user_only())
         .await
         .unwrap()
         .into_inner();
@@ -165,9 +169,8 @@ async fn the_per_second_redis_down_gives_the_failure_mode_to_its_checks_only() {
         );
 
         // A request of the main Redis's limits only is answered as ever.
-        let user_only = request("api", vec![descriptor(&[("user", "alice")])]);
         let answer = client
-            .should_rate_limit(user_only)
+            .should_rate_limit(user_only())
             .await
             .unwrap()
             .into_inner();

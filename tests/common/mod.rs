@@ -186,6 +186,17 @@ impl Drop for RedisServer {
     }
 }
 
+/// Loads the limiter's function library (`LimiterScript::library`, with
+/// its budget function) into the Redis of `conn`; returns its name, the
+/// limiter function's, which `<name>_budget` follows.
+pub fn load_limiter_library(conn: &mut redis::Connection) -> String {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(ratekeeper::store::limiter_script::LimiterScript::new(true).library())
+        .query(conn)
+        .expect("FUNCTION LOAD")
+}
+
 /// How many times Redis ran `command` (lower case) since its stats were
 /// reset, scripts' own calls included (`INFO commandstats`).
 pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
