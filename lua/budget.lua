@@ -75,12 +75,11 @@ local out = {}
 -- and emptied after each (as batch.lua's per-request tables).
 local state, save_with, taken = {}, {}, {}
 
--- The check c for `hits` charged after the fact (a new table: check_of's
--- are shared).
-local function excess(c, hits)
+-- A check like c but for `hits` (a new table: check_of's are shared).
+local function with_hits(c, hits, charges)
   return {
     tag = c.tag, algo = c.algo, limit = c.limit, period = c.period, burst = c.burst,
-    hits = hits, need = math.max(hits, 1), enforce = c.enforce, charges = true,
+    hits = hits, need = math.max(hits, 1), enforce = c.enforce, charges = charges,
   }
 end
 
@@ -89,8 +88,7 @@ end
 local function probe_of(c)
   local probe = c.probe
   if probe == nil then
-    probe = excess(c, 0)
-    probe.charges = false
+    probe = with_hits(c, 0, false)
     c.probe = probe
   end
   return probe
@@ -250,7 +248,8 @@ local function settle_check(key, c, actual, at, mark)
   if actual < c.hits then
     algo.refund(s, c, c.hits - actual, at, mark, now)
   else
-    algo.apply(s, excess(c, actual - c.hits), now)
+    -- The excess, charged after the fact.
+    algo.apply(s, with_hits(c, actual - c.hits, true), now)
   end
   algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
 end

@@ -414,15 +414,6 @@ impl RedisStore {
     /// forged, other keys); Already when every slot was settled before.
     pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        if self.topology != Topology::Cluster {
-            // One Redis: one slot, one call, its answer the settle's.
-            let all: Vec<usize> = (0..keys.len()).collect();
-            return Ok(match self.settle_slot(&keys, &all, nonce, actual).await? {
-                SlotSettled::Unknown => Settled::Unknown,
-                SlotSettled::Settled(outcomes) => Settled::Settled { outcomes },
-                SlotSettled::Already(actual, outcomes) => Settled::Already { actual, outcomes },
-            });
-        }
         let groups = self.groups(keys.iter().copied());
         let answers = join_all(
             groups
