@@ -16,9 +16,10 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use axum::extract::{ConnectInfo, RawQuery, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -127,11 +128,10 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-async fn inspect(State(admin): State<Admin>, RawQuery(query): RawQuery) -> Response {
-    let (domain, entries) = match descriptor(query.as_deref()) {
-        Ok(d) => d,
-        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
-    };
+async fn inspect(
+    State(admin): State<Admin>,
+    DescriptorQuery { domain, entries }: DescriptorQuery,
+) -> Response {
     match admin.limiter.inspect(&domain, &entries).await {
         Ok(state) => {
             let mut body = json!({ "domain": domain, "entries": entries_json(&entries) });
@@ -150,12 +150,8 @@ async fn reset(
     State(admin): State<Admin>,
     ConnectInfo(peer): ConnectInfo<Peer>,
     headers: HeaderMap,
-    RawQuery(query): RawQuery,
+    DescriptorQuery { domain, entries }: DescriptorQuery,
 ) -> Response {
-    let (domain, entries) = match descriptor(query.as_deref()) {
-        Ok(d) => d,
-        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
-    };
     match admin.limiter.reset(&domain, &entries).await {
         Ok((rule, keys)) => {
             tracing::info!(
@@ -175,11 +171,10 @@ async fn reset(
     }
 }
 
-async fn list_leases(State(admin): State<Admin>, RawQuery(query): RawQuery) -> Response {
-    let (domain, entries) = match descriptor(query.as_deref()) {
-        Ok(d) => d,
-        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
-    };
+async fn list_leases(
+    State(admin): State<Admin>,
+    DescriptorQuery { domain, entries }: DescriptorQuery,
+) -> Response {
     match admin.leases.list(&domain, &entries).await {
         Ok(listed) => {
             let body = json!({
@@ -199,12 +194,9 @@ async fn revoke(
     State(admin): State<Admin>,
     ConnectInfo(peer): ConnectInfo<Peer>,
     headers: HeaderMap,
+    DescriptorQuery { domain, entries }: DescriptorQuery,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let (domain, entries) = match descriptor(query.as_deref()) {
-        Ok(d) => d,
-        Err(reason) => return failure(StatusCode::BAD_REQUEST, &reason),
-    };
     let Some(lease) = param(query.as_deref(), "lease") else {
         return failure(StatusCode::BAD_REQUEST, "missing lease=<id>");
     };
@@ -272,6 +264,23 @@ fn rule_json(rule: &Rule) -> Value {
         "replaces": rule.replaces,
         "limits": limits,
     })
+}
+
+/// A handler's descriptor, from the query (see [`descriptor`]): a bad one
+/// is answered 400 with its reason before the handler runs.
+struct DescriptorQuery {
+    domain: String,
+    entries: Vec<(String, String)>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for DescriptorQuery {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> std::result::Result<Self, Response> {
+        descriptor(parts.uri.query())
+            .map(|(domain, entries)| DescriptorQuery { domain, entries })
+            .map_err(|reason| failure(StatusCode::BAD_REQUEST, &reason))
+    }
 }
 
 /// The query's `domain` and its `entry=key=value` pairs, in order.
