@@ -954,17 +954,14 @@ async fn redis_limiter_is_reloaded_after_function_flush_and_script_flush() {
 /// A Redis 7 with FCALL and FUNCTION renamed away: as Redis before 7.0
 /// answers them, unknown commands.
 fn redis_without_functions() -> common::RedisServer {
-    common::RedisServer::spawn(
-        common::free_port(),
-        &[
-            "--rename-command",
-            "FCALL",
-            "",
-            "--rename-command",
-            "FUNCTION",
-            "",
-        ],
-    )
+    common::RedisServer::spawn_free(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ])
 }
 
 /// Redis before 7.0 has no functions; neither has one whose FUNCTION and

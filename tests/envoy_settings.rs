@@ -181,7 +181,7 @@ fn grpc_host_and_port_name_the_grpc_listener() {
 async fn redis_socket_type_unix_counts_in_redis_through_its_socket() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("redis.sock").display().to_string();
-    let redis = RedisServer::spawn(free_port(), &["--unixsocket", &socket]);
+    let redis = RedisServer::spawn_free(&["--unixsocket", &socket]);
     write(&dir.path().join("limits/l.yaml"), LIMITS);
     let server = Ratekeeper::spawn_with_env(
         &dir.path().join("limits"),

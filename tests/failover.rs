@@ -120,11 +120,8 @@ async fn cluster_master_killed_under_load_fails_open_then_recovers() {
 #[tokio::test]
 async fn sentinel_follows_the_new_master() {
     let master = RedisServer::start();
-    let replica_port = common::free_port();
-    let _replica = RedisServer::spawn(
-        replica_port,
-        &["--replicaof", "127.0.0.1", &master.port.to_string()],
-    );
+    let replica = RedisServer::spawn_free(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let replica_port = replica.port;
     let dir = tempfile::tempdir().unwrap();
     let sentinel = Sentinel::start(master.port, dir.path());
     let sentinel_port = sentinel.port;
@@ -186,7 +183,7 @@ async fn sentinel_follows_the_new_master() {
 
 #[tokio::test]
 async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
-    let mut redis = RedisServer::spawn(common::free_port(), &["--enable-debug-command", "yes"]);
+    let mut redis = RedisServer::spawn_free(&["--enable-debug-command", "yes"]);
     let dir = tempfile::tempdir().unwrap();
     let url = redis.url();
     let server = Ratekeeper::start(
@@ -280,7 +277,7 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
 /// call deadline after the call ahead of it gave up.
 #[tokio::test]
 async fn requests_queued_behind_a_hung_redis_answer_within_their_deadline() {
-    let redis = RedisServer::spawn(common::free_port(), &[]);
+    let redis = RedisServer::spawn_free(&[]);
     let dir = tempfile::tempdir().unwrap();
     let url = redis.url();
     let server = Ratekeeper::start(
@@ -345,7 +342,7 @@ async fn requests_queued_behind_a_hung_redis_answer_within_their_deadline() {
 #[tokio::test]
 async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
     const SECRET: &str = "s3cret-Pa55word";
-    let redis = RedisServer::spawn(common::free_port(), &["--requirepass", SECRET]);
+    let redis = RedisServer::spawn_free(&["--requirepass", SECRET]);
     let admin_client =
         redis::Client::open(format!("redis://:{SECRET}@127.0.0.1:{}", redis.port)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -980,8 +977,7 @@ const FAILOVER_DEADLINE: Duration = Duration::from_millis(200);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_behind_one_address_reconnects_to_the_new_primary() {
     let a = RedisServer::start();
-    let b_port = common::free_port();
-    let b = RedisServer::spawn(b_port, &["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    let b = RedisServer::spawn_free(&["--replicaof", "127.0.0.1", &a.port.to_string()]);
     wait_synced(b.port);
     let forwarder = Forwarder::start(a.port).await;
     let url = format!("redis://127.0.0.1:{}", forwarder.port);
@@ -1026,8 +1022,8 @@ async fn failover_behind_one_address_reconnects_to_the_new_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one() {
     let a = RedisServer::start();
-    let b_port = common::free_port();
-    let _b = RedisServer::spawn(b_port, &["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    let b = RedisServer::spawn_free(&["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    let b_port = b.port;
     wait_synced(b_port);
     let dir = tempfile::tempdir().unwrap();
     let sentinel = Sentinel::start(a.port, dir.path());

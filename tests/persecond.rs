@@ -228,10 +228,7 @@ async fn their_variables_configure_the_per_second_redis() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("per-second.sock").display().to_string();
     let main = RedisServer::start();
-    let per_second = RedisServer::spawn(
-        common::free_port(),
-        &["--unixsocket", &socket, "--requirepass", "s3cret"],
-    );
+    let per_second = RedisServer::spawn_free(&["--unixsocket", &socket, "--requirepass", "s3cret"]);
     let main_url = main.url();
     let limits = dir.path().join("limits");
     std::fs::create_dir_all(&limits).unwrap();

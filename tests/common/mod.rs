@@ -62,16 +62,50 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        RedisServer::start_on(free_port())
+        RedisServer::spawn_free(&[])
     }
 
     fn start_on(port: u16) -> RedisServer {
         RedisServer::spawn(port, &[])
     }
 
+    /// Starts `redis-server` with extra arguments on a free port, and waits
+    /// until it answers. A port found free can be taken before the server
+    /// binds it (by a parallel test, or as an outgoing connection's
+    /// ephemeral port): then the server exits, and another port is tried.
+    pub fn spawn_free(extra: &[&str]) -> RedisServer {
+        RedisServer::spawn_retrying(free_port, |_| extra.iter().map(|a| a.to_string()).collect())
+    }
+
+    /// Starts `redis-server` on a port `pick` chooses, with the arguments
+    /// `extra` gives for that port, trying other ports while the server
+    /// exits at start (see [`Self::spawn_free`]).
+    pub fn spawn_retrying(
+        mut pick: impl FnMut() -> u16,
+        extra: impl Fn(u16) -> Vec<String>,
+    ) -> RedisServer {
+        const TRIES: usize = 5;
+        for _ in 0..TRIES {
+            let port = pick();
+            let args = extra(port);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Some(server) = RedisServer::try_spawn(port, &args) {
+                return server;
+            }
+        }
+        panic!("redis-server exited at start on {TRIES} ports in a row");
+    }
+
     /// Starts `redis-server` on `port` with extra arguments, and waits until
     /// it answers.
     pub fn spawn(port: u16, extra: &[&str]) -> RedisServer {
+        RedisServer::try_spawn(port, extra)
+            .unwrap_or_else(|| panic!("redis-server on port {port} exited at start"))
+    }
+
+    /// [`Self::spawn`], or `None` when the server exits before it answers
+    /// (its port was taken).
+    pub fn try_spawn(port: u16, extra: &[&str]) -> Option<RedisServer> {
         let dir = tempfile::tempdir().expect("tempdir");
         let child = Command::new("redis-server")
             .args([
@@ -91,31 +125,38 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
-        let server = RedisServer {
+        let mut server = RedisServer {
             child,
             port,
             _dir: dir,
         };
-        server.wait_ready();
-        server
+        server.wait_ready().then_some(server)
     }
 
-    /// Waits until the server answers a command (NOAUTH counts: it answers).
-    fn wait_ready(&self) {
+    /// Waits until this child answers on its port (NOAUTH counts: it
+    /// answers); false if it exited first. The answer must name this
+    /// child's PID: another test's server that took the port answers too.
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
+            // Bounded: what holds the port may accept and never answer.
             let answer = self
                 .client()
-                .get_connection()
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+                .get_connection_with_timeout(Duration::from_millis(500))
+                .and_then(|mut c| {
+                    c.set_read_timeout(Some(Duration::from_millis(500)))?;
+                    redis::cmd("INFO").arg("server").query::<String>(&mut c)
+                });
+            let exited = matches!(self.child.try_wait(), Ok(Some(_)));
             match answer {
-                Ok(_) => return,
+                Ok(info) => return info.contains(&format!("process_id:{}\r\n", self.child.id())),
                 Err(e)
                     if e.to_string().contains("NOAUTH")
                         || e.kind() == redis::ErrorKind::AuthenticationFailed =>
                 {
-                    return
+                    return !exited
                 }
+                Err(_) if exited => return false,
                 Err(_) => {}
             }
             assert!(
@@ -519,23 +560,20 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
         let dir = tempfile::tempdir().expect("tempdir");
+        let node_args = |port: u16| {
+            vec![
+                "--cluster-enabled".to_string(),
+                "yes".to_string(),
+                "--cluster-config-file".to_string(),
+                format!("nodes-{port}.conf"),
+                "--cluster-node-timeout".to_string(),
+                "1000".to_string(),
+                "--dir".to_string(),
+                dir.path().display().to_string(),
+            ]
+        };
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| {
-                let port = free_cluster_port();
-                RedisServer::spawn(
-                    port,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        &format!("nodes-{port}.conf"),
-                        "--cluster-node-timeout",
-                        "1000",
-                        "--dir",
-                        &dir.path().display().to_string(),
-                    ],
-                )
-            })
+            .map(|_| RedisServer::spawn_retrying(free_cluster_port, node_args))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
