@@ -70,10 +70,24 @@ end
 local PENDING, MAX_ACTUAL = '----------', 2 ^ 32
 
 local out = {}
--- Per key, within one operation: its state, the check to save it with,
--- and the reservation's mark on it. Shared by the operations of the call
--- and emptied after each (as batch.lua's per-request tables).
+-- Per key of the operation being made, at the position of its first check
+-- (`first`): its state, the check to save it with, and the reservation's
+-- mark on it. Shared by the operations of the call and emptied after
+-- each. Indexed by position, not by key: each operation's keys are new to
+-- a table keyed by them, and Lua rehashes such a table every few keys.
 local state, save_with, taken = {}, {}, {}
+
+-- The position of the first check among KEYS[k + 1 .. k + i] on the key
+-- of check i (an operation's checks are few; most have distinct keys).
+local function first(k, i)
+  local key = KEYS[k + i]
+  for j = 1, i - 1 do
+    if KEYS[k + j] == key then
+      return j
+    end
+  end
+  return i
+end
 
 -- A check like c but for `hits` (a new table: check_of's are shared).
 local function with_hits(c, hits, charges)
@@ -94,40 +108,41 @@ local function probe_of(c)
   return probe
 end
 
--- Ends an operation on KEYS[k + 1 .. k + n]: the per-key tables emptied.
+-- Ends an operation on n checks: the per-key tables emptied.
 local function forget(k, n)
   for i = 1, n do
-    local key = KEYS[k + i]
-    state[key], save_with[key], taken[key] = nil, nil, nil
+    state[i], save_with[i], taken[i] = nil, nil, nil
   end
 end
 
--- Ends an operation whose answer starts at out[p] with the answer {x, y}
--- (malformed or unknown), dropping what it wrote after.
+-- Ends an operation on n checks whose answer starts at out[p] with the
+-- answer {x, y} (malformed or unknown), dropping what it wrote after;
+-- returns that answer's length, 2.
 local function answer2(p, k, n, x, y)
-  for i = p + 2, #out do
+  for i = p + 2, p + 2 + 3 * n do
     out[i] = nil
   end
   out[p], out[p + 1] = x, y
   forget(k, n)
+  return 2
 end
 
 -- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
 -- with fields ARGV[a + 1 .. a + n], marker KEYS[k]; all_keys the whole
 -- reservation's keys line ('' on one slot). Its answer goes to out from
--- index p.
+-- index p; returns the answer's length.
 local function reserve(p, k, a, n, ttl, all_keys, only_check)
   out[p] = 1
   local blocked, changed, marks = only_check, false, nil
   for i = 1, n do
-    local c, key = check_of(ARGV[a + i]), KEYS[k + i]
+    local c, key, f = check_of(ARGV[a + i]), KEYS[k + i], first(k, i)
     if c == nil then
       return answer2(p, k, n, -1, 1)
     end
-    local algo, s = c.algo, state[key]
+    local algo, s = c.algo, state[f]
     if s == nil then
       s = algo.load(key, c, now)
-      state[key] = s
+      state[f] = s
     end
     local over = algo.is_over(s, c, now)
     if over and c.enforce then
@@ -138,7 +153,7 @@ local function reserve(p, k, a, n, ttl, all_keys, only_check)
     if applied then
       -- The reservation's hits on a key are one entry: the key's first
       -- check makes it, the others join it.
-      local m = taken[key]
+      local m = taken[f]
       if m ~= nil then
         algo.apply(s, c, now)
       elseif algo.reserve ~= nil then
@@ -147,7 +162,7 @@ local function reserve(p, k, a, n, ttl, all_keys, only_check)
         algo.apply(s, c, now)
         m = 0
       end
-      taken[key], save_with[key], mark = m, c, int(m)
+      taken[f], save_with[f], mark = m, c, int(m)
       changed = true
     end
     marks = marks and (marks .. ' ' .. mark) or mark
@@ -170,11 +185,15 @@ local function reserve(p, k, a, n, ttl, all_keys, only_check)
         out[o + 1], out[o + 2] = c.algo.report(s, c, out[o] == 1, false, now)
       end
     end
-    return forget(k, n)
+    forget(k, n)
+    return 1 + 3 * n
   end
-  for key, c in pairs(save_with) do
-    local s, algo = state[key], c.algo
-    algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
+  for i = 1, n do
+    local c = save_with[i]
+    if c ~= nil then
+      local s, algo = state[i], c.algo
+      algo.save(KEYS[k + i], s, c, now, math.max(algo.ttl(s, c, now), 1))
+    end
   end
   local marker, sk, fields = KEYS[k], KEYS[k + 1], ARGV[a + 1]
   if n > 1 then
@@ -183,31 +202,36 @@ local function reserve(p, k, a, n, ttl, all_keys, only_check)
   -- SET replaces whatever the key held, in one command with its expiry.
   redis.call('SET', marker, PENDING .. '\t' .. int(now) .. ' ' .. marks .. '\t' .. fields ..
     '\t' .. all_keys .. '\t' .. sk, 'PX', int(math.max(ttl, 1)))
-  return forget(k, n)
+  forget(k, n)
+  return 1 + 3 * n
 end
+
+-- A number argument or marker field as a number: memoized, as the
+-- settles of a call mostly settle reservations of one earlier call (the
+-- same time, the same marks).
+local number = memo(tonumber)
+
+-- A lone check's checks and marks (read_marker's answer for one check).
+local one_check, one_mark = {}, {}
 
 -- The checks and marks a marker's c and m hold, n of each; nil when not.
 local function read_marker(n, c, m)
   if n == 1 then
-    local check, at, mark = check_of(c), string.match(m, '^(%d+) (%S+)$')
-    if check == nil or at == nil then
+    local check = check_of(c)
+    if check == nil or m == '' or string.find(m, ' ', 1, true) then
       return nil
     end
-    return { check }, { tonumber(mark) or false }, tonumber(at)
+    one_check[1], one_mark[1] = check, number(m) or false
+    return one_check, one_mark
   end
   local checks, marks = {}, {}
   for fields in string.gmatch(c, '[^\n]+') do
     checks[#checks + 1] = check_of(fields) or false
   end
-  local at
   for mark in string.gmatch(m, '%S+') do
-    if at == nil then
-      at = tonumber(mark)
-    else
-      marks[#marks + 1] = tonumber(mark) or false
-    end
+    marks[#marks + 1] = tonumber(mark) or false
   end
-  if #checks ~= n or #marks ~= n or at == nil then
+  if #checks ~= n or #marks ~= n then
     return nil
   end
   for i = 1, n do
@@ -215,17 +239,18 @@ local function read_marker(n, c, m)
       return nil
     end
   end
-  return checks, marks, at
+  return checks, marks
 end
 
 -- Puts each check's standing (one more hit over? what is left, the reset)
 -- into out from index p + 2, consuming nothing: from the state this
 -- settle left a key in, where the algorithm keeps it up to date, else as
 -- stored.
-local function standing(p, k, checks)
-  for i, c in ipairs(checks) do
-    local key, algo, probe = KEYS[k + i], c.algo, probe_of(c)
-    local s = state[key]
+local function standing(p, k, n, checks)
+  for i = 1, n do
+    local c = checks[i]
+    local key, algo, probe = KEYS[k + i], c.algo, c.probe or probe_of(c)
+    local s = state[first(k, i)]
     if s == nil or algo.refund_stores_only then
       s = algo.load(key, probe, now)
     end
@@ -236,14 +261,14 @@ local function standing(p, k, checks)
   end
 end
 
--- Makes the charge of check c on `key` the actual: gives back what the
--- reservation took beyond it, or charges the excess; from the key's state
--- as this settle left it, else as stored.
-local function settle_check(key, c, actual, at, mark)
-  local algo, s = c.algo, state[key]
+-- Makes the charge of check c on `key` (whose first check is at f) the
+-- actual: gives back what the reservation took beyond it, or charges the
+-- excess; from the key's state as this settle left it, else as stored.
+local function settle_check(key, f, c, actual, at, mark)
+  local algo, s = c.algo, state[f]
   if s == nil or algo.refund_stores_only then
     s = algo.load(key, c, now)
-    state[key] = s
+    state[f] = s
   end
   if actual < c.hits then
     algo.refund(s, c, c.hits - actual, at, mark, now)
@@ -255,14 +280,14 @@ local function settle_check(key, c, actual, at, mark)
 end
 
 -- A marker's fields (module doc).
-local MARKER = '^([^\t]+)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
+local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 
-local function settle(p, k, n, actual, all_keys)
+local function settle(p, k, n, actual, as, all_keys)
   local v = redis.call('GET', KEYS[k])
   if not v then
     return answer2(p, k, n, 0, 0)
   end
-  local settled, m, fields, all, sk = string.match(v, MARKER)
+  local settled, at, m, fields, all, sk = string.match(v, MARKER)
   if settled == nil then
     return answer2(p, k, n, -1, 2)
   end
@@ -273,7 +298,8 @@ local function settle(p, k, n, actual, all_keys)
   if sk ~= expected or all ~= all_keys then
     return answer2(p, k, n, 0, 0)
   end
-  local checks, marks, at = read_marker(n, fields, m)
+  local checks, marks = read_marker(n, fields, m)
+  at = number(at)
   if checks == nil then
     return answer2(p, k, n, -1, 2)
   end
@@ -283,27 +309,30 @@ local function settle(p, k, n, actual, all_keys)
       return answer2(p, k, n, -1, 2)
     end
     out[p], out[p + 1] = 2, earlier
-    standing(p, k, checks)
-    return forget(k, n)
+    standing(p, k, n, checks)
+    forget(k, n)
+    return 2 + 3 * n
   end
-  for i, c in ipairs(checks) do
+  for i = 1, n do
+    local c = checks[i]
     if marks[i] and actual ~= c.hits then
-      local key, algo = KEYS[k + i], c.algo
+      local key, f, algo = KEYS[k + i], first(k, i), c.algo
       local s
       if actual < c.hits and algo.refund_in_window then
         s = algo.refund_in_window(key, c, c.hits - actual, at, now)
-        state[key] = s or state[key]
+        state[f] = s or state[f]
       end
       if s == nil then
-        settle_check(key, c, actual, at, marks[i])
+        settle_check(key, f, c, actual, at, marks[i])
       end
     end
   end
   -- In place: the marker keeps its expiry, and only the state is sent.
-  redis.call('SETRANGE', KEYS[k], 0, string.format('%010d', actual))
+  redis.call('SETRANGE', KEYS[k], '0', as)
   out[p], out[p + 1] = 1, actual
-  standing(p, k, checks)
-  return forget(k, n)
+  standing(p, k, n, checks)
+  forget(k, n)
+  return 2 + 3 * n
 end
 
 -- An operation's header, "<op> <n> <amount>", then " k" when the next
@@ -323,40 +352,43 @@ local op_of = memo(function(header)
   if line == ' k' then
     args = args + 1
   end
-  return { op = op, n = n, amount = amount, line = line == ' k', args = args }
+  -- A settle's state once settled at `amount` (formatted once a call).
+  local as = op == 'settle' and string.format('%010d', amount) or nil
+  return { op = op, n = n, amount = amount, as = as, line = line == ' k', args = args }
 end)
 
 -- The operations' framing, all read before any is made: a call whose
 -- framing is wrong (a header, the number of keys or of fields) does nothing.
-local ops, k, a = {}, 1, 2
-while a <= #ARGV do
+local ops, nops, k, a, nkeys, nargs = {}, 0, 1, 2, #KEYS, #ARGV
+while a <= nargs do
   local o = op_of(ARGV[a])
-  if o == nil or k + o.n > #KEYS or a + o.args > #ARGV then
+  if o == nil or k + o.n > nkeys or a + o.args > nargs then
     return redis.error_reply('ERR malformed budget arguments')
   end
-  local i = #ops
-  ops[i + 1], ops[i + 2], ops[i + 3] = o, k, a
+  ops[nops + 1], ops[nops + 2], ops[nops + 3] = o, k, a
+  nops = nops + 3
   k, a = k + o.n + 1, a + 1 + o.args
 end
-if k ~= #KEYS + 1 or #ops == 0 then
+if k ~= nkeys + 1 or nops == 0 then
   return redis.error_reply('ERR malformed budget arguments')
 end
 
-for i = 1, #ops, 3 do
+-- out[p - 1]: the length of the answer from out[p], known once written.
+local p = 2
+for i = 1, nops, 3 do
   local o, ok, oa = ops[i], ops[i + 1], ops[i + 2]
   local all_keys = ''
   if o.line then
     oa = oa + 1
     all_keys = ARGV[oa]
   end
-  -- out[p - 1]: the answer's length, known once it is written.
-  local p = #out + 2
-  out[p - 1] = 0
+  local length
   if o.op == 'settle' then
-    settle(p, ok, o.n, o.amount, all_keys)
+    length = settle(p, ok, o.n, o.amount, o.as, all_keys)
   else
-    reserve(p, ok, oa, o.n, o.amount, all_keys, o.op == 'check')
+    length = reserve(p, ok, oa, o.n, o.amount, all_keys, o.op == 'check')
   end
-  out[p - 1] = #out - p + 1
+  out[p - 1] = length
+  p = p + length + 1
 end
 return out

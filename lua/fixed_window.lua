@@ -58,7 +58,7 @@ B.fw = function()
       if idiv(at, c.period) ~= window then
         return nil
       end
-      local s = { window = window, count = redis.call('HINCRBY', key, 'c', -hits), same_window = true }
+      local s = { window = window, count = redis.call('HINCRBY', key, 'c', int(-hits)), same_window = true }
       if s.count < 0 then
         s.count, s.same_window = 0, nil
         fw_save(key, s, c, now, (window + 1) * c.period - now)
