@@ -68,6 +68,8 @@ end
 -- A marker's state while pending: as wide as a settled one (ten digits
 -- hold any actual up to MAX_HITS, 2^32), so a settle rewrites it in place.
 local PENDING, MAX_ACTUAL = '----------', 2 ^ 32
+-- How every marker this call writes begins: pending, made now.
+local pending_at = PENDING .. '\t' .. int(now) .. ' '
 
 local out = {}
 -- Per key of the operation being made, at the position of its first check
@@ -80,6 +82,9 @@ local state, save_with, taken = {}, {}, {}
 -- The position of the first check among KEYS[k + 1 .. k + i] on the key
 -- of check i (an operation's checks are few; most have distinct keys).
 local function first(k, i)
+  if i == 1 then
+    return 1
+  end
   local key = KEYS[k + i]
   for j = 1, i - 1 do
     if KEYS[k + j] == key then
@@ -128,10 +133,11 @@ local function answer2(p, k, n, x, y)
 end
 
 -- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
--- with fields ARGV[a + 1 .. a + n], marker KEYS[k]; all_keys the whole
--- reservation's keys line ('' on one slot). Its answer goes to out from
--- index p; returns the answer's length.
-local function reserve(p, k, a, n, ttl, all_keys, only_check)
+-- with fields ARGV[a + 1 .. a + n], marker KEYS[k] (expiring after px ms,
+-- a formatted argument); all_keys the whole reservation's keys line (''
+-- on one slot). Its answer goes to out from index p; returns the answer's
+-- length.
+local function reserve(p, k, a, n, px, all_keys, only_check)
   out[p] = 1
   local blocked, changed, marks = only_check, false, nil
   for i = 1, n do
@@ -200,8 +206,8 @@ local function reserve(p, k, a, n, ttl, all_keys, only_check)
     sk, fields = table.concat(KEYS, '\n', k + 1, k + n), table.concat(ARGV, '\n', a + 1, a + n)
   end
   -- SET replaces whatever the key held, in one command with its expiry.
-  redis.call('SET', marker, PENDING .. '\t' .. int(now) .. ' ' .. marks .. '\t' .. fields ..
-    '\t' .. all_keys .. '\t' .. sk, 'PX', int(math.max(ttl, 1)))
+  redis.call('SET', marker, pending_at .. marks .. '\t' .. fields .. '\t' .. all_keys .. '\t' .. sk,
+    'PX', px)
   forget(k, n)
   return 1 + 3 * n
 end
@@ -352,9 +358,11 @@ local op_of = memo(function(header)
   if line == ' k' then
     args = args + 1
   end
-  -- A settle's state once settled at `amount` (formatted once a call).
+  -- Formatted once a call: a settle's state once settled at `amount`, a
+  -- reserve's TTL as the marker's PX.
   local as = op == 'settle' and string.format('%010d', amount) or nil
-  return { op = op, n = n, amount = amount, as = as, line = line == ' k', args = args }
+  local px = op ~= 'settle' and int(math.max(amount, 1)) or nil
+  return { op = op, n = n, amount = amount, as = as, px = px, line = line == ' k', args = args }
 end)
 
 -- The operations' framing, all read before any is made: a call whose
@@ -386,7 +394,7 @@ for i = 1, nops, 3 do
   if o.op == 'settle' then
     length = settle(p, ok, o.n, o.amount, o.as, all_keys)
   else
-    length = reserve(p, ok, oa, o.n, o.amount, all_keys, o.op == 'check')
+    length = reserve(p, ok, oa, o.n, o.px, all_keys, o.op == 'check')
   end
   out[p - 1] = length
   p = p + length + 1
