@@ -130,42 +130,7 @@ impl RedisServer {
             port,
             _dir: dir,
         };
-        server.wait_ready().then_some(server)
-    }
-
-    /// Waits until this child answers on its port (NOAUTH counts: it
-    /// answers); false if it exited first. The answer must name this
-    /// child's PID: another test's server that took the port answers too.
-    fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            // Bounded: what holds the port may accept and never answer.
-            let answer = self
-                .client()
-                .get_connection_with_timeout(Duration::from_millis(500))
-                .and_then(|mut c| {
-                    c.set_read_timeout(Some(Duration::from_millis(500)))?;
-                    redis::cmd("INFO").arg("server").query::<String>(&mut c)
-                });
-            let exited = matches!(self.child.try_wait(), Ok(Some(_)));
-            match answer {
-                Ok(info) => return info.contains(&format!("process_id:{}\r\n", self.child.id())),
-                Err(e)
-                    if e.to_string().contains("NOAUTH")
-                        || e.kind() == redis::ErrorKind::AuthenticationFailed =>
-                {
-                    return !exited
-                }
-                Err(_) if exited => return false,
-                Err(_) => {}
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {} did not start",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_ready(&mut server.child, port).then_some(server)
     }
 
     /// Stops the server with SIGKILL.
@@ -224,6 +189,40 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits until `child` answers on `port` (NOAUTH counts: it answers);
+/// false if it exited first. The answer must name the child's PID: another
+/// test's server that took the port answers too.
+fn wait_ready(child: &mut Child, port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("redis url");
+    loop {
+        // Bounded: what holds the port may accept and never answer.
+        let answer = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_millis(500)))?;
+                redis::cmd("INFO").arg("server").query::<String>(&mut c)
+            });
+        let exited = matches!(child.try_wait(), Ok(Some(_)));
+        match answer {
+            Ok(info) => return info.contains(&format!("process_id:{}\r\n", child.id())),
+            Err(e)
+                if e.to_string().contains("NOAUTH")
+                    || e.kind() == redis::ErrorKind::AuthenticationFailed =>
+            {
+                return !exited
+            }
+            Err(_) if exited => return false,
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -878,6 +877,21 @@ impl Sentinel {
     /// As [`Sentinel::start`], with `extra` lines in its configuration
     /// (e.g. `requirepass`).
     pub fn start_with(master_port: u16, dir: &std::path::Path, extra: &str) -> Sentinel {
+        const TRIES: usize = 5;
+        for _ in 0..TRIES {
+            if let Some(sentinel) = Sentinel::try_start(master_port, dir, extra) {
+                // Let the sentinel find the master and its replica.
+                std::thread::sleep(Duration::from_millis(1_500));
+                return sentinel;
+            }
+        }
+        panic!("redis-server --sentinel exited at start on {TRIES} ports in a row");
+    }
+
+    /// A sentinel on a free port, or `None` when it exits before it
+    /// answers (the port was taken: see [`RedisServer::spawn_free`]).
+    fn try_start(master_port: u16, dir: &std::path::Path, extra: &str) -> Option<Sentinel> {
+        // Written afresh: a sentinel rewrites its configuration file.
         let conf = dir.join("sentinel.conf");
         std::fs::write(
             &conf,
@@ -900,10 +914,8 @@ impl Sentinel {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("redis-server --sentinel");
-        let sentinel = Sentinel { child, port };
-        // Let the sentinel find the master and its replica.
-        std::thread::sleep(Duration::from_millis(1_500));
-        sentinel
+        let mut sentinel = Sentinel { child, port };
+        wait_ready(&mut sentinel.child, port).then_some(sentinel)
     }
 }
 
