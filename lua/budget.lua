@@ -114,7 +114,7 @@ local function probe_of(c)
 end
 
 -- Ends an operation on n checks: the per-key tables emptied.
-local function forget(k, n)
+local function forget(n)
   for i = 1, n do
     state[i], save_with[i], taken[i] = nil, nil, nil
   end
@@ -123,12 +123,12 @@ end
 -- Ends an operation on n checks whose answer starts at out[p] with the
 -- answer {x, y} (malformed or unknown), dropping what it wrote after;
 -- returns that answer's length, 2.
-local function answer2(p, k, n, x, y)
-  for i = p + 2, p + 2 + 3 * n do
+local function answer2(p, n, x, y)
+  for i = p + 2, p + 1 + 3 * n do
     out[i] = nil
   end
   out[p], out[p + 1] = x, y
-  forget(k, n)
+  forget(n)
   return 2
 end
 
@@ -143,7 +143,7 @@ local function reserve(p, k, a, n, px, all_keys, only_check)
   for i = 1, n do
     local c, key, f = check_of(ARGV[a + i]), KEYS[k + i], first(k, i)
     if c == nil then
-      return answer2(p, k, n, -1, 1)
+      return answer2(p, n, -1, 1)
     end
     local algo, s = c.algo, state[f]
     if s == nil then
@@ -191,7 +191,7 @@ local function reserve(p, k, a, n, px, all_keys, only_check)
         out[o + 1], out[o + 2] = c.algo.report(s, c, out[o] == 1, false, now)
       end
     end
-    forget(k, n)
+    forget(n)
     return 1 + 3 * n
   end
   for i = 1, n do
@@ -208,7 +208,7 @@ local function reserve(p, k, a, n, px, all_keys, only_check)
   -- SET replaces whatever the key held, in one command with its expiry.
   redis.call('SET', marker, pending_at .. marks .. '\t' .. fields .. '\t' .. all_keys .. '\t' .. sk,
     'PX', px)
-  forget(k, n)
+  forget(n)
   return 1 + 3 * n
 end
 
@@ -235,7 +235,7 @@ local function read_marker(n, c, m)
     checks[#checks + 1] = check_of(fields) or false
   end
   for mark in string.gmatch(m, '%S+') do
-    marks[#marks + 1] = tonumber(mark) or false
+    marks[#marks + 1] = number(mark) or false
   end
   if #checks ~= n or #marks ~= n then
     return nil
@@ -291,32 +291,32 @@ local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 local function settle(p, k, n, actual, as, all_keys)
   local v = redis.call('GET', KEYS[k])
   if not v then
-    return answer2(p, k, n, 0, 0)
+    return answer2(p, n, 0, 0)
   end
   local settled, at, m, fields, all, sk = string.match(v, MARKER)
   if settled == nil then
-    return answer2(p, k, n, -1, 2)
+    return answer2(p, n, -1, 2)
   end
   local expected = KEYS[k + 1]
   if n > 1 then
     expected = table.concat(KEYS, '\n', k + 1, k + n)
   end
   if sk ~= expected or all ~= all_keys then
-    return answer2(p, k, n, 0, 0)
+    return answer2(p, n, 0, 0)
   end
   local checks, marks = read_marker(n, fields, m)
   at = number(at)
   if checks == nil then
-    return answer2(p, k, n, -1, 2)
+    return answer2(p, n, -1, 2)
   end
   if settled ~= PENDING then
     local earlier = tonumber(settled)
     if earlier == nil then
-      return answer2(p, k, n, -1, 2)
+      return answer2(p, n, -1, 2)
     end
     out[p], out[p + 1] = 2, earlier
     standing(p, k, n, checks)
-    forget(k, n)
+    forget(n)
     return 2 + 3 * n
   end
   for i = 1, n do
@@ -337,7 +337,7 @@ local function settle(p, k, n, actual, as, all_keys)
   redis.call('SETRANGE', KEYS[k], '0', as)
   out[p], out[p + 1] = 1, actual
   standing(p, k, n, checks)
-  forget(k, n)
+  forget(n)
   return 2 + 3 * n
 end
 
