@@ -84,16 +84,12 @@ impl RedisServer {
         mut pick: impl FnMut() -> u16,
         extra: impl Fn(u16) -> Vec<String>,
     ) -> RedisServer {
-        const TRIES: usize = 5;
-        for _ in 0..TRIES {
+        on_another_port_if_taken("redis-server", || {
             let port = pick();
             let args = extra(port);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            if let Some(server) = RedisServer::try_spawn(port, &args) {
-                return server;
-            }
-        }
-        panic!("redis-server exited at start on {TRIES} ports in a row");
+            RedisServer::try_spawn(port, &args)
+        })
     }
 
     /// Starts `redis-server` on `port` with extra arguments, and waits until
@@ -190,6 +186,18 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `start`'s server, started again (on another free port) while it exits
+/// at start: a port found free can be taken before the server binds it.
+fn on_another_port_if_taken<T>(what: &str, mut start: impl FnMut() -> Option<T>) -> T {
+    const TRIES: usize = 5;
+    for _ in 0..TRIES {
+        if let Some(server) = start() {
+            return server;
+        }
+    }
+    panic!("{what} exited at start on {TRIES} ports in a row");
 }
 
 /// Waits until `child` answers on `port` (NOAUTH counts: it answers);
@@ -877,15 +885,12 @@ impl Sentinel {
     /// As [`Sentinel::start`], with `extra` lines in its configuration
     /// (e.g. `requirepass`).
     pub fn start_with(master_port: u16, dir: &std::path::Path, extra: &str) -> Sentinel {
-        const TRIES: usize = 5;
-        for _ in 0..TRIES {
-            if let Some(sentinel) = Sentinel::try_start(master_port, dir, extra) {
-                // Let the sentinel find the master and its replica.
-                std::thread::sleep(Duration::from_millis(1_500));
-                return sentinel;
-            }
-        }
-        panic!("redis-server --sentinel exited at start on {TRIES} ports in a row");
+        let sentinel = on_another_port_if_taken("redis-server --sentinel", || {
+            Sentinel::try_start(master_port, dir, extra)
+        });
+        // Let the sentinel find the master and its replica.
+        std::thread::sleep(Duration::from_millis(1_500));
+        sentinel
     }
 
     /// A sentinel on a free port, or `None` when it exits before it
