@@ -391,6 +391,8 @@ def budget_section(w, res, env):
         w(f"| reserve+settle pairs/s (`budget_redis`) / ShouldRateLimit req/s (`redis`), same round, "
           f"≥ {BUDGET_GOAL} | {fmt_ratio(med)}; {', '.join(f'{v:.2f}' for v in each)} | {met} |")
         w("")
+        if r:
+            w(budget_ratio_estimates(r, b))
     if r and b["calls_per_req"] >= 1:
         w(f"Where the difference comes from: Redis ran {b['calls_per_req']:.2f} limiter calls "
           f"(`FCALL`) per reserve+settle pair against {r['calls_per_req']:.3f} per "
@@ -411,6 +413,20 @@ def budget_section(w, res, env):
         w(f"{b['over']:,} Reserve calls were refused (OVER_LIMIT) in `budget_redis`.\n")
     w(BUDGET_END)
     w("")
+
+
+def budget_ratio_estimates(r, b):
+    """Two readings of the pair/request ratio that move less with others'
+    work on the machine than a median of per-round ratios (one slow second
+    in one run moves a round's ratio): the ratio of the throughput medians,
+    and what the CPU allows, the three processes' CPU per request over
+    theirs per pair (all three share the machine's cores)."""
+    cpu = ("server_cpu", "redis_cpu", "gen_cpu")
+    per_req, per_pair = (sum(s[k] or 0 for k in cpu) for s in (r, b))
+    by_cpu = f"{per_req / per_pair:.2f}" if per_pair else "–"
+    return (f"Read two more ways: the ratio of the medians, {b['rps'] / r['rps']:.2f}; and the "
+            f"CPU all three processes spent, {per_req:.1f} µs per request against "
+            f"{per_pair:.1f} per pair, {by_cpu} (the ratio if the cores were the only limit).\n")
 
 
 def splice(section, source, target):
