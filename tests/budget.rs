@@ -204,6 +204,33 @@ async fn concurrent_reserves_never_commit_more_than_the_budget() {
     }
 }
 
+/// An estimate no limit could ever hold (over a window's limit, over a
+/// bucket's burst) is refused without a `retry_after`: a caller told to
+/// wait would wait and retry forever. The whole limit at once still fits.
+#[tokio::test]
+async fn an_estimate_over_what_a_limit_ever_admits_gets_no_retry_after() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = TestServer::start(
+            &[LIMITS],
+            backend.store(Arc::new(ManualClock::new(START_MS))),
+        )
+        .await;
+        let mut client = connect(&server.addr.to_string()).await;
+        for key in ALGORITHMS {
+            let at = format!("{name}/{key}");
+            let never = reserve(&mut client, key, "big", 1_001).await;
+            assert!(!never.granted && never.statuses[0].over, "{at}");
+            assert_eq!(never.retry_after, None, "{at}: waiting would not help");
+            let whole = reserve(&mut client, key, "big", 1_000).await;
+            assert!(whole.granted, "{at}: the whole limit at once");
+            let later = reserve(&mut client, key, "big", 1).await;
+            assert!(later.retry_after.is_some(), "{at}: this one fits later");
+        }
+        server.stop().await;
+    }
+}
+
 /// Sends `n` reserves of 2 for user `u` at once; the granted ids.
 async fn reserve_at_once(client: &Client, key: &str, n: usize) -> Vec<String> {
     let tasks: Vec<_> = (0..n)

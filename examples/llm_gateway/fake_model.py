@@ -9,8 +9,9 @@ It "writes" one token per word and bills like a model would:
 - completion_tokens: if the last user message asks for a length ("... in 5
   words"), that many, otherwise it rambles on until `max_tokens` cuts it off
   (finish_reason "length"); never more than `max_tokens`;
-- model `fake-down` always answers 503 (an overloaded upstream), for trying
-  the gateway's failure path.
+- model `fake-down` always answers 503 (an overloaded upstream), and
+  `fake-slow` answers after 3 s (longer than a client's timeout), for
+  trying the gateway's failure paths.
 
     python fake_model.py --listen 127.0.0.1:8001
 
@@ -28,6 +29,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKENS_PER_MESSAGE = 3
+SLOW_SECONDS = 3
 DEFAULT_MAX_TOKENS = 256
 MAX_BODY_BYTES = 1 << 20
 ASKED_LENGTH = re.compile(r"\bin (\d+) words?\b", re.IGNORECASE)
@@ -65,7 +67,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError(f"Content-Length must be 0 to {MAX_BODY_BYTES}")
             request = json.loads(self.rfile.read(length) or b"{}")
             messages = request["messages"]
-            max_tokens = int(request.get("max_tokens") or DEFAULT_MAX_TOKENS)
+            max_tokens = int(request.get("max_completion_tokens") or request.get("max_tokens")
+                             or DEFAULT_MAX_TOKENS)
             if not isinstance(messages, list) or max_tokens < 1:
                 raise ValueError("messages must be a list and max_tokens >= 1")
         except (ValueError, KeyError, TypeError) as e:
@@ -73,6 +76,8 @@ class Handler(BaseHTTPRequestHandler):
         model = str(request.get("model", "fake-1"))
         if model == "fake-down":
             return self.answer(503, error_body("the model is overloaded", "server_error"))
+        if model == "fake-slow":
+            time.sleep(SLOW_SECONDS)
         text, tokens, finish = completion(messages, max_tokens)
         prompt = prompt_tokens(messages)
         self.answer(200, {

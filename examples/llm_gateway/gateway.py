@@ -9,14 +9,19 @@ before it starts: the prompt (estimated here) plus `max_tokens`. So, per
 1. the user is identified: `Authorization: Bearer <API key>` looked up in
    the --api-keys file, else the `x-user-id` header (set by an auth proxy
    in front; drop it if there is none). Neither: 401.
-2. the gateway reserves prompt estimate + max_tokens on the descriptor
-   [user_id=<user>] of --domain, whose rule holds two limits (tokens per
-   minute and per day: limits/llm-gateway.yaml). Refused: 429 with
-   Retry-After and an OpenAI-style error body; the model is not called.
+2. the gateway reserves prompt estimate + `max_completion_tokens` (or the
+   older `max_tokens`) on the descriptor [user_id=<user>] of --domain,
+   whose rule holds two limits (tokens per minute and per day:
+   limits/llm-gateway.yaml). Refused: 429 with Retry-After and an
+   OpenAI-style error body; the model is not called. An estimate more than
+   a limit admits at once can never be granted: 400.
 3. it forwards the request and settles the reservation at the answer's
    `usage.total_tokens`, which gives the unused part of the estimate back.
-   The model failed or refused the request (no answer, a 4xx or 5xx): it is
-   settled at 0. An answer without usage is settled at the estimate (the
+   The model refused or failed the request (a 4xx or 5xx), or was never
+   reached (nothing listening, no such host): it is settled at 0. The
+   request was sent but no whole answer came back (a timeout, a reset
+   connection): the model may have generated, and billed, every token, so
+   it stays charged at the estimate, as does an answer without usage (the
    client's budget() does that when nothing was spent).
 
 Answers carry `x-ratelimit-limit-tokens` and `x-ratelimit-remaining-tokens`
@@ -36,6 +41,7 @@ import argparse
 import http.client
 import json
 import math
+import socket
 import sys
 import tempfile
 import urllib.error
@@ -53,6 +59,8 @@ DEFAULT_MAX_TOKENS = 256
 MAX_BODY_BYTES = 1 << 20
 # The most a request may ask for: a cap on one reservation.
 MAX_TOKENS_CAP = 32_768
+# The longest TTL ratekeeper gives a reservation (1 h).
+MAX_RESERVATION_TTL = 3600
 # OpenAI's rule of thumb: a token is about 4 characters of English; each
 # message costs a few more for its role and framing.
 CHARS_PER_TOKEN = 4
@@ -93,6 +101,10 @@ class BadRequest(Exception):
         self.body = openai_error(message, kind, code)
 
 
+class Unreached(OSError):
+    """The upstream never got the request: nothing listening, no such host."""
+
+
 class Gateway:
     """What the handler threads share: the ratekeeper client (one gRPC
     channel), the upstream, the API keys."""
@@ -103,8 +115,9 @@ class Gateway:
         self.domain = args.domain
         self.api_keys = read_api_keys(args.api_keys)
         # Settle within the reservation's TTL: the longest an upstream call
-        # may take, and a margin.
-        self.reservation_ttl = args.upstream_timeout + 30
+        # may take, and a margin, within what ratekeeper gives (a call that
+        # outlives it stays charged at its estimate).
+        self.reservation_ttl = min(args.upstream_timeout + 30, MAX_RESERVATION_TTL)
         self.limiter = rk.RateLimitClient(args.ratekeeper, timeout=args.ratekeeper_timeout)
 
     def user(self, headers) -> str:
@@ -120,7 +133,9 @@ class Gateway:
         return user
 
     def forward(self, body: bytes) -> tuple[int, bytes]:
-        """The upstream's status and body; raises OSError when it does not answer."""
+        """The upstream's status and body; raises Unreached when the request
+        never got to it, OSError or HTTPException when no whole answer came
+        back."""
         request = urllib.request.Request(
             f"{self.upstream}/v1/chat/completions", data=body,
             headers={"content-type": "application/json"}, method="POST",
@@ -130,6 +145,10 @@ class Gateway:
                 return response.status, response.read()
         except urllib.error.HTTPError as e:  # answered, with an error status
             return e.code, e.read()
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (ConnectionRefusedError, socket.gaierror)):
+                raise Unreached(e.reason) from e
+            raise
 
 
 def parse_chat_request(raw: bytes) -> tuple[list, int]:
@@ -144,9 +163,12 @@ def parse_chat_request(raw: bytes) -> tuple[list, int]:
         raise BadRequest(400, "Each message must be an object.")
     if request.get("stream"):
         raise BadRequest(400, "Streaming is not supported by this gateway.")
-    max_tokens = request.get("max_tokens", DEFAULT_MAX_TOKENS)
+    # max_completion_tokens is what OpenAI's API names it now; max_tokens
+    # the older name, still sent by many clients.
+    name = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
+    max_tokens = request.get(name, DEFAULT_MAX_TOKENS)
     if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_CAP:
-        raise BadRequest(400, f"'max_tokens' must be an integer from 1 to {MAX_TOKENS_CAP}.")
+        raise BadRequest(400, f"'{name}' must be an integer from 1 to {MAX_TOKENS_CAP}.")
     return request["messages"], max_tokens
 
 
@@ -196,8 +218,12 @@ class Handler(BaseHTTPRequestHandler):
                 reserved = True
                 try:
                     status, body = gw.forward(raw)
+                except Unreached as e:
+                    budget.spend(0)  # never reached the model: nothing to pay for
+                    body = json.dumps(openai_error(f"Upstream failed: {e}", "server_error")).encode()
                 except (OSError, http.client.HTTPException) as e:
-                    budget.spend(0)  # no answer: nothing to pay for
+                    # Sent, but no whole answer: it may have cost up to the
+                    # estimate, which is what an unreported budget settles at.
                     body = json.dumps(openai_error(f"Upstream failed: {e}", "server_error")).encode()
                 else:
                     used = total_tokens(body) if status == 200 else 0
@@ -213,9 +239,15 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(status, body, self.budget_headers(settlement))
 
     def refuse(self, e: rk.BudgetExceeded) -> None:
-        wait = max(1, math.ceil(e.retry_after.total_seconds())) if e.retry_after else 1
         status = e.statuses[0] if e.statuses else None
         limit = f"Limit {status.limit}, remaining {status.remaining}. " if status else ""
+        if e.retry_after is None:
+            # More than the limit admits at once: waiting cannot help.
+            return self.answer(400, openai_error(
+                f"This request may use more tokens than your limit allows at once. {limit}"
+                "Lower max_completion_tokens (or max_tokens) or shorten the prompt.",
+                "invalid_request_error", "tokens_exceed_limit"), self.budget_headers(e.reservation))
+        wait = max(1, math.ceil(e.retry_after.total_seconds()))
         body = openai_error(f"Rate limit reached for tokens. {limit}Please try again in {wait}s.",
                             "tokens", "rate_limit_exceeded")
         self.answer(429, body, {"retry-after": str(wait), **self.budget_headers(e.reservation)})

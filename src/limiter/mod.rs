@@ -235,6 +235,19 @@ impl Check {
     pub fn need(&self) -> u64 {
         self.hits.max(1)
     }
+
+    /// The most hits one request is ever admitted with, on a counter with
+    /// nothing counted: the limit for the windows and the log, the bucket
+    /// for the GCRA algorithms; 0 for a limit of 0, which admits nothing.
+    pub fn capacity(&self) -> u64 {
+        if self.limit == 0 {
+            0
+        } else if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use super::wire::{duration, requested_ttl, Entries};
 use crate::config::watch::SharedConfig;
 use crate::config::Config;
 use crate::headers::LimitState;
-use crate::limiter::{Outcome, MAX_HITS};
+use crate::limiter::{Check, Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
 use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
 use crate::store::{Role, Settled, Stores};
@@ -129,7 +129,11 @@ impl Budget {
             granted,
             reservation_id: if granted { id } else { String::new() },
             statuses: statuses(&reservation, &outcomes),
-            retry_after: (!granted).then(|| duration(retry_after_ms(&outcomes))),
+            retry_after: if granted {
+                None
+            } else {
+                retry_after_ms(&plan.checks, &outcomes).map(duration)
+            },
             ttl: Some(duration(ttl_ms)),
         })
     }
@@ -311,14 +315,15 @@ fn statuses(reservation: &ReservationId, outcomes: &[Outcome]) -> Vec<BudgetStat
 }
 
 /// How long until the estimate would fit: the longest wait of a refusing
-/// limit (every one must admit it).
-fn retry_after_ms(outcomes: &[Outcome]) -> u64 {
-    outcomes
-        .iter()
-        .filter(|o| o.over)
-        .map(|o| o.reset_ms)
-        .max()
-        .unwrap_or(0)
+/// limit (every one must admit it). None when a refusing limit never
+/// admits that much at once (the estimate is over its capacity): waiting
+/// would not help, and a caller told to retry would retry forever.
+fn retry_after_ms(checks: &[Check], outcomes: &[Outcome]) -> Option<u64> {
+    let refusing = || checks.iter().zip(outcomes).filter(|(_, o)| o.over);
+    if refusing().any(|(check, _)| check.hits > check.capacity()) {
+        return None;
+    }
+    Some(refusing().map(|(_, o)| o.reset_ms).max().unwrap_or(0))
 }
 
 fn store_failed(error: crate::Error) -> Status {
@@ -438,6 +443,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::limiter::Algorithm;
     use crate::pb::v1::{Descriptor, Entry as V1Entry};
 
     const LIMITS: &str = "
@@ -518,13 +524,40 @@ descriptors:
 
     #[test]
     fn a_refusal_waits_for_its_slowest_refusing_limit() {
+        let checks = [
+            Check::for_test("a", Algorithm::FixedWindow, 100, 60_000, 80),
+            Check::for_test("b", Algorithm::FixedWindow, 100, 60_000, 80),
+            Check::for_test("c", Algorithm::TokenBucket, 100, 60_000, 80),
+        ];
         let outcomes = [
             outcome(0, 9_000, true),
             outcome(50, 90_000, false),
             outcome(0, 30_000, true),
         ];
-        assert_eq!(retry_after_ms(&outcomes), 30_000);
-        assert_eq!(retry_after_ms(&outcomes[1..2]), 0);
+        assert_eq!(retry_after_ms(&checks, &outcomes), Some(30_000));
+        assert_eq!(retry_after_ms(&checks[1..2], &outcomes[1..2]), Some(0));
+    }
+
+    #[test]
+    fn an_estimate_no_refusing_limit_can_hold_gets_no_retry_after() {
+        let over = outcome(0, 9_000, true);
+        let window = |hits| Check::for_test("w", Algorithm::FixedWindow, 100, 60_000, hits);
+        assert_eq!(retry_after_ms(&[window(100)], &[over]), Some(9_000));
+        assert_eq!(retry_after_ms(&[window(101)], &[over]), None);
+        // A bucket holds its burst, whatever its rate.
+        let mut bucket = Check::for_test("b", Algorithm::LeakyBucket, 100, 60_000, 20);
+        bucket.burst = 10;
+        assert_eq!(retry_after_ms(&[bucket], &[over]), None);
+        // Only refusing limits count: one that admitted it has no say.
+        let fine = outcome(0, 9_000, false);
+        assert_eq!(
+            retry_after_ms(&[window(101), window(5)], &[fine, over]),
+            Some(9_000)
+        );
+        // A limit of 0 admits nothing.
+        let mut closed = window(1);
+        closed.limit = 0;
+        assert_eq!(retry_after_ms(&[closed], &[over]), None);
     }
 
     #[test]

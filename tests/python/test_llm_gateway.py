@@ -68,14 +68,14 @@ def run_python(script, log_path, *args):
 
 
 @contextlib.contextmanager
-def run_stack(limits, logs, *server_args):
+def run_stack(limits, logs, *server_args, gateway_args=()):
     """ratekeeper, the fake model and the gateway; yields the gateway's base URL."""
     domain, limits_dir = limits
     with run_server(limits_dir, logs / "ratekeeper.log", *server_args) as server, \
             run_python("fake_model.py", logs / "fake_model.log") as model, \
             run_python("gateway.py", logs / "gateway.log", "--upstream", f"http://{model}",
                        "--ratekeeper", server.grpc_addr, "--domain", domain,
-                       "--api-keys", str(EXAMPLE / "keys.txt")) as gw:
+                       "--api-keys", str(EXAMPLE / "keys.txt"), *gateway_args) as gw:
         yield f"http://{gw}"
 
 
@@ -190,6 +190,46 @@ def test_an_unreachable_upstream_is_settled_at_zero(limits, tmp_path):
             status, headers, body = chat(f"http://{gw}", LONG, user)
             assert status == 502 and body["error"]["type"] == "server_error"
             assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE
+
+
+def test_an_answer_lost_after_sending_stays_charged_at_the_estimate(limits, tmp_path):
+    """The model got the request but no answer came back in time: it may
+    have generated, and billed, every token; the budget keeps the estimate."""
+    with run_stack(limits, tmp_path, gateway_args=("--upstream-timeout", "0.5")) as gw:
+        wait_for_fresh_window(60, margin_s=10)
+        user = new_user()
+        status, headers, body = chat(gw, LONG, user, model="fake-slow")
+        assert status == 502 and body["error"]["type"] == "server_error"
+        assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE - estimate(LONG)
+
+
+def test_an_estimate_over_the_limit_is_a_400_not_a_429(gateway):
+    """No wait would make it fit: a 429 with Retry-After would have the
+    client retry forever. The budget is untouched."""
+    wait_for_fresh_window(60, margin_s=15)
+    user = new_user()
+    status, headers, body = chat(gateway, "hi", user, max_tokens=PER_MINUTE + 1)
+    assert status == 400 and body["error"]["code"] == "tokens_exceed_limit"
+    assert "retry-after" not in headers
+    assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE
+    status, headers, body = chat(gateway, "Say hi in 2 words", user)
+    assert status == 200
+    assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE - body["usage"]["total_tokens"]
+
+
+def test_max_completion_tokens_is_read_like_max_tokens(gateway):
+    """OpenAI's newer name: what is reserved, what the model is held to."""
+    wait_for_fresh_window(60, margin_s=15)
+    user = new_user()
+    request = {"model": "fake-1", "messages": [{"role": "user", "content": LONG}], "max_completion_tokens": 7}
+    status, headers, body = chat(gateway, None, user, body=json.dumps(request).encode())
+    assert status == 200 and body["usage"]["completion_tokens"] == 7
+    request["max_completion_tokens"] = PER_MINUTE + 1
+    status, _, body = chat(gateway, None, user, body=json.dumps(request).encode())
+    assert status == 400 and body["error"]["code"] == "tokens_exceed_limit"
+    request["max_completion_tokens"] = 0
+    status, _, body = chat(gateway, None, user, body=json.dumps(request).encode())
+    assert status == 400 and "max_completion_tokens" in body["error"]["message"]
 
 
 def test_without_ratekeeper_nothing_is_forwarded(limits, tmp_path):

@@ -126,6 +126,57 @@ def test_budget_settles_at_the_estimate_when_the_block_fails_unreported(client, 
     assert reported.settlement.statuses[0].remaining == BUDGET - 300
 
 
+def test_a_bad_spend_fails_in_the_block_and_no_settle_error_hides_the_blocks(client, user):
+    """spend() refuses what is not a whole number of hits where it is
+    called; and whatever a settle on exit fails with, the block's own
+    exception is the one that propagates (the settle's is kept)."""
+    with pytest.raises(TypeError, match="whole number"):
+        with client.budget(DOMAIN, user, estimate=100) as fractional:
+            fractional.spend(12.0)
+    assert fractional.settlement.settled == 100, "nothing reported: the estimate"
+
+    with pytest.raises(RuntimeError, match="the block's"):
+        with client.budget(DOMAIN, user, estimate=100) as huge:
+            huge.spend(2**70)  # no uint64 holds it: the settle itself fails
+            raise RuntimeError("the block's own failure")
+    assert isinstance(huge.settle_error, ValueError) and huge.settlement is None
+
+
+def test_an_estimate_no_limit_admits_is_refused_for_good(rk, client, user):
+    """More than the limit at once: refused, with no retry_after to wait for."""
+    with pytest.raises(rk.BudgetExceeded) as refused:
+        with client.budget(DOMAIN, user, estimate=BUDGET + 1):
+            pytest.fail("the block ran without a reservation")
+    assert refused.value.retry_after is None and refused.value.statuses[0].over
+    assert "retrying will not help" in str(refused.value)
+    # The budget is untouched: all of it still fits.
+    assert client.reserve(DOMAIN, user, estimate=BUDGET).granted
+
+
+class _CountSettles(grpc.UnaryUnaryClientInterceptor):
+    def __init__(self):
+        self.settles = 0
+
+    def intercept_unary_unary(self, continuation, details, request):
+        if details.method.endswith("/Settle"):
+            self.settles += 1
+        return continuation(details, request)
+
+
+def test_settle_is_made_again_while_the_service_is_unavailable(rk):
+    count = _CountSettles()
+    channel = grpc.intercept_channel(grpc.insecure_channel("127.0.0.1:1"), count)
+    down = rk.RateLimitClient(channel=channel, timeout=0.5)
+    with pytest.raises(grpc.RpcError) as e:
+        down.settle("r1.anything", 5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert count.settles == 3, "three calls in all"
+    with pytest.raises(grpc.RpcError):
+        down.settle("r1.anything", 5, attempts=1)
+    assert count.settles == 4
+    channel.close()
+
+
 def test_settle_of_an_expired_reservation_is_not_found(rk, client, user):
     """Never settled within its TTL: the reservation is gone, and its
     estimate stays charged."""

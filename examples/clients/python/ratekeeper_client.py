@@ -48,6 +48,7 @@ import contextlib
 import importlib
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -267,13 +268,19 @@ class Settlement:
 
 class BudgetExceeded(Exception):
     """Raised by budget() when the reservation is refused; retry_after says
-    how long until the estimate would fit (None if the service did not say)."""
+    how long until the estimate would fit, or is None when it never will
+    (the estimate is more than a limit admits at once: retrying cannot
+    help; an LLM gateway answers such a max_tokens with a 400)."""
 
     def __init__(self, reservation: Reservation):
         self.reservation = reservation
         self.retry_after = reservation.retry_after
         self.statuses = reservation.statuses
-        super().__init__(f"budget exceeded; retry after {self.retry_after}")
+        if self.retry_after is None:
+            why = "the estimate is more than the limit admits at once; retrying will not help"
+        else:
+            why = f"retry after {self.retry_after}"
+        super().__init__(f"budget exceeded; {why}")
 
 
 class ReservationNotFound(LookupError):
@@ -299,6 +306,10 @@ class Budget:
         self.settle_error: Optional[Exception] = None
 
     def spend(self, n: int) -> None:
+        # Checked here, inside the block, so that a bad value fails where it
+        # is made, not in the settle on exit.
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"spend(n) needs a whole number of hits, not {n!r}")
         if n < 0:
             raise ValueError("spend(n) needs n >= 0")
         self.spent = (self.spent or 0) + n
@@ -536,25 +547,31 @@ class RateLimitClient:
             ttl=_optional_duration(response, "ttl"),
         )
 
-    def settle(self, reservation_id: str, actual: int) -> Settlement:
+    def settle(self, reservation_id: str, actual: int, attempts: int = 3) -> Settlement:
         """Makes the reservation's charge `actual` (0 gives the whole estimate
-        back; more than the estimate is charged after the fact). Retrying is
-        safe: a reservation settles once. An empty id (nothing was limited)
-        settles at once without a call. Raises ReservationNotFound when the
-        service does not know the id, grpc.RpcError otherwise, whatever
-        fail_open says."""
+        back; more than the estimate is charged after the fact). A call that
+        fails UNAVAILABLE or DEADLINE_EXCEEDED is made again, up to
+        `attempts` calls in all: a reservation settles once, so a repeat of a
+        Settle that did reach the service answers already_settled with its
+        `settled`. An empty id (nothing was limited) settles at once without
+        a call. Raises ReservationNotFound when the service does not know the
+        id, grpc.RpcError otherwise, whatever fail_open says."""
         if actual < 0:
             raise ValueError("actual must be >= 0")
         if not reservation_id:
             return Settlement(settled=actual)
         pb2, stub = self._budget_api()
         request = pb2.SettleRequest(reservation_id=reservation_id, actual=actual)
-        try:
-            response = stub.Settle(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                raise ReservationNotFound(reservation_id, e.details()) from e
-            raise
+        for attempt in range(1, max(attempts, 1) + 1):
+            try:
+                response = stub.Settle(request, timeout=self.timeout)
+                break
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    raise ReservationNotFound(reservation_id, e.details()) from e
+                if attempt >= attempts or e.code() not in _UNAVAILABLE:
+                    raise
+                time.sleep(0.05 * 2**attempt)
         return Settlement(
             settled=response.settled,
             already_settled=response.already_settled,
@@ -577,9 +594,9 @@ class RateLimitClient:
         charging the most it could have cost keeps the budget safe (call
         spend(0) first if a failure is known to have cost nothing). A block
         that ends without spend() is settled at the estimate as well. When
-        the block raised, a failed settle does not hide its exception (the
-        reservation then stays charged at its estimate until its TTL; the
-        error is kept in budget.settle_error)."""
+        the block raised, a failed settle does not hide its exception,
+        whatever the failure (the reservation then stays charged at its
+        estimate until its TTL; the error is kept in budget.settle_error)."""
         reservation = self.reserve(domain, descriptors, estimate, ttl)
         if not reservation.granted:
             raise BudgetExceeded(reservation)
@@ -592,7 +609,7 @@ class RateLimitClient:
             actual = estimate if spending.spent is None else spending.spent
             try:
                 spending.settlement = self.settle(reservation.reservation_id, actual)
-            except (grpc.RpcError, ReservationNotFound) as e:
+            except Exception as e:
                 if not failed:
                     raise
                 spending.settle_error = e
