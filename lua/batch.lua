@@ -113,15 +113,15 @@ local function request(k0, a0, n, all_or_nothing)
     end
     for i = 1, n do
       local c, key = checks[i], KEYS[k0 + i]
-      if c.charges and c.hits > 0 then
+      if charged(c, out[3 * (k0 + i) - 2] == 1) then
         c.algo.apply(state[key], c, now)
         save_with[key] = c
       end
     end
     for i = 1, n do
       local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
-      local charged = c.charges and c.hits > 0
-      out[o - 1], out[o] = c.algo.report(s, c, out[o - 2] == 1, charged, now)
+      local over = out[o - 2] == 1
+      out[o - 1], out[o] = c.algo.report(s, c, over, charged(c, over), now)
     end
   else
     for i = 1, n do

@@ -77,7 +77,7 @@ local request_of = memo(function(header)
 end)
 
 -- A check's fields, "<tag> <limit> <period ms> <burst> <hits> <enforce 0|1>
--- <charges 0|1>" (lua/README.md), as the table the algorithms' steps take, with its
+-- <charges 0|1|2>" (lua/README.md), as the table the algorithms' steps take, with its
 -- algorithm; nil when malformed or of no algorithm here. One argument per
 -- check rather than six: Redis turns every argument into a string object
 -- and a Lua string, which cost more than the check's own arithmetic. The
@@ -85,7 +85,7 @@ end)
 -- change it.
 local check_of = memo(function(fields)
   local tag, limit, period, burst, hits, enforce, charges =
-    string.match(fields, '^(%a+) (%d+) (%d+) (%d+) (%d+) ([01]) ([01])$')
+    string.match(fields, '^(%a+) (%d+) (%d+) (%d+) (%d+) ([01]) ([012])$')
   if tag == nil or B[tag] == nil then
     return nil
   end
@@ -99,9 +99,19 @@ local check_of = memo(function(fields)
     hits = hits,
     need = math.max(hits, 1),
     enforce = enforce == '1',
-    charges = charges == '1',
+    -- Hits over the limit are recorded (1 or 2); 2: a refused request
+    -- records them only where the check is itself over (Charges::WhenOver).
+    charges = charges ~= '0',
+    when_over = charges == '2',
   }
 end)
+
+-- Whether check c records its hits on a request it found `over` (or, when
+-- it fitted, that another check refused). Twin of Charges::records in
+-- src/limiter/mod.rs.
+local function charged(c, over)
+  return c.charges and c.hits > 0 and (over or not c.when_over)
+end
 
 -- The hits of check c a state holding `count` hits records: all of them, up
 -- to a count of twice the limit (a debt of at most one limit). Admitted hits

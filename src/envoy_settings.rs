@@ -48,8 +48,9 @@ pub struct EnvoySettings {
     /// Health says NOT_SERVING while the limits in force have no domain.
     #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_parser = BoolishValueParser::new())]
     pub healthy_with_at_least_one_config_loaded: bool,
-    /// Fixed windows drop hits over the limit (a refused request consumes
-    /// nothing) unless a limit or domain says `charges: record`.
+    /// A refused request counts only on the fixed windows it takes over
+    /// their limit and spares the ones it fitted, unless a limit or domain
+    /// sets `charges:`.
     #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_parser = BoolishValueParser::new())]
     pub stop_cache_key_increment_when_overlimit: bool,
     /// xDS server, `host:port`.

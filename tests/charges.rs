@@ -216,31 +216,56 @@ fn an_unknown_charges_value_is_refused_with_its_line() {
     );
 }
 
-/// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`:
-/// fixed windows drop what is over the limit; without it they record it.
+/// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`
+/// (their `src/redis/fixed_cache_impl.go`, and their test of it): a refused
+/// request increments only the counters it takes over their limit, and
+/// spares the ones it fitted; without it every counter is incremented. A
+/// charge over the limit is recorded either way.
 #[tokio::test]
-async fn stop_cache_key_increment_when_overlimit_drops_what_is_over() {
+async fn stop_cache_key_increment_when_overlimit_spares_what_fitted() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
-    for (env, then) in [
-        (None, Code::OverLimit),
-        (Some("true"), Code::Ok),
-        (Some("false"), Code::OverLimit),
-    ] {
+    let limits = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n  - key: team\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    std::fs::write(dir.path().join("limits.yaml"), limits).unwrap();
+    for (env, user_left) in [(None, 992), (Some("true"), 1000), (Some("false"), 992)] {
         let env: Vec<(&str, &str)> = env
             .map(|v| ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", v))
             .into_iter()
             .collect();
-        let limits_dir = dir
-            .path()
-            .join(format!("l{}", env.len() + usize::from(then == Code::Ok)));
-        std::fs::create_dir_all(&limits_dir).unwrap();
-        std::fs::write(limits_dir.join("limits.yaml"), limits).unwrap();
-        let server = Ratekeeper::spawn_with_env(&limits_dir, &[], &env);
+        let server = Ratekeeper::spawn_with_env(dir.path(), &[], &env);
         let mut client = server.client().await;
-        let mut ask = async |hits| code(&ask(&mut client, "llm", "user", "a", hits).await);
-        assert_eq!(ask(1_500).await, Code::OverLimit, "{env:?}");
-        assert_eq!(ask(0).await, then, "{env:?}");
+        assert_eq!(
+            code(&ask(&mut client, "llm", "user", "a", 1_500).await),
+            Code::OverLimit,
+            "{env:?}"
+        );
+        let after = ask(&mut client, "llm", "user", "a", 0).await;
+        assert_eq!(
+            code(&after),
+            Code::OverLimit,
+            "{env:?}: the charge is recorded"
+        );
+
+        // 8 hits on both: the team (5) refuses; the user (1,000) fits.
+        let both = |hits| {
+            let mut user = descriptor(&[("user", "b")]);
+            let mut team = descriptor(&[("team", "t")]);
+            user.hits_addend = Some(UInt64Value { value: hits });
+            team.hits_addend = Some(UInt64Value { value: hits });
+            request("llm", vec![user, team])
+        };
+        let refused = client
+            .should_rate_limit(both(8))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(code(&refused), Code::OverLimit, "{env:?}");
+        let now = client
+            .should_rate_limit(both(0))
+            .await
+            .unwrap()
+            .into_inner();
+        let left: Vec<u32> = now.statuses.iter().map(|s| s.limit_remaining).collect();
+        assert_eq!(left, [user_left, 0], "{env:?}: the user's counter");
         server.terminate();
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{command_calls, limiter_calls, Backend};
 use proptest::prelude::*;
 use ratekeeper::clock::ManualClock;
-use ratekeeper::limiter::{Algorithm, Check, Outcome, MAX_HITS};
+use ratekeeper::limiter::{Algorithm, Charges, Check, Outcome, MAX_HITS};
 
 /// A check of `algorithm` on key `key`: `limit` per `period_ms`, `burst`, `hits`.
 fn ck(algorithm: Algorithm, key: &str, limit: u64, period_ms: u64, burst: u64, hits: u64) -> Check {
@@ -22,7 +22,7 @@ fn ck(algorithm: Algorithm, key: &str, limit: u64, period_ms: u64, burst: u64, h
         burst,
         hits,
         enforce: true,
-        charges: false,
+        charges: Charges::Drop,
     }
 }
 
@@ -514,7 +514,16 @@ fn mixed() -> Vec<Step> {
 /// `check` on a limit that takes charges.
 fn charged(check: Check) -> Check {
     Check {
-        charges: true,
+        charges: Charges::Record,
+        ..check
+    }
+}
+
+/// `check` on a limit that takes charges only where it is itself over
+/// (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+fn charged_when_over(check: Check) -> Check {
+    Check {
+        charges: Charges::WhenOver,
         ..check
     }
 }
@@ -631,6 +640,7 @@ fn charges() -> Vec<Step> {
 /// nothing else.
 fn charges_all_or_nothing() -> Vec<Step> {
     let fw = |key, hits| charged(c(key, 5, hits));
+    let when_over = |key, hits| charged_when_over(c(key, 5, hits));
     let tb = |key, hits| ck(Algorithm::TokenBucket, key, 1, 1_000, 1, hits);
     vec![
         s(
@@ -650,6 +660,30 @@ fn charges_all_or_nothing() -> Vec<Step> {
             vec![fw("ca3", 0), tb("ca4", 1)],
             vec![o(true, 0, 1000), o(false, 1, 0)],
             "refused by the recorded charge",
+        ),
+        s(
+            7000,
+            vec![fw("cb1", 3), fw("cb2", 6)],
+            vec![o(false, 2, 1000), o(true, 0, 1000)],
+            "refused by one fixed window: both record (envoyproxy/ratelimit increments every key)",
+        ),
+        s(
+            7000,
+            vec![when_over("cc1", 3), when_over("cc2", 6)],
+            vec![o(false, 5, 1000), o(true, 0, 1000)],
+            "when over only: the window taken over its limit records, the one that fitted is spared",
+        ),
+        s(
+            7000,
+            vec![when_over("cc1", 5), when_over("cc2", 0)],
+            vec![o(false, 5, 1000), o(true, 0, 1000)],
+            "the spared window still has all 5; the other is over (and records nothing more)",
+        ),
+        s(
+            7000,
+            vec![when_over("cc3", 2), when_over("cc4", 2)],
+            vec![o(false, 3, 1000), o(false, 3, 1000)],
+            "admitted: both count",
         ),
     ]
 }
@@ -1074,7 +1108,7 @@ fn the_function_library_does_not_grow_with_distinct_arguments() {
 
 /// Malformed limiter arguments get an error reply, in both forms of the
 /// limiter, and leave every counter of the call as it was: an unknown
-/// algorithm, a field missing or not a count, a flag not 0 or 1, more
+/// algorithm, a field missing or not a count, a flag out of range, more
 /// checks than were sent.
 #[test]
 fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
@@ -1100,7 +1134,7 @@ fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
         &["1 0", good, "1 0", "xx 5 1000 0 1 1 0"],
         &["1 0", good, "1 0", "fw 5 1000 0 1 1"],
         &["1 0", good, "1 0", "fw 5 -1000 0 1 1 0"],
-        &["1 0", good, "1 0", "fw 5 1000 0 1 1 2"],
+        &["1 0", good, "1 0", "fw 5 1000 0 1 1 3"],
         &["1 0", good, "1 2", good],
         &["1 0", good, "one 0", good],
         &["1 0", good, "2 0", good],
@@ -1262,8 +1296,8 @@ async fn cluster_requests_across_slots_are_atomic_per_slot() {
 }
 
 /// A key of the random runs below: its algorithm, limit, period, burst and
-/// whether it takes charges.
-type KeySpec = (Algorithm, u64, u64, u64, bool);
+/// what it records over its limit.
+type KeySpec = (Algorithm, u64, u64, u64, Charges);
 /// A request: all-or-nothing, and its checks as (key index, hits, enforce).
 type Request = (bool, Vec<(usize, u64, bool)>);
 
@@ -1281,7 +1315,8 @@ fn key_specs() -> impl Strategy<Value = Vec<KeySpec>> {
     // the pinned clock still counts.
     let limit = prop::sample::select(vec![1u64, 2, 4]);
     let period = prop::sample::select(vec![1_000u64, 60_000]);
-    prop::collection::vec((algorithm, limit, period, 0u64..4, prop::bool::ANY), 4)
+    let charges = prop::sample::select(vec![Charges::Drop, Charges::Record, Charges::WhenOver]);
+    prop::collection::vec((algorithm, limit, period, 0u64..4, charges), 4)
 }
 
 fn calls() -> impl Strategy<Value = Vec<(u64, Vec<Request>)>> {

@@ -691,7 +691,7 @@ async fn failure_modes_per_domain_and_health() {
 /// and close it.
 #[tokio::test]
 async fn after_the_cooldown_a_request_probes_redis_and_closes_the_circuit() {
-    use ratekeeper::limiter::{Algorithm, Check};
+    use ratekeeper::limiter::{Algorithm, Charges, Check};
     let mut redis = RedisServer::start();
     let store = redis.store(None);
     let check = [Check {
@@ -702,7 +702,7 @@ async fn after_the_cooldown_a_request_probes_redis_and_closes_the_circuit() {
         burst: 0,
         hits: 1,
         enforce: true,
-        charges: false,
+        charges: Charges::Drop,
     }];
     store.apply(&check, true).await.expect("Redis up");
     redis.kill();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use ratekeeper::clock::ManualClock;
-use ratekeeper::limiter::{Algorithm, Check};
+use ratekeeper::limiter::{Algorithm, Charges, Check};
 use ratekeeper::store::MemoryStore;
 
 const START_MS: u64 = 1_800_000_000_000;
@@ -38,7 +38,7 @@ fn run(
             burst,
             hits,
             enforce: true,
-            charges: false,
+            charges: Charges::Drop,
         };
         let outcome = store.apply(&[check], true)[0];
         if !outcome.over && hits > 0 {

@@ -12,7 +12,7 @@
 //! behaviour) the checks that fit are consumed even when another refuses the
 //! request.
 
-use super::{dispatch, Check, Outcome, Policy, State};
+use super::{dispatch, Charges, Check, Outcome, Policy, State};
 
 /// What a table of states must offer the evaluator.
 pub trait Table {
@@ -74,7 +74,7 @@ pub(super) fn run(
         let live = &mut keys[at].live;
         let over = dispatch!(&*live, s => s.is_over(check, now_ms));
         blocked |= over && check.enforce;
-        let applied = check.hits > 0 && (!over || check.charges);
+        let applied = check.hits > 0 && (!over || check.charges != Charges::Drop);
         if applied {
             let k = &mut keys[at];
             match (&mut marks, k.mark) {
@@ -111,7 +111,7 @@ pub(super) fn run(
             let (remaining, reset_ms) = if commit {
                 report
             } else {
-                let applied = charged(check);
+                let applied = check.charges.records(check.hits, over);
                 dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms))
             };
             Outcome {
@@ -121,11 +121,6 @@ pub(super) fn run(
             }
         })
         .collect()
-}
-
-/// Whether `check` records its hits on a refused all-or-nothing request.
-fn charged(check: &Check) -> bool {
-    check.charges && check.hits > 0
 }
 
 /// Undoes a refused all-or-nothing request but for its charges: each key
@@ -140,8 +135,8 @@ fn charges_only(
         k.live = k.stored.clone();
         k.consumed_by = None;
     }
-    for (i, (check, &(at, _, _))) in checks.iter().zip(tried).enumerate() {
-        if charged(check) {
+    for (i, (check, &(at, over, _))) in checks.iter().zip(tried).enumerate() {
+        if check.charges.records(check.hits, over) {
             dispatch!(&mut keys[at].live, s => s.apply(check, now_ms));
             keys[at].consumed_by = Some(i);
         }

@@ -9,7 +9,7 @@
 //! [`super::recordable`]'s bound, like every charge).
 
 use super::batch::{run, Table};
-use super::{dispatch, Check, Outcome, Policy, State};
+use super::{dispatch, Charges, Check, Outcome, Policy, State};
 
 /// What a granted reservation took from one check: the mark of its hits
 /// (see [`Policy::reserve`]), or `None` when it took nothing (a limit in
@@ -26,7 +26,7 @@ pub fn reserve(
     let admission: Vec<Check> = checks
         .iter()
         .map(|c| Check {
-            charges: false,
+            charges: Charges::Drop,
             ..c.clone()
         })
         .collect();
@@ -62,7 +62,7 @@ pub fn settle(
         } else {
             let excess = Check {
                 hits: actual - check.hits,
-                charges: true,
+                charges: Charges::Record,
                 ..check.clone()
             };
             dispatch!(&mut state, s => s.apply(&excess, now_ms));

@@ -223,11 +223,49 @@ pub struct Check {
     pub hits: u64,
     /// Whether being over this limit refuses the request (false in shadow mode).
     pub enforce: bool,
-    /// Whether this limit takes charges: hits are recorded even when over the
-    /// limit (a cost already incurred, such as an LLM response's tokens), up
-    /// to [`recordable`]'s bound, and even when another limit refuses an
-    /// all-or-nothing request. Otherwise a refused request consumes nothing.
-    pub charges: bool,
+    /// What this limit records of hits over it, and of a request another
+    /// limit refuses.
+    pub charges: Charges,
+}
+
+/// Whether a limit takes charges: hits recorded even when over the limit (a
+/// cost already incurred, such as an LLM response's tokens), up to
+/// [`recordable`]'s bound. Its code is the `charges` field the Lua takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Charges {
+    /// Nothing over the limit is recorded: a refused request consumes nothing.
+    Drop = 0,
+    /// Hits over the limit are recorded, and a request another limit refuses
+    /// records its hits here too (envoyproxy/ratelimit's fixed window: every
+    /// descriptor's counter is incremented).
+    Record = 1,
+    /// Hits over the limit are recorded, but a refused request leaves this
+    /// limit untouched where it fitted (envoyproxy/ratelimit's fixed window
+    /// with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: only the counters the
+    /// request takes over their limit are incremented).
+    WhenOver = 2,
+}
+
+impl Charges {
+    /// A limits file's `charges: record` (true) or `drop` (false).
+    pub fn recorded(record: bool) -> Charges {
+        if record {
+            Charges::Record
+        } else {
+            Charges::Drop
+        }
+    }
+
+    /// Whether `hits` are recorded on a request this limit found `over`
+    /// (or, when it fitted, that another limit refused).
+    pub fn records(self, hits: u64, over: bool) -> bool {
+        hits > 0
+            && match self {
+                Charges::Drop => false,
+                Charges::Record => true,
+                Charges::WhenOver => over,
+            }
+    }
 }
 
 impl Check {
@@ -269,7 +307,7 @@ impl Check {
             burst: if algorithm.has_burst() { limit } else { 0 },
             hits,
             enforce: true,
-            charges: false,
+            charges: Charges::Drop,
         }
     }
 }

@@ -40,7 +40,7 @@ use super::wire::{duration, requested_ttl, Entries};
 use crate::config::watch::SharedConfig;
 use crate::config::Config;
 use crate::headers::LimitState;
-use crate::limiter::{Check, Outcome, MAX_HITS};
+use crate::limiter::{Charges, Check, Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
 use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
 use crate::store::{Role, Settled, Stores};
@@ -155,7 +155,7 @@ impl Budget {
         // Admission: a refused reservation takes nothing, whatever the
         // limit does with charges after the fact.
         for check in &mut plan.checks {
-            check.charges = false;
+            check.charges = Charges::Drop;
         }
         if plan
             .checks

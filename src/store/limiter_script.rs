@@ -437,7 +437,7 @@ impl fmt::Display for CheckFields<'_> {
             c.burst,
             c.hits,
             u8::from(c.enforce),
-            u8::from(c.charges)
+            c.charges as u8
         )
     }
 }

@@ -47,7 +47,7 @@ use super::over_cache::OverCache;
 use crate::config::watch::SharedConfig;
 use crate::headers::HeaderSettings;
 use crate::keys::Values;
-use crate::limiter::Algorithm;
+use crate::limiter::{Algorithm, Charges};
 use crate::otel::{DecisionSpan, Tracer};
 use crate::store::Stores;
 use crate::vocab::FailureMode;
@@ -73,20 +73,28 @@ pub struct LimiterSettings {
     /// Most keys the over-limit cache remembers (0: off); `None`:
     /// [`super::over_cache::DEFAULT_CAPACITY`].
     pub over_cache_keys: Option<usize>,
-    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`:
-    /// fixed windows drop hits over the limit unless a limit says otherwise.
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: a
+    /// refused request leaves the fixed windows it fitted untouched (the one
+    /// it took over its limit still counts it), unless a limit says otherwise.
     pub stop_increment_when_over_limit: bool,
     /// OpenTelemetry spans of decisions (off by default).
     pub tracer: Tracer,
 }
 
 impl LimiterSettings {
-    /// Whether a limit of `algorithm` that sets no `charges:` records hits
-    /// over the limit: envoyproxy/ratelimit's fixed window does (its
-    /// counters pass the limit), so files in its format and xDS configs get
-    /// its outcome; ratekeeper's own algorithms do not.
-    pub fn charges(&self, algorithm: Algorithm) -> bool {
-        algorithm == Algorithm::FixedWindow && !self.stop_increment_when_over_limit
+    /// What a limit of `algorithm` that sets no `charges:` records:
+    /// envoyproxy/ratelimit's fixed window records hits over the limit (its
+    /// counters pass the limit), on every descriptor of a refused request
+    /// or, with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, only on those the
+    /// request takes over their limit; so files in its format and xDS
+    /// configs get its outcome. ratekeeper's own algorithms record nothing
+    /// over the limit.
+    pub fn charges(&self, algorithm: Algorithm) -> Charges {
+        match algorithm {
+            Algorithm::FixedWindow if self.stop_increment_when_over_limit => Charges::WhenOver,
+            Algorithm::FixedWindow => Charges::Record,
+            _ => Charges::Drop,
+        }
     }
 }
 

@@ -146,7 +146,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limiter::Algorithm;
+    use crate::limiter::{Algorithm, Charges};
     use crate::store::{Generation, MemoryStore};
 
     fn check(algorithm: Algorithm) -> Check {
@@ -158,7 +158,7 @@ mod tests {
             burst: 1,
             hits: 1,
             enforce: true,
-            charges: false,
+            charges: Charges::Drop,
         }
     }
 

@@ -13,7 +13,7 @@ use tonic::Status;
 
 use super::LimiterSettings;
 use crate::keys::counter_key;
-use crate::limiter::{Check, Unit, MAX_HITS};
+use crate::limiter::{Charges, Check, Unit, MAX_HITS};
 use crate::rules::{Rate, Rule, RuleTree};
 use crate::service::caps;
 use crate::service::wire::Entries;
@@ -194,7 +194,7 @@ fn check(
         enforce,
         charges: rate
             .charges
-            .unwrap_or_else(|| settings.charges(rate.algorithm)),
+            .map_or_else(|| settings.charges(rate.algorithm), Charges::recorded),
     }
 }
 
