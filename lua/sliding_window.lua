@@ -7,6 +7,36 @@ local function sw_estimate(s, c, now)
   return math.floor(s.previous * (c.period - elapsed) / c.period) + s.current
 end
 
+-- The first ms of a window at which `count` hits of the window before it,
+-- weighed as sw_estimate weighs them, are at most k (Rust: first_fit).
+local function sw_first_fit(count, k, period)
+  if count <= k then
+    return 0
+  end
+  return period - math.floor(((k + 1) * period - 1) / count)
+end
+
+-- Ms until `need` more hits fit, if no others come: later in this window,
+-- in the next, or once both have passed (Rust: Sliding::until_fits).
+local function sw_until_fits(s, c, need, now)
+  local period = c.period
+  local start = s.window * period
+  if need <= c.limit then
+    local room = c.limit - need
+    if s.current <= room then
+      local at = math.max(sw_first_fit(s.previous, room - s.current, period), now - start)
+      if at < period then
+        return start + at - now
+      end
+    end
+    local at = sw_first_fit(s.current, room, period)
+    if at < period then
+      return start + period + at - now
+    end
+  end
+  return start + 2 * period - now
+end
+
 B.sw = function() return {
   load = function(key, c, now)
     local window = idiv(now, c.period)
@@ -28,7 +58,15 @@ B.sw = function() return {
     s.current = s.current + charge(c, sw_estimate(s, c, now))
   end,
   report = function(s, c, over, applied, now)
-    return math.max(c.limit - sw_estimate(s, c, now), 0), (s.window + 1) * c.period - now
+    local reset
+    if not over then
+      reset = (s.window + 1) * c.period - now
+    elseif applied then
+      reset = sw_until_fits(s, c, 1, now)
+    else
+      reset = sw_until_fits(s, c, c.need, now)
+    end
+    return math.max(c.limit - sw_estimate(s, c, now), 0), reset
   end,
   ttl = function(s, c, now)
     return (s.window + 2) * c.period - now

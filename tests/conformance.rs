@@ -228,7 +228,12 @@ fn sliding_window() -> Vec<Step> {
     vec![
         s(0, vec![sw(1)], vec![o(false, 3, 1000)], "first hit"),
         s(500, vec![sw(3)], vec![o(false, 0, 500)], "fill the window"),
-        s(600, vec![sw(1)], vec![o(true, 0, 400)], "over"),
+        s(
+            600,
+            vec![sw(1)],
+            vec![o(true, 0, 401)],
+            "over: at 1,000 the 4 still weigh 4; at 1,001 floor(3.996) = 3",
+        ),
         s(
             1250,
             vec![sw(1)],
@@ -250,8 +255,8 @@ fn sliding_window() -> Vec<Step> {
         s(
             1510,
             vec![sw(1)],
-            vec![o(true, 0, 490)],
-            "weighted 1 + current 3 is full",
+            vec![o(true, 0, 241)],
+            "weighted 1 + current 3 is full until the 4 weigh 0: floor(4 x 249 / 1000) at 1,751",
         ),
         s(
             3100,
@@ -558,12 +563,17 @@ fn charges() -> Vec<Step> {
             vec![o(false, 10, 1000)],
             "fw: a new window",
         ),
-        s(0, vec![sw(15)], vec![o(true, 0, 1000)], "sw: 15 recorded"),
+        s(
+            0,
+            vec![sw(15)],
+            vec![o(true, 0, 1334)],
+            "sw: 15 recorded; one more hit fits once they weigh 9: floor(15 x 666 / 1000), at 1,334",
+        ),
         s(
             1200,
             vec![sw(0)],
-            vec![o(true, 0, 800)],
-            "sw: 15 x 0.8 = 12 still count",
+            vec![o(true, 0, 134)],
+            "sw: 15 x 0.8 = 12 still count, 9 at 1,334",
         ),
         s(
             1500,
@@ -1482,17 +1492,19 @@ fn budget_table(algorithm: Algorithm) -> Vec<(u64, BudgetOp, bool, Outcome)> {
             (false, 8, 500),
             (false, 8, 500),
         ],
-        // As the fixed window in window 0; at 1500 the previous 10 weigh 5:
-        // e 8, f 10; at 2500 the previous 5 weigh 2, +2 = 4; f's 2 come
-        // back from the previous window: 3 weigh 1, +2 = 3.
+        // As the fixed window in window 0, but refused until the hits fit
+        // (b's 6 once a's 6 weigh 4, at 1,167; one more once the 10 weigh
+        // 9, at 1,001); at 1500 the previous 10 weigh 5: e 8, f 10; at 2500
+        // the previous 5 weigh 2, +2 = 4; f's 2 come back from the previous
+        // window: 3 weigh 1, +2 = 3.
         SlidingWindow => [
             (false, 4, 1000),
-            (true, 4, 1000),
+            (true, 4, 1167),
             (false, 8, 900),
             (false, 8, 900),
             (false, 3, 900),
-            (true, 0, 900),
-            (true, 0, 900),
+            (true, 0, 901),
+            (true, 0, 901),
             (false, 2, 500),
             (false, 2, 500),
             (false, 0, 500),

@@ -27,6 +27,40 @@ impl Sliding {
         let weighted = (self.previous as f64 * (period - elapsed) as f64 / period as f64).floor();
         weighted as u64 + self.current
     }
+
+    /// Milliseconds until `need` more hits fit, if no others come: later in
+    /// this window, as the previous window's weight falls; else in the next,
+    /// as this one's does; else once both have passed.
+    fn until_fits(&self, check: &Check, need: u64, now_ms: u64) -> u64 {
+        let period = check.period_ms;
+        let start = self.window * period;
+        if need <= check.limit {
+            let room = check.limit - need;
+            if self.current <= room {
+                let at = first_fit(self.previous, room - self.current, period).max(now_ms - start);
+                if at < period {
+                    return start + at - now_ms;
+                }
+            }
+            let at = first_fit(self.current, room, period);
+            if at < period {
+                return start + period + at - now_ms;
+            }
+        }
+        start + 2 * period - now_ms
+    }
+}
+
+/// The first millisecond of a window at which `count` hits of the window
+/// before it, weighed as [`Sliding::estimate`] weighs them, are at most `k`:
+/// the first `e` with `count × (period − e) / period < k + 1`. The float
+/// operations are the Lua twin's, in the same order.
+fn first_fit(count: u64, k: u64, period: u64) -> u64 {
+    if count <= k {
+        return 0;
+    }
+    let weighed_out = ((k + 1) as f64 * period as f64 - 1.0) / count as f64;
+    period - weighed_out.floor() as u64
 }
 
 impl Policy for Sliding {
@@ -55,9 +89,19 @@ impl Policy for Sliding {
         self.current += recordable(check, self.estimate(check, now_ms));
     }
 
-    fn report(&self, check: &Check, _over: bool, _applied: bool, now_ms: u64) -> (u64, u64) {
+    /// The reset: the current window's end; when over, until the refused
+    /// hits fit (a recorded charge: one more hit), which is later than the
+    /// window's end whenever the previous window still weighs enough.
+    fn report(&self, check: &Check, over: bool, applied: bool, now_ms: u64) -> (u64, u64) {
         let remaining = check.limit.saturating_sub(self.estimate(check, now_ms));
-        (remaining, (self.window + 1) * check.period_ms - now_ms)
+        let reset = if !over {
+            (self.window + 1) * check.period_ms - now_ms
+        } else if applied {
+            self.until_fits(check, 1, now_ms)
+        } else {
+            self.until_fits(check, check.need(), now_ms)
+        };
+        (remaining, reset)
     }
 
     fn ttl_ms(&self, check: &Check, now_ms: u64) -> u64 {
