@@ -60,9 +60,14 @@ type Client = BudgetServiceClient<Channel>;
 
 /// A server on the memory store, its clock standing at `START_MS`.
 async fn memory_server() -> TestServer {
+    server_on(&Backend::Memory).await
+}
+
+/// A server on `backend`'s store, its clock standing at `START_MS`.
+async fn server_on(backend: &Backend) -> TestServer {
     TestServer::start(
         &[LIMITS],
-        Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
+        backend.store(Arc::new(ManualClock::new(START_MS))),
     )
     .await
 }
@@ -211,11 +216,7 @@ async fn concurrent_reserves_never_commit_more_than_the_budget() {
 async fn an_estimate_over_what_a_limit_ever_admits_gets_no_retry_after() {
     for backend in Backend::all() {
         let name = backend.name();
-        let server = TestServer::start(
-            &[LIMITS],
-            backend.store(Arc::new(ManualClock::new(START_MS))),
-        )
-        .await;
+        let server = server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         for key in ALGORITHMS {
             let at = format!("{name}/{key}");
@@ -254,11 +255,7 @@ async fn reserve_at_once(client: &Client, key: &str, n: usize) -> Vec<String> {
 async fn several_descriptors_take_all_or_nothing_on_every_store() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
-        let server = TestServer::start(
-            &[LIMITS],
-            backend.store(Arc::new(ManualClock::new(START_MS))),
-        )
-        .await;
+        let server = server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         // Two users on two nodes of the 3-master Cluster (its first and last
         // third of the slots): the reservation takes two calls there.
@@ -293,11 +290,7 @@ async fn several_descriptors_take_all_or_nothing_on_every_store() {
 async fn a_retried_settle_answers_the_same_and_charges_once() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
-        let server = TestServer::start(
-            &[LIMITS],
-            backend.store(Arc::new(ManualClock::new(START_MS))),
-        )
-        .await;
+        let server = server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         for algorithm in ALGORITHMS {
             let at = format!("{name}/{algorithm}");
