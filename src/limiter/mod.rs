@@ -231,7 +231,7 @@ pub struct Check {
 /// Whether a limit takes charges: hits recorded even when over the limit (a
 /// cost already incurred, such as an LLM response's tokens), up to
 /// [`recordable`]'s bound. Its code is the `charges` field the Lua takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charges {
     /// Nothing over the limit is recorded: a refused request consumes nothing.
     Drop = 0,

@@ -59,8 +59,9 @@ fn first_fit(count: u64, k: u64, period: u64) -> u64 {
     if count <= k {
         return 0;
     }
+    // At most period − 1/count, which a float may round up to the period.
     let weighed_out = ((k + 1) as f64 * period as f64 - 1.0) / count as f64;
-    period - weighed_out.floor() as u64
+    period.saturating_sub(weighed_out.floor() as u64)
 }
 
 impl Policy for Sliding {
