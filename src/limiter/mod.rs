@@ -275,12 +275,13 @@ impl Check {
     }
 
     /// The most hits one request is ever admitted with, on a counter with
-    /// nothing counted: the limit for the windows and the log, the bucket
-    /// for the GCRA algorithms; 0 for a limit of 0, which admits nothing.
+    /// nothing counted: the limit for the windows and the log (0 admits
+    /// nothing), the bucket for the GCRA algorithms (whose limit is never
+    /// 0: `config` refuses it). The check's view of `Rate::capacity`, the
+    /// rate it was planned from (`limit` its `requests_per_unit`, `burst`
+    /// its `effective_burst`).
     pub fn capacity(&self) -> u64 {
-        if self.limit == 0 {
-            0
-        } else if self.algorithm.has_burst() {
+        if self.algorithm.has_burst() {
             self.burst
         } else {
             self.limit
