@@ -75,6 +75,10 @@ local function request(k0, a0, n, all_or_nothing)
       blocked = true
     end
     local applied = c.hits > 0 and (c.charges or not over)
+    -- A charge over the limit: what the limit admitted before it, for the
+    -- stats (the reply's over is then 2 + that; twin of
+    -- Outcome::remaining_before).
+    local before_charge = over and applied and algo.report(s, c, over, false, now)
     if applied then
       if undoable and before[key] == nil then
         before[key] = copy(s)
@@ -88,7 +92,7 @@ local function request(k0, a0, n, all_or_nothing)
     end
     local remaining, reset = algo.report(s, c, over, applied, now)
     local o = 3 * (k0 + i)
-    out[o - 2] = over and 1 or 0
+    out[o - 2] = before_charge and 2 + before_charge or over and 1 or 0
     out[o - 1] = remaining
     out[o] = reset
   end
@@ -111,16 +115,22 @@ local function request(k0, a0, n, all_or_nothing)
         state[key] = before[key]
       end
     end
+    -- A charge over its limit now takes over from what the charges before
+    -- it left.
     for i = 1, n do
-      local c, key = checks[i], KEYS[k0 + i]
-      if charged(c, out[3 * (k0 + i) - 2] == 1) then
+      local c, key, o = checks[i], KEYS[k0 + i], 3 * (k0 + i)
+      local over = out[o - 2] ~= 0
+      if charged(c, over) then
+        if over then
+          out[o - 2] = 2 + c.algo.report(state[key], c, true, false, now)
+        end
         c.algo.apply(state[key], c, now)
         save_with[key] = c
       end
     end
     for i = 1, n do
       local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
-      local over = out[o - 2] == 1
+      local over = out[o - 2] ~= 0
       out[o - 1], out[o] = c.algo.report(s, c, over, charged(c, over), now)
     end
   else

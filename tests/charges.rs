@@ -269,3 +269,46 @@ async fn stop_cache_key_increment_when_overlimit_spares_what_fitted() {
         server.terminate();
     }
 }
+
+/// A charge that takes a counter over its limit is split into near and over
+/// limit from where the counter stood before it, as envoyproxy/ratelimit's
+/// base limiter splits it (from the counter before the increment): their
+/// dashboards read the same numbers. On memory and Redis, in Prometheus.
+#[tokio::test]
+async fn a_charge_over_the_limit_splits_into_near_and_over_as_theirs() {
+    let redis = common::RedisServer::start();
+    let url = redis.url();
+    let limits = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1000}\n";
+    for args in [&[][..], &["--redis-url", &url][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Ratekeeper::start(limits, dir.path(), args);
+        let mut client = server.client().await;
+        // Near from 800 on (NEAR_LIMIT_RATIO 0.8). 900: within, 100 near.
+        // 900 + 200: 100 near, 100 over. 0: nothing. 1,500 on a new
+        // counter: 200 near, 500 over.
+        for (value, hits, expected) in [
+            ("a", 900, Code::Ok),
+            ("a", 200, Code::OverLimit),
+            ("a", 0, Code::OverLimit),
+            ("b", 1_500, Code::OverLimit),
+        ] {
+            let answer = ask(&mut client, "llm", "user", value, hits).await;
+            assert_eq!(code(&answer), expected, "{args:?}: {value} {hits}");
+        }
+        let text = server.metrics();
+        for (stat, n) in [
+            ("total_hits", 2_600),
+            ("within_limit", 900),
+            ("near_limit", 400),
+            ("over_limit", 600),
+        ] {
+            let line =
+                format!(r#"ratelimit_service_rate_limit_{stat}{{domain="llm",key1="user"}} {n}"#);
+            assert!(
+                text.lines().any(|l| l == line),
+                "{args:?}: /metrics lacks {line:?}:\n{text}"
+            );
+        }
+        server.terminate();
+    }
+}

@@ -51,6 +51,16 @@ fn o(over: bool, remaining: u64, reset_ms: u64) -> Outcome {
         over,
         remaining,
         reset_ms,
+        remaining_before: None,
+    }
+}
+
+/// A charge recorded over its limit, which admitted `before` hits before
+/// it: `(over, 0, reset_ms)`.
+fn charged_over(before: u64, reset_ms: u64) -> Outcome {
+    Outcome {
+        remaining_before: Some(before),
+        ..o(true, 0, reset_ms)
     }
 }
 
@@ -544,7 +554,7 @@ fn charges() -> Vec<Step> {
     let lb = |hits| charged(ck(Algorithm::LeakyBucket, "lbc", 2, 1_000, 2, hits));
     vec![
         s(0, vec![fw(0)], vec![o(false, 10, 1000)], "fw: check only"),
-        s(0, vec![fw(15)], vec![o(true, 0, 1000)], "fw: 15 recorded"),
+        s(0, vec![fw(15)], vec![charged_over(10, 1000)], "fw: 15 recorded"),
         s(
             100,
             vec![fw(0)],
@@ -554,7 +564,7 @@ fn charges() -> Vec<Step> {
         s(
             100,
             vec![fw(10)],
-            vec![o(true, 0, 900)],
+            vec![charged_over(0, 900)],
             "fw: 5 recorded (20 at most)",
         ),
         s(
@@ -566,7 +576,7 @@ fn charges() -> Vec<Step> {
         s(
             0,
             vec![sw(15)],
-            vec![o(true, 0, 1334)],
+            vec![charged_over(10, 1334)],
             "sw: 15 recorded; one more hit fits once they weigh 9: floor(15 x 666 / 1000), at 1,334",
         ),
         s(
@@ -585,7 +595,7 @@ fn charges() -> Vec<Step> {
         s(
             2100,
             vec![sl(9)],
-            vec![o(true, 0, 900)],
+            vec![charged_over(6, 900)],
             "sl: 9 recorded: 13, one hit fits once the 4 age out",
         ),
         s(
@@ -603,14 +613,14 @@ fn charges() -> Vec<Step> {
         s(
             3000,
             vec![sl(30)],
-            vec![o(true, 0, 1000)],
+            vec![charged_over(1, 1000)],
             "sl: 11 recorded (20 at most)",
         ),
         s(4000, vec![tb(0)], vec![o(false, 10, 0)], "tb: full"),
         s(
             4000,
             vec![tb(15)],
-            vec![o(true, 0, 600)],
+            vec![charged_over(10, 600)],
             "tb: a debt of 5 tokens: one back in 600 ms",
         ),
         s(
@@ -628,13 +638,13 @@ fn charges() -> Vec<Step> {
         s(
             9000,
             vec![tb(100)],
-            vec![o(true, 0, 1100)],
+            vec![charged_over(10, 1100)],
             "tb: 20 recorded: refused 1.1 s, not 10",
         ),
         s(
             9000,
             vec![lb(3)],
-            vec![o(true, 0, 1000)],
+            vec![charged_over(2, 1000)],
             "lb: 3 recorded in a queue of 2",
         ),
         s(
@@ -662,7 +672,7 @@ fn charges_all_or_nothing() -> Vec<Step> {
         s(
             7000,
             vec![fw("ca3", 10), tb("ca4", 1)],
-            vec![o(true, 0, 1000), o(false, 1, 0)],
+            vec![charged_over(5, 1000), o(false, 1, 0)],
             "the charge over its limit is recorded; the admitted token bucket consumes nothing",
         ),
         s(
@@ -674,13 +684,13 @@ fn charges_all_or_nothing() -> Vec<Step> {
         s(
             7000,
             vec![fw("cb1", 3), fw("cb2", 6)],
-            vec![o(false, 2, 1000), o(true, 0, 1000)],
+            vec![o(false, 2, 1000), charged_over(5, 1000)],
             "refused by one fixed window: both record (envoyproxy/ratelimit increments every key)",
         ),
         s(
             7000,
             vec![when_over("cc1", 3), when_over("cc2", 6)],
-            vec![o(false, 5, 1000), o(true, 0, 1000)],
+            vec![o(false, 5, 1000), charged_over(5, 1000)],
             "when over only: the window taken over its limit records, the one that fitted is spared",
         ),
         s(
@@ -1658,6 +1668,7 @@ async fn a_settle_after_a_reset_leaves_an_empty_window() {
             over: false,
             remaining: 10,
             reset_ms: 59_900,
+            remaining_before: None,
         };
         assert_eq!(
             got,

@@ -75,6 +75,7 @@ pub(super) fn run(
         let over = dispatch!(&*live, s => s.is_over(check, now_ms));
         blocked |= over && check.enforce;
         let applied = check.hits > 0 && (!over || check.charges != Charges::Drop);
+        let remaining_before = (over && applied).then(|| remaining(&keys[at].live, check, now_ms));
         if applied {
             let k = &mut keys[at];
             match (&mut marks, k.mark) {
@@ -92,11 +93,16 @@ pub(super) fn run(
             k.consumed_by = Some(i);
         }
         let report = dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms));
-        tried.push((at, over, report));
+        tried.push(Tried {
+            at,
+            over,
+            report,
+            remaining_before,
+        });
     }
     let commit = !blocked || !all_or_nothing;
     if !commit {
-        charges_only(&mut keys, checks, &tried, now_ms);
+        charges_only(&mut keys, checks, &mut tried, now_ms);
     }
     for k in &keys {
         if let Some(i) = k.consumed_by {
@@ -107,38 +113,53 @@ pub(super) fn run(
     checks
         .iter()
         .zip(tried)
-        .map(|(check, (at, over, report))| {
+        .map(|(check, t)| {
             let (remaining, reset_ms) = if commit {
-                report
+                t.report
             } else {
-                let applied = check.charges.records(check.hits, over);
-                dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms))
+                let applied = check.charges.records(check.hits, t.over);
+                dispatch!(&keys[t.at].live, s => s.report(check, t.over, applied, now_ms))
             };
             Outcome {
-                over,
+                over: t.over,
                 remaining,
                 reset_ms,
+                remaining_before: t.remaining_before,
             }
         })
         .collect()
 }
 
+/// One check as first tried: its key's index, whether it was over, its
+/// report, and [`Outcome::remaining_before`].
+struct Tried {
+    at: usize,
+    over: bool,
+    report: (u64, u64),
+    remaining_before: Option<u64>,
+}
+
+/// The hits `check` would still admit from `state`, consuming nothing.
+fn remaining(state: &State, check: &Check, now_ms: u64) -> u64 {
+    dispatch!(state, s => s.report(check, true, false, now_ms)).0
+}
+
 /// Undoes a refused all-or-nothing request but for its charges: each key
-/// back to its stored state, then the charges recorded on it in order.
-fn charges_only(
-    keys: &mut [KeyState<'_>],
-    checks: &[Check],
-    tried: &[(usize, bool, (u64, u64))],
-    now_ms: u64,
-) {
+/// back to its stored state, then the charges recorded on it in order (a
+/// charge over its limit then took over from what the ones before it left).
+fn charges_only(keys: &mut [KeyState<'_>], checks: &[Check], tried: &mut [Tried], now_ms: u64) {
     for k in keys.iter_mut() {
         k.live = k.stored.clone();
         k.consumed_by = None;
     }
-    for (i, (check, &(at, over, _))) in checks.iter().zip(tried).enumerate() {
-        if check.charges.records(check.hits, over) {
-            dispatch!(&mut keys[at].live, s => s.apply(check, now_ms));
-            keys[at].consumed_by = Some(i);
+    for (i, (check, t)) in checks.iter().zip(tried).enumerate() {
+        if check.charges.records(check.hits, t.over) {
+            let live = &mut keys[t.at].live;
+            if t.over {
+                t.remaining_before = Some(remaining(live, check, now_ms));
+            }
+            dispatch!(live, s => s.apply(check, now_ms));
+            keys[t.at].consumed_by = Some(i);
         }
     }
 }

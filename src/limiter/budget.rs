@@ -91,6 +91,7 @@ pub fn standing(table: &mut impl Table, checks: &[Check], now_ms: u64) -> Vec<Ou
                 over,
                 remaining,
                 reset_ms,
+                remaining_before: None,
             }
         })
         .collect()

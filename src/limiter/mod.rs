@@ -323,6 +323,11 @@ pub struct Outcome {
     /// Milliseconds until the limit is fully restored; when over, until the
     /// refused hits would be admitted; for `leaky_bucket`, the caller's wait.
     pub reset_ms: u64,
+    /// When over but its hits were recorded anyway (a charge): the hits
+    /// this limit still admitted before them, for the stats' split of hits
+    /// into near and over limit. `None` otherwise: a refusal that records
+    /// nothing leaves `remaining` as it was before the request.
+    pub remaining_before: Option<u64>,
 }
 
 /// The hits of `check` a state holding `count` hits records: all of them,

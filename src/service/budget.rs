@@ -480,6 +480,7 @@ descriptors:
             over,
             remaining,
             reset_ms,
+            remaining_before: None,
         }
     }
 

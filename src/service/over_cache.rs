@@ -201,6 +201,7 @@ impl OverCache {
                         over: true,
                         remaining: 0,
                         reset_ms: until - now,
+                        remaining_before: None,
                     })
             })
             .collect();
@@ -238,6 +239,7 @@ mod tests {
             over: true,
             remaining: 0,
             reset_ms: 50,
+            remaining_before: None,
         };
         let fw = check("a", Algorithm::FixedWindow, 3);
         let tb = check("b", Algorithm::TokenBucket, 3);
@@ -293,6 +295,7 @@ mod tests {
             over: true,
             remaining: 0,
             reset_ms: 50,
+            remaining_before: None,
         };
         cache.learn(&fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());
@@ -306,6 +309,7 @@ mod tests {
             over: true,
             remaining: 0,
             reset_ms: 50,
+            remaining_before: None,
         };
         let off = OverCache::with_capacity(Generation::default(), 0);
         let a = [check("a", Algorithm::FixedWindow, 3)];
@@ -336,6 +340,7 @@ mod tests {
             over: true,
             remaining: 0,
             reset_ms: 50,
+            remaining_before: None,
         };
         let cache = OverCache::with_capacity(Generation::default(), 2);
         let [a, b, c] = ["a", "b", "c"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
@@ -363,6 +368,7 @@ mod tests {
             over: true,
             remaining: 0,
             reset_ms: 50,
+            remaining_before: None,
         };
         cache.learn(&fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());

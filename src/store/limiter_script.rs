@@ -461,6 +461,8 @@ formatted_arg!(
 );
 
 /// The script's reply for `checks` checks, in the order they were sent.
+/// An `over` of 2 or more is a charge recorded over the limit, which
+/// admitted `over - 2` hits before it ([`Outcome::remaining_before`]).
 pub fn outcomes(reply: &[i64], checks: usize) -> Result<Vec<Outcome>> {
     if reply.len() != checks * REPLY_FIELDS {
         return Err(Error::Store(format!(
@@ -474,6 +476,7 @@ pub fn outcomes(reply: &[i64], checks: usize) -> Result<Vec<Outcome>> {
             over: v[0] != 0,
             remaining: v[1].max(0) as u64,
             reset_ms: v[2].max(0) as u64,
+            remaining_before: (v[0] >= 2).then(|| (v[0] - 2) as u64),
         })
         .collect())
 }

@@ -100,6 +100,7 @@ impl LocalFallback {
             over: false,
             remaining: check.limit,
             reset_ms: 0,
+            remaining_before: None,
         };
         let mut local = match mode {
             FailureMode::Local => {
@@ -121,6 +122,7 @@ impl LocalFallback {
                         over: true,
                         remaining: 0,
                         reset_ms: check.period_ms,
+                        remaining_before: None,
                     },
                     // The local store answers every share it is given.
                     FailureMode::Local => local.next().unwrap_or_else(|| open(check)),
@@ -282,6 +284,7 @@ mod tests {
             over: false,
             remaining,
             reset_ms: 7,
+            remaining_before: None,
         };
         let answered = vec![Some(stored(2)), None, Some(stored(99))];
         let clock = Arc::new(ManualClock::new(60_000));

@@ -4,6 +4,7 @@
 //! `value_to_metric` rules, under a cap on distinct paths.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -39,7 +40,8 @@ struct Split {
 
 impl Split {
     /// `hits` against a limit of `limit` with `used` spent after them (when
-    /// admitted) or before them (when refused: a refusal consumes nothing).
+    /// admitted) or before them (when over: a refusal consumes nothing, and
+    /// a charge recorded over the limit is split from where it started).
     /// `near_at` is `floor(limit × ratio)`.
     fn of(hits: u64, limit: u64, used: u64, near_at: u64, over: bool) -> Split {
         if over {
@@ -69,14 +71,6 @@ impl Split {
             over: 0,
         }
     }
-}
-
-/// Whether a descriptor's hits were over a limit, and whether the
-/// over-limit cache said so.
-#[derive(Debug, Clone, Copy)]
-struct Over {
-    any: bool,
-    cached: bool,
 }
 
 /// The label detailed counters past the cap share.
@@ -137,38 +131,46 @@ impl RuleCounters {
             else {
                 continue;
             };
-            // Shadow-mode limits count as over here, though they refuse nothing.
-            let any_over = outcomes[checks.clone()].iter().any(|o| o.over);
             let hits = plan.checks[checks.start].hits;
-            let over = Over {
-                any: any_over,
-                cached,
-            };
-            self.count(
-                &request.domain,
-                rule,
-                descriptor,
-                &verdict.state,
-                over,
-                hits,
-            );
+            let split = self.split(hits, outcomes, checks.clone(), verdict);
+            self.count(&request.domain, rule, descriptor, hits, &split, cached);
         }
     }
 
-    /// One descriptor's hits; `state` is its tightest limit.
+    /// How a descriptor's `hits` split against its tightest limit.
+    fn split(
+        &self,
+        hits: u64,
+        outcomes: &[Outcome],
+        checks: Range<usize>,
+        verdict: &Verdict,
+    ) -> Split {
+        let LimitState {
+            limit, remaining, ..
+        } = verdict.state;
+        // Shadow-mode limits count as over here, though they refuse nothing.
+        let over = outcomes[checks.clone()].iter().any(|o| o.over);
+        // A charge recorded over the limit splits from where it started, as
+        // theirs splits from its counter before the increment.
+        let remaining = outcomes[checks.start + verdict.at]
+            .remaining_before
+            .unwrap_or(remaining);
+        // In f32, as theirs: the same threshold for the same ratio.
+        let near_at = (limit as f32 * self.near_limit_ratio.0).floor() as u64;
+        Split::of(hits, limit, limit.saturating_sub(remaining), near_at, over)
+    }
+
+    /// One descriptor's `hits`, split as `split`; `cached`: the over-limit
+    /// cache decided them.
     fn count(
         &self,
         domain: &str,
         rule: &Rule,
         descriptor: &RateLimitDescriptor,
-        state: &LimitState,
-        over: Over,
         hits: u64,
+        split: &Split,
+        cached: bool,
     ) {
-        let used = state.limit.saturating_sub(state.remaining);
-        // In f32, as theirs: the same threshold for the same ratio.
-        let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
-        let split = Split::of(hits, state.limit, used, near_at, over.any);
         let count = |m: &RuleMetrics| {
             m.total_hits.increment(hits);
             for (counter, n) in [
@@ -183,7 +185,7 @@ impl RuleCounters {
             if rule.shadow_mode && split.over > 0 {
                 m.shadow_mode.increment(split.over);
             }
-            match (over.cached && split.over > 0, self.their_local_cache) {
+            match (cached && split.over > 0, self.their_local_cache) {
                 (false, _) => {}
                 (true, true) => m.over_limit_with_local_cache.increment(split.over),
                 (true, false) => m.over_limit_with_local_cache.increment_ours(split.over),
