@@ -40,18 +40,24 @@ pub fn verdicts(plan: &Plan<'_>, outcomes: &[Outcome]) -> Vec<Option<Verdict>> {
         // A shadow-mode rule is never over; a quota one is (the request
         // decides in `response`).
         let shadow = rule.is_some_and(|r| r.shadow_mode);
-        let states = rates
-            .iter()
-            .zip(&outcomes[checks.clone()])
-            .map(|(rate, outcome)| LimitState {
-                limit: rate.capacity(),
-                remaining: outcome.remaining,
-                reset_ms: outcome.reset_ms,
-                over: outcome.over && !shadow,
-            });
-        tightest(states).map(|(at, state)| Verdict { state, at })
+        tightest_limit(rates, &outcomes[checks.clone()], !shadow)
     };
     plan.applied.iter().map(verdict).collect()
+}
+
+/// The tightest of a descriptor's limits, `rates` decided as `outcomes`;
+/// an outcome's `over` counts only when `over_counts`.
+pub fn tightest_limit(rates: &[Rate], outcomes: &[Outcome], over_counts: bool) -> Option<Verdict> {
+    let states = rates
+        .iter()
+        .zip(outcomes)
+        .map(|(rate, outcome)| LimitState {
+            limit: rate.capacity(),
+            remaining: outcome.remaining,
+            reset_ms: outcome.reset_ms,
+            over: outcome.over && over_counts,
+        });
+    tightest(states).map(|(at, state)| Verdict { state, at })
 }
 
 /// The response: statuses, overall code, and the headers when `headers`.

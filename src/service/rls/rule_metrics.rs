@@ -4,7 +4,6 @@
 //! `value_to_metric` rules, under a cap on distinct paths.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -12,11 +11,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 use super::plan::{Applied, Plan};
-use super::respond::Verdict;
-use crate::headers::LimitState;
+use super::respond::{self, Verdict};
 use crate::keys::Values;
 use crate::limiter::Outcome;
-use crate::rules::{MetricLevel, Rule, RuleMetrics};
+use crate::rules::{MetricLevel, Rate, Rule, RuleMetrics};
 
 /// `NEAR_LIMIT_RATIO`: the share of a limit past which hits count as
 /// `near_limit` too (envoyproxy/ratelimit's default, 0.8).
@@ -115,49 +113,37 @@ impl RuleCounters {
         request: &RateLimitRequest,
         plan: &Plan<'_>,
         outcomes: &[Outcome],
-        verdicts: &[Option<Verdict>],
         cached: bool,
     ) {
-        let decided = plan.applied.iter().zip(verdicts).zip(&request.descriptors);
-        for ((applied, verdict), descriptor) in decided {
-            let (
-                Applied::Counted {
-                    rule: Some(rule),
-                    checks,
-                    ..
-                },
-                Some(verdict),
-            ) = (applied, verdict)
+        for (applied, descriptor) in plan.applied.iter().zip(&request.descriptors) {
+            let Applied::Counted {
+                rule: Some(rule),
+                rates,
+                checks,
+                ..
+            } = applied
             else {
                 continue;
             };
             let hits = plan.checks[checks.start].hits;
-            let split = self.split(hits, outcomes, checks.clone(), verdict);
+            let Some(split) = self.split(hits, rates, &outcomes[checks.clone()]) else {
+                continue;
+            };
             self.count(&request.domain, rule, descriptor, hits, &split, cached);
         }
     }
 
-    /// How a descriptor's `hits` split against its tightest limit.
-    fn split(
-        &self,
-        hits: u64,
-        outcomes: &[Outcome],
-        checks: Range<usize>,
-        verdict: &Verdict,
-    ) -> Split {
-        let LimitState {
-            limit, remaining, ..
-        } = verdict.state;
-        // Shadow-mode limits count as over here, though they refuse nothing.
-        let over = outcomes[checks.clone()].iter().any(|o| o.over);
+    /// How a descriptor's `hits` split against its tightest limit (shadow
+    /// mode's included: its stats are those it would have if enforced).
+    fn split(&self, hits: u64, rates: &[Rate], outcomes: &[Outcome]) -> Option<Split> {
+        let Verdict { state, at } = respond::tightest_limit(rates, outcomes, true)?;
         // A charge recorded over the limit splits from where it started, as
         // theirs splits from its counter before the increment.
-        let remaining = outcomes[checks.start + verdict.at]
-            .remaining_before
-            .unwrap_or(remaining);
+        let remaining = outcomes[at].remaining_before.unwrap_or(state.remaining);
         // In f32, as theirs: the same threshold for the same ratio.
-        let near_at = (limit as f32 * self.near_limit_ratio.0).floor() as u64;
-        Split::of(hits, limit, limit.saturating_sub(remaining), near_at, over)
+        let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
+        let used = state.limit.saturating_sub(remaining);
+        Some(Split::of(hits, state.limit, used, near_at, state.over))
     }
 
     /// One descriptor's `hits`, split as `split`; `cached`: the over-limit
@@ -257,6 +243,7 @@ impl DetailedSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Unit;
 
     #[test]
     fn hits_split_as_envoyproxy_ratelimit_counts_them() {
@@ -280,6 +267,38 @@ mod tests {
             split(0, 0, 2),
             "over another limit"
         );
+    }
+
+    /// A descriptor's split is taken against its tightest limit as if
+    /// enforced, from where a charge recorded over it started: a shadow-mode
+    /// rule counts what the same rule enforced would.
+    #[test]
+    fn a_charge_splits_against_the_limit_it_took_over() {
+        let counters = RuleCounters::new(10, Values::Raw, NearLimitRatio::default(), false);
+        // 10 a minute at 8 and 100 an hour at 94, then a charge of 6: the
+        // minute is taken over from 8 (2 near, 4 over); the hour is at its
+        // limit, not over, and resets later.
+        let rates = [Rate::fixed(10, Unit::Minute), Rate::fixed(100, Unit::Hour)];
+        let outcomes = [
+            Outcome {
+                over: true,
+                remaining: 0,
+                reset_ms: 30_000,
+                remaining_before: Some(2),
+            },
+            Outcome {
+                over: false,
+                remaining: 0,
+                reset_ms: 1_800_000,
+                remaining_before: None,
+            },
+        ];
+        let split = Split {
+            within: 0,
+            near: 2,
+            over: 4,
+        };
+        assert_eq!(counters.split(6, &rates, &outcomes), Some(split));
     }
 
     #[test]
