@@ -24,12 +24,12 @@ B.fw = function()
       return s.count + c.need > c.limit
     end,
     apply = function(s, c, now)
-      -- s.count + charge(c, s.count), inlined: the default algorithm's every
-      -- admitted hit comes here, and the call cost a one-key batch 4% of
-      -- Redis's instructions (bench/lua_instructions.sh, shape `same`).
-      local count, most = s.count + c.hits, 2 * c.limit
-      if count > most then
-        count = math.max(most, s.count)
+      -- Every hit counts, past the limit too, with no bound on the debt (the
+      -- window's end clears it); the cap only keeps the count exact. Twin of
+      -- Window::apply and MAX_COUNT in src/limiter/fixed_window.rs.
+      local count = s.count + c.hits
+      if count > 4503599627370496 then
+        count = 4503599627370496
       end
       s.count = count
     end,

@@ -115,7 +115,8 @@ end
 
 -- The hits of check c a state holding `count` hits records: all of them, up
 -- to a count of twice the limit (a debt of at most one limit). Admitted hits
--- always fit. Twin of `recordable` in src/limiter/mod.rs, which says why.
+-- always fit. Twin of `recordable` in src/limiter/mod.rs, which says why
+-- (and why the fixed window has no such bound).
 -- Comparisons rather than math.min/max: every admitted hit comes here, and
 -- the two calls into C cost a one-key batch of fixed-window requests 6% more
 -- of Redis's instructions (bench/lua_instructions.sh, shape `same`).

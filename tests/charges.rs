@@ -8,6 +8,7 @@
 mod common;
 
 use common::{descriptor, on_every_store, request, Ratekeeper};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -177,6 +178,40 @@ async fn a_charge_refused_by_one_limit_is_recorded_on_every_limit() {
         );
         let r = ask(&mut client, "llm", "tokens", "u", 600).await;
         assert_eq!(code(&r), Code::OverLimit, "{store}: the day is spent");
+        server.stop().await;
+    })
+    .await;
+}
+
+/// A fixed window counts every charge in full, as envoyproxy/ratelimit's
+/// counters do: a request whose `limit` override (100 a minute) shares the
+/// counter of the file's 1,000 a minute, at 250, records all 300 of its
+/// charge, and the file's limit then has 450 left (with a debt bound of
+/// twice the override's limit it would have recorded none, leaving 750).
+#[tokio::test]
+async fn a_fixed_window_shared_through_a_limit_override_counts_every_charge() {
+    on_every_store(&[BUDGETS], START_MS, |server, _clock, store| async move {
+        let mut client = server.client().await;
+        let r = ask(&mut client, "llm", "fixed_window", "o", 250).await;
+        assert_eq!(code(&r), Code::Ok, "{store}");
+        let mut overridden = descriptor(&[("fixed_window", "o")]);
+        overridden.hits_addend = Some(UInt64Value { value: 300 });
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 100,
+            unit: 2, // MINUTE
+        });
+        let r = client
+            .should_rate_limit(request("llm", vec![overridden]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(code(&r), Code::OverLimit, "{store}");
+        let r = ask(&mut client, "llm", "fixed_window", "o", 0).await;
+        assert_eq!(
+            (code(&r), r.statuses[0].limit_remaining),
+            (Code::Ok, 450),
+            "{store}"
+        );
         server.stop().await;
     })
     .await;

@@ -543,9 +543,10 @@ fn charged_when_over(check: Check) -> Check {
     }
 }
 
-/// Limits that take charges: hits over the limit are recorded (up to a count
-/// of twice the limit), so the next check is refused until the overrun has
-/// been repaid; a check (hits 0) consumes nothing.
+/// Limits that take charges: hits over the limit are recorded (by a fixed
+/// window in full, by the others up to a count of twice the limit), so the
+/// next check is refused until the overrun has been repaid; a check (hits
+/// 0) consumes nothing.
 fn charges() -> Vec<Step> {
     let fw = |hits| charged(c("fwc", 10, hits));
     let sw = |hits| charged(ck(Algorithm::SlidingWindow, "swc", 10, 1_000, 0, hits));
@@ -565,7 +566,13 @@ fn charges() -> Vec<Step> {
             100,
             vec![fw(10)],
             vec![charged_over(0, 900)],
-            "fw: 5 recorded (20 at most)",
+            "fw: all 10 recorded: 25 (no bound but the window's end)",
+        ),
+        s(
+            100,
+            vec![charged(c("fwc", 100, 0))],
+            vec![o(false, 75, 900)],
+            "fw: the same counter under a limit of 100 (a `limit` override's): 25 counted",
         ),
         s(
             1000,

@@ -5,7 +5,15 @@
 //! and again at the start of the next: up to 2x the limit within one window's
 //! length.
 
-use super::{recordable, Check, Policy, State};
+use super::{Check, Policy, State};
+
+/// The most a window counts. Charges pass the limit with no bound on the
+/// debt (unlike the other algorithms' [`super::recordable`]): the window's
+/// end clears any count, so a bound would decide nothing, except on a
+/// counter shared with a higher limit through a `limit` override, which
+/// counts every hit as envoyproxy/ratelimit's does. This cap only keeps
+/// the count exact in Lua's doubles (2^52 plus any one request's hits).
+pub const MAX_COUNT: u64 = 1 << 52;
 
 /// The counter of the current window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +36,7 @@ impl Policy for Window {
     }
 
     fn apply(&mut self, check: &Check, _now_ms: u64) {
-        self.count += recordable(check, self.count);
+        self.count = self.count.saturating_add(check.hits).min(MAX_COUNT);
     }
 
     fn report(&self, check: &Check, _over: bool, _applied: bool, now_ms: u64) -> (u64, u64) {

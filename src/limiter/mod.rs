@@ -336,7 +336,8 @@ pub struct Outcome {
 /// most one period beyond what spending the whole budget would: one huge
 /// response cannot lock a user out for years, while any charge up to a full
 /// budget past the limit is repaid in full. Admitted hits always fit (their
-/// count stays within the limit). Twin: `charge` in `lua/prelude.lua`.
+/// count stays within the limit). The fixed window needs no such bound
+/// ([`fixed_window::MAX_COUNT`]). Twin: `charge` in `lua/prelude.lua`.
 pub fn recordable(check: &Check, count: u64) -> u64 {
     check
         .hits
