@@ -239,8 +239,9 @@ impl RateLimiter {
             }
         };
 
-        self.counters.record(request, &plan, &outcomes, cached);
         let verdicts = respond::verdicts(&plan, &outcomes);
+        self.counters
+            .record(request, &plan, &outcomes, &verdicts, cached);
         let headers = domain
             .options
             .response_headers

@@ -14,7 +14,7 @@ use super::plan::{Applied, Plan};
 use super::respond::{self, Verdict};
 use crate::keys::Values;
 use crate::limiter::Outcome;
-use crate::rules::{MetricLevel, Rate, Rule, RuleMetrics};
+use crate::rules::{MetricLevel, Rule, RuleMetrics};
 
 /// `NEAR_LIMIT_RATIO`: the share of a limit past which hits count as
 /// `near_limit` too (envoyproxy/ratelimit's default, 0.8).
@@ -106,44 +106,59 @@ impl RuleCounters {
         }
     }
 
-    /// Counts the hits of every descriptor a configured rule counted;
-    /// `cached`: the outcomes are the over-limit cache's.
+    /// Counts the hits of every descriptor a configured rule counted, each
+    /// answered by its `verdicts`; `cached`: the outcomes are the over-limit
+    /// cache's.
     pub fn record(
         &self,
         request: &RateLimitRequest,
         plan: &Plan<'_>,
         outcomes: &[Outcome],
+        verdicts: &[Option<Verdict>],
         cached: bool,
     ) {
-        for (applied, descriptor) in plan.applied.iter().zip(&request.descriptors) {
-            let Applied::Counted {
-                rule: Some(rule),
-                rates,
-                checks,
-                ..
-            } = applied
+        let decided = plan.applied.iter().zip(verdicts).zip(&request.descriptors);
+        for ((applied, verdict), descriptor) in decided {
+            let (
+                Applied::Counted {
+                    rule: Some(rule),
+                    rates,
+                    checks,
+                    ..
+                },
+                Some(verdict),
+            ) = (applied, verdict)
             else {
                 continue;
             };
-            let hits = plan.checks[checks.start].hits;
-            let Some(split) = self.split(hits, rates, &outcomes[checks.clone()]) else {
+            let outcomes = &outcomes[checks.clone()];
+            // A shadow-mode rule's stats are those it would have if
+            // enforced; its verdict, which never refuses, may name another
+            // limit.
+            let judged = match rule.shadow_mode {
+                true => respond::tightest_limit(rates, outcomes, true),
+                false => Some(*verdict),
+            };
+            let Some(judged) = judged else {
                 continue;
             };
+            let hits = plan.checks[checks.start].hits;
+            let split = self.split(hits, &judged, outcomes);
             self.count(&request.domain, rule, descriptor, hits, &split, cached);
         }
     }
 
-    /// How a descriptor's `hits` split against its tightest limit (shadow
-    /// mode's included: its stats are those it would have if enforced).
-    fn split(&self, hits: u64, rates: &[Rate], outcomes: &[Outcome]) -> Option<Split> {
-        let Verdict { state, at } = respond::tightest_limit(rates, outcomes, true)?;
+    /// How a descriptor's `hits` split against its tightest limit, `judged`
+    /// with over counting (its `outcomes` as the store gave them).
+    fn split(&self, hits: u64, judged: &Verdict, outcomes: &[Outcome]) -> Split {
+        let Verdict { state, at } = *judged;
         // A charge recorded over the limit splits from where it started, as
         // theirs splits from its counter before the increment.
         let remaining = outcomes[at].remaining_before.unwrap_or(state.remaining);
         // In f32, as theirs: the same threshold for the same ratio.
         let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
         let used = state.limit.saturating_sub(remaining);
-        Some(Split::of(hits, state.limit, used, near_at, state.over))
+        Split::of(hits, state.limit, used, near_at, state.over)
     }
 
     /// One descriptor's `hits`, split as `split`; `cached`: the over-limit
@@ -244,6 +259,7 @@ impl DetailedSeries {
 mod tests {
     use super::*;
     use crate::limiter::Unit;
+    use crate::rules::Rate;
 
     #[test]
     fn hits_split_as_envoyproxy_ratelimit_counts_them() {
@@ -269,9 +285,9 @@ mod tests {
         );
     }
 
-    /// A descriptor's split is taken against its tightest limit as if
-    /// enforced, from where a charge recorded over it started: a shadow-mode
-    /// rule counts what the same rule enforced would.
+    /// A descriptor's split is taken against its tightest limit judged as
+    /// if enforced (as `record` judges a shadow-mode rule), from where a
+    /// charge recorded over it started.
     #[test]
     fn a_charge_splits_against_the_limit_it_took_over() {
         let counters = RuleCounters::new(10, Values::Raw, NearLimitRatio::default(), false);
@@ -298,7 +314,8 @@ mod tests {
             near: 2,
             over: 4,
         };
-        assert_eq!(counters.split(6, &rates, &outcomes), Some(split));
+        let judged = respond::tightest_limit(&rates, &outcomes, true).unwrap();
+        assert_eq!(counters.split(6, &judged, &outcomes), split);
     }
 
     #[test]
