@@ -603,3 +603,159 @@ async fn any_replica_settles_and_a_killed_one_leaves_its_estimate_charged() {
     )
     .await;
 }
+
+/// A two-slot reservation on a 3-master Cluster (ann's slot on its first
+/// node, reserved first; bob's on its last), with its server and client.
+struct TwoSlots {
+    server: TestServer,
+    client: Client,
+    id: String,
+    /// The markers' keys: ann's slot's, bob's slot's.
+    markers: [String; 2],
+}
+
+async fn two_slot_reservation(cluster: &RedisCluster) -> TwoSlots {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let server = TestServer::start(&[LIMITS], cluster.store(Some(clock))).await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let r = client
+        .reserve(ReserveRequest {
+            descriptors: vec![
+                entries("fixed_window", "ann"),
+                entries("small_window", "bob"),
+            ],
+            ..reserve_request("fixed_window", "ann", 15, None)
+        })
+        .await
+        .expect("reserve")
+        .into_inner();
+    assert!(r.granted, "{r:?}");
+    let nonce = r.reservation_id.split('.').nth(1).expect("a nonce");
+    let markers: Vec<String> = cluster
+        .nodes
+        .iter()
+        .flat_map(|node| -> Vec<String> {
+            let mut conn = node.client().get_connection().expect("node");
+            redis::cmd("KEYS")
+                .arg(format!("*:rsv.{nonce}"))
+                .query(&mut conn)
+                .expect("KEYS")
+        })
+        .collect();
+    let of = |user: &str| {
+        markers
+            .iter()
+            .find(|m| m.contains(&format!("={user}}}")))
+            .unwrap_or_else(|| panic!("{user}'s marker among {markers:?}"))
+            .clone()
+    };
+    TwoSlots {
+        markers: [of("ann"), of("bob")],
+        id: r.reservation_id,
+        server,
+        client,
+    }
+}
+
+/// `cmd` on the Cluster node that holds its key (the others answer MOVED).
+fn on_owner<T: redis::FromRedisValue>(cluster: &RedisCluster, cmd: &redis::Cmd) -> T {
+    cluster
+        .nodes
+        .iter()
+        .find_map(|node| cmd.query(&mut node.client().get_connection().ok()?).ok())
+        .expect("a node holds the key")
+}
+
+/// `ShouldRateLimit`'s remaining for bob's small window (20 a minute).
+async fn bob_remaining(server: &TestServer) -> u32 {
+    let mut rls = server.client().await;
+    let seen = rls
+        .should_rate_limit(check_only("small_window", "bob"))
+        .await
+        .expect("check")
+        .into_inner();
+    seen.statuses[0].limit_remaining
+}
+
+#[tokio::test]
+async fn a_multi_slot_settle_after_the_first_markers_expiry_touches_nothing() {
+    let cluster = RedisCluster::start(3, 0);
+    let TwoSlots {
+        server,
+        mut client,
+        id,
+        markers: [ann, bob],
+    } = two_slot_reservation(&cluster).await;
+    // The later slot's marker outlives the first's by the grace.
+    let pttl = |key: &str| -> i64 { on_owner(&cluster, redis::cmd("PTTL").arg(key)) };
+    let (first, later) = (pttl(&ann), pttl(&bob));
+    assert!(first > 0 && first <= 300_000, "{first}");
+    assert!(later > first + 10_000, "{later} against {first}");
+    // The first marker expires (as at the end of the TTL), the later lives.
+    let _: u64 = on_owner(&cluster, redis::cmd("DEL").arg(&ann));
+    let late = client
+        .settle(SettleRequest {
+            reservation_id: id,
+            actual: 5,
+        })
+        .await
+        .expect_err("the first slot's marker is gone");
+    assert_eq!(late.code(), Code::NotFound, "{late:?}");
+    assert_eq!(
+        bob_remaining(&server).await,
+        5,
+        "bob's slot keeps the estimate: nothing settled"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_retry_completes_a_multi_slot_settle_at_the_actual_it_began_with() {
+    let cluster = RedisCluster::start(3, 0);
+    let TwoSlots {
+        server,
+        mut client,
+        id,
+        markers: [ann, _],
+    } = two_slot_reservation(&cluster).await;
+    // A settle at 10 that reached only the first slot before its call was
+    // cut short: its marker settled (ten digits, in place), bob's pending.
+    let _: u64 = on_owner(
+        &cluster,
+        redis::cmd("SETRANGE").arg(&ann).arg(0).arg("0000000010"),
+    );
+    let retry = settle(&mut client, &id, 12).await;
+    assert!(retry.already_settled, "{retry:?}");
+    assert_eq!(retry.settled, 10);
+    assert_eq!(
+        bob_remaining(&server).await,
+        10,
+        "bob's slot settled at the first settle's 10, not the retry's 12"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_later_slots_lost_marker_is_a_store_failure_not_a_missing_reservation() {
+    let cluster = RedisCluster::start(3, 0);
+    let TwoSlots {
+        server,
+        mut client,
+        id,
+        markers: [_, bob],
+    } = two_slot_reservation(&cluster).await;
+    // Lost (a failover that dropped the write): it cannot have expired
+    // while the first slot's marker lives.
+    let _: u64 = on_owner(&cluster, redis::cmd("DEL").arg(&bob));
+    let lost = client
+        .settle(SettleRequest {
+            reservation_id: id,
+            actual: 5,
+        })
+        .await
+        .expect_err("bob's slot's marker is gone");
+    assert_eq!(lost.code(), Code::Unavailable, "{lost:?}");
+    assert!(lost.message().contains("lost by the store"), "{lost:?}");
+    assert_eq!(bob_remaining(&server).await, 5, "bob's part stays charged");
+    server.stop().await;
+}

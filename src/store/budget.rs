@@ -95,12 +95,13 @@ impl Store {
     }
 
     /// keys: the counter keys of the reservation (as in its checks, same
-    /// order). Per hash slot, atomically: if that slot's marker for `nonce`
-    /// is pending and names exactly these keys, gives back `estimate -
-    /// actual` on each check (or charges `actual - estimate` as a charge
-    /// after the fact, bounded like every charge: `limiter::recordable`),
-    /// and marks it settled at `actual` (kept until the marker's expiry, so
-    /// a retry answers Already). `actual` above [`MAX_HITS`] counts as that.
+    /// order). Per hash slot, atomically (on a cluster the first slot
+    /// decides, then the others follow: `RedisStore::settle`): if that
+    /// slot's marker for `nonce` is pending and names exactly these keys,
+    /// gives back `estimate - actual` on each check (or charges `actual -
+    /// estimate` as a charge after the fact, bounded like every charge:
+    /// `limiter::recordable`), and marks it settled at `actual` (kept until
+    /// the marker's expiry, so a retry answers Already). `actual` above [`MAX_HITS`] counts as that.
     pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
         if keys.is_empty() {
             return Ok(Settled::Unknown);

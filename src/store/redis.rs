@@ -323,12 +323,21 @@ impl RedisStore {
     /// cluster the slots are reserved one after another; when one refuses
     /// (or fails), those already reserved are settled at 0, the give-back
     /// path, and the slots not reached are only checked, for their outcomes.
+    /// The first slot's marker expires after `ttl_ms` and decides a settle
+    /// (see `settle`); the later slots' live [`Self::later_marker_grace`]
+    /// longer, so that one found pending there is still there after it.
     pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
         let mut outcomes = vec![None; checks.len()];
         let mut reserved: Vec<Vec<usize>> = Vec::new();
         let mut granted = true;
-        for group in self.groups(checks.iter().map(|c| c.key.as_str())) {
+        let later_ttl_ms = ttl_ms.saturating_add(self.later_marker_grace().as_millis() as u64);
+        for (n, group) in self
+            .groups(checks.iter().map(|c| c.key.as_str()))
+            .into_iter()
+            .enumerate()
+        {
             let op = if granted { "reserve" } else { "check" };
+            let ttl_ms = if n == 0 { ttl_ms } else { later_ttl_ms };
             let answer = self.reserve_slot(op, checks, &group, nonce, ttl_ms).await;
             let (slot_granted, slot_outcomes) = match answer {
                 Ok(answer) => answer,
@@ -409,34 +418,60 @@ impl RedisStore {
         }
     }
 
-    /// Settles the reservation `nonce` of `keys` at `actual`, slot by slot
-    /// (in parallel). Unknown when any slot's marker is gone (expired,
-    /// forged, other keys); Already when every slot was settled before.
+    /// How much longer than the first a multi-slot reservation's later
+    /// markers live: what a settle's second step may take (one call, within
+    /// the call timeout) and what the nodes' clocks may differ by.
+    fn later_marker_grace(&self) -> Duration {
+        self.caller().call_timeout + Duration::from_secs(10)
+    }
+
+    /// Settles the reservation `nonce` of `keys` at `actual`. On a cluster
+    /// its first slot (the first marker made, and the first to expire)
+    /// decides: unknown there, nothing is touched; settled there now or
+    /// before, the other slots (in parallel) settle at the actual it holds,
+    /// so a retry of a settle cut short completes it as it began. A later
+    /// slot's marker outlives the first's (see `reserve`); one gone all the
+    /// same was lost by the store, an error.
     pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let groups = self.groups(keys.iter().copied());
-        let answers = join_all(
-            groups
-                .iter()
-                .map(|group| self.settle_slot(&keys, group, nonce, actual)),
-        )
-        .await;
+        let Some((first, later)) = groups.split_first() else {
+            return Ok(Settled::Unknown);
+        };
         let mut outcomes = vec![None; keys.len()];
-        let (mut now, mut before) = (false, None);
-        for (group, answer) in groups.iter().zip(answers) {
-            let slot_outcomes = match answer? {
-                SlotSettled::Unknown => return Ok(Settled::Unknown),
-                SlotSettled::Settled(o) => {
-                    now = true;
-                    o
-                }
-                SlotSettled::Already(earlier, o) => {
-                    before = before.or(Some(earlier));
-                    o
-                }
-            };
+        let mut fill = |group: &[usize], slot_outcomes: Vec<Outcome>| {
             for (&i, outcome) in group.iter().zip(slot_outcomes) {
                 outcomes[i] = Some(outcome);
+            }
+        };
+        let before = match self.settle_slot(&keys, first, nonce, actual).await? {
+            SlotSettled::Unknown => return Ok(Settled::Unknown),
+            SlotSettled::Settled(o) => {
+                fill(first, o);
+                None
+            }
+            SlotSettled::Already(earlier, o) => {
+                fill(first, o);
+                Some(earlier)
+            }
+        };
+        let settled_at = before.unwrap_or(actual);
+        let answers = join_all(
+            later
+                .iter()
+                .map(|group| self.settle_slot(&keys, group, nonce, settled_at)),
+        )
+        .await;
+        for (group, answer) in later.iter().zip(answers) {
+            match answer? {
+                SlotSettled::Settled(o) | SlotSettled::Already(_, o) => fill(group, o),
+                SlotSettled::Unknown => {
+                    return Err(Error::Store(
+                        "the reservation's marker in another hash slot is gone (lost by the \
+                         store): that part stays charged at the estimate"
+                            .into(),
+                    ))
+                }
             }
         }
         let outcomes = outcomes
@@ -444,8 +479,8 @@ impl RedisStore {
             .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
             .collect::<Result<_>>()?;
         Ok(match before {
-            Some(actual) if !now => Settled::Already { actual, outcomes },
-            _ => Settled::Settled { outcomes },
+            Some(actual) => Settled::Already { actual, outcomes },
+            None => Settled::Settled { outcomes },
         })
     }
 
