@@ -14,8 +14,11 @@
 -- "<op> <n> <amount>", with " k" after it when other slots hold some of
 -- the reservation's counter keys and the next argument is all of them (of
 -- every slot, one a line), then for reserve and check each check's
--- fields. Every argument costs Redis an object and Lua a string, so a
--- reservation on one slot (any on one Redis) sends no keys line.
+-- fields. A settle's " k" may be followed by " <keep>": once settled, its
+-- marker lives keep ms at least (the first slot of several: a retry of a
+-- settle cut short must find it; src/store/redis.rs). Every argument costs
+-- Redis an object and Lua a string, so a reservation on one slot (any on
+-- one Redis) sends no keys line.
 --   reserve: amount = TTL in ms; the fields as batch.lua takes them
 --            (hits = the estimate; charges are ignored).
 --            -> {granted 1|0, then over, remaining, reset_ms per check}
@@ -288,7 +291,7 @@ end
 -- A marker's fields (module doc).
 local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 
-local function settle(p, k, n, actual, as, all_keys)
+local function settle(p, k, n, actual, as, all_keys, keep)
   local v = redis.call('GET', KEYS[k])
   if not v then
     return answer2(p, n, 0, 0)
@@ -335,6 +338,9 @@ local function settle(p, k, n, actual, as, all_keys)
   end
   -- In place: the marker keeps its expiry, and only the state is sent.
   redis.call('SETRANGE', KEYS[k], '0', as)
+  if keep ~= nil and redis.call('PTTL', KEYS[k]) < keep then
+    redis.call('PEXPIRE', KEYS[k], int(keep))
+  end
   out[p], out[p + 1] = 1, actual
   standing(p, k, n, checks)
   forget(n)
@@ -342,27 +348,32 @@ local function settle(p, k, n, actual, as, all_keys)
 end
 
 -- An operation's header, "<op> <n> <amount>", then " k" when the next
--- argument is the whole reservation's keys, as {op, n, amount, args (the
--- arguments after the header: that line and the fields)}; nil when
--- malformed. Memoized (lua/prelude.lua): the operations of a call mostly
--- repeat their headers.
+-- argument is the whole reservation's keys (and a settle's " <keep>"), as
+-- {op, n, amount, args (the arguments after the header: that line and the
+-- fields), ...}; nil when malformed. Memoized (lua/prelude.lua): the
+-- operations of a call mostly repeat their headers.
 local op_of = memo(function(header)
-  local op, n, amount, line = string.match(header, '^(%l+) (%d+) (%d+)( ?k?)$')
+  local op, n, amount, tail = string.match(header, '^(%l+) (%d+) (%d+)(.*)$')
   n, amount = tonumber(n), tonumber(amount)
-  if op == nil or n == nil or amount == nil or n < 1 or not (line == '' or line == ' k')
+  local keep = tail and string.match(tail, '^ k (%d+)$')
+  local line = tail == ' k' or keep ~= nil
+  if op == nil or n == nil or amount == nil or n < 1 or not (line or tail == '')
     or not (op == 'settle' or op == 'reserve' or op == 'check')
-    or (op == 'settle' and amount > MAX_ACTUAL) then
+    or (op == 'settle' and amount > MAX_ACTUAL) or (keep and op ~= 'settle') then
     return nil
   end
   local args = op == 'settle' and 0 or n
-  if line == ' k' then
+  if line then
     args = args + 1
   end
   -- Formatted once a call: a settle's state once settled at `amount`, a
   -- reserve's TTL as the marker's PX.
   local as = op == 'settle' and string.format('%010d', amount) or nil
   local px = op ~= 'settle' and int(math.max(amount, 1)) or nil
-  return { op = op, n = n, amount = amount, as = as, px = px, line = line == ' k', args = args }
+  return {
+    op = op, n = n, amount = amount, as = as, px = px, line = line, args = args,
+    keep = keep and tonumber(keep),
+  }
 end)
 
 -- The operations' framing, all read before any is made: a call whose
@@ -392,7 +403,7 @@ for i = 1, nops, 3 do
   end
   local length
   if o.op == 'settle' then
-    length = settle(p, ok, o.n, o.amount, o.as, all_keys)
+    length = settle(p, ok, o.n, o.amount, o.as, all_keys, o.keep)
   else
     length = reserve(p, ok, oa, o.n, o.px, all_keys, o.op == 'check')
   end

@@ -1937,9 +1937,10 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
 
 /// Malformed budget calls get an error reply and save nothing: an unknown
 /// operation, a TTL or actual not a count, fewer fields than keys, a keys
-/// line announced and missing or a header's tail not ` k`, an actual over
-/// 2^32 (`MAX_HITS`), more arguments than operations, no time. A check's fields malformed fail
-/// that operation alone (`{-1, 1}`), saving nothing.
+/// line announced and missing or a header's tail not ` k` (nor a settle's
+/// ` k <keep>`), an actual over 2^32 (`MAX_HITS`), more arguments than
+/// operations, no time. A check's fields malformed fail that operation
+/// alone (`{-1, 1}`), saving nothing.
 #[test]
 fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
     let redis = common::RedisServer::start();
@@ -1957,12 +1958,15 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
             .arg(args)
             .query::<Vec<i64>>(&mut redis.client().get_connection().unwrap())
     };
-    let malformed: [&[&str]; 10] = [
+    let malformed: [&[&str]; 13] = [
         &[now, "take 1 1000", good],
         &[now, "reserve 1 soon", good],
         &[now, "reserve 1 1000"],
         &[now, "reserve 1 1000 k", good],
         &[now, "reserve 1 1000 x", key, good],
+        &[now, "reserve 1 1000 k 60000", key, good],
+        &[now, "settle 1 1 60000"],
+        &[now, "settle 1 1 k 6x", key],
         &[now, "settle 1 -1"],
         &[now, "settle 1 4294967297"],
         &[now, "settle 1 1", good],

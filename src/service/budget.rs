@@ -195,7 +195,12 @@ impl Budget {
                 self.over.forget(&keys);
                 (request.actual, false, outcomes)
             }
-            Settled::Already { actual, outcomes } => (actual, true, outcomes),
+            Settled::Already { actual, outcomes } => {
+                // A retry that completed a Cluster settle cut short between
+                // hash slots gave back hits too.
+                self.over.forget(&keys);
+                (actual, true, outcomes)
+            }
             Settled::Unknown => {
                 self.counters.settle(Settle::Unknown);
                 return Err(Status::not_found(

@@ -100,7 +100,8 @@ impl Store {
     /// slot's marker for `nonce` is pending and names exactly these keys,
     /// gives back `estimate - actual` on each check (or charges `actual -
     /// estimate` as a charge after the fact, bounded like every charge:
-    /// `limiter::recordable`), and marks it settled at `actual` (kept until
+    /// `limiter::recordable`), and marks it settled at `actual` (on a
+    /// cluster the later slots at the actual the first holds; kept until
     /// the marker's expiry, so a retry answers Already). `actual` above [`MAX_HITS`] counts as that.
     pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
         if keys.is_empty() {

@@ -333,10 +333,15 @@ pub struct BudgetOp {
     pub amount: u64,
     /// This slot's checks (reserve, check); none for a settle.
     pub checks: Vec<Check>,
+    /// A settle's: how long at least its marker lives once settled, in ms
+    /// (0: as the reserve made it). Only with `all_keys`: the first slot of
+    /// a reservation over several (see `RedisStore::settle`).
+    pub keep_ms: u64,
 }
 
 /// An operation's header argument: `"<op> <keys> <amount>"`, and ` k`
-/// when the whole reservation's keys follow (other slots hold some).
+/// when the whole reservation's keys follow (other slots hold some), then
+/// ` <keep ms>` when a settle keeps its marker that long at least.
 struct BudgetHeader<'o>(&'o BudgetOp);
 
 impl fmt::Display for BudgetHeader<'_> {
@@ -345,6 +350,9 @@ impl fmt::Display for BudgetHeader<'_> {
         write!(f, "{} {} {}", op.op, op.keys.len(), op.amount)?;
         if !op.all_keys.is_empty() {
             f.write_str(" k")?;
+            if op.keep_ms > 0 {
+                write!(f, " {}", op.keep_ms)?;
+            }
         }
         Ok(())
     }

@@ -324,13 +324,14 @@ impl RedisStore {
     /// (or fails), those already reserved are settled at 0, the give-back
     /// path, and the slots not reached are only checked, for their outcomes.
     /// The first slot's marker expires after `ttl_ms` and decides a settle
-    /// (see `settle`); the later slots' live [`Self::later_marker_grace`]
-    /// longer, so that one found pending there is still there after it.
+    /// (see `settle`); the later slots' live twice `settle_grace_ms`
+    /// longer, so that they are still there when a settle (or its retry
+    /// within the grace) has found the first.
     pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
         let mut outcomes = vec![None; checks.len()];
         let mut reserved: Vec<Vec<usize>> = Vec::new();
         let mut granted = true;
-        let later_ttl_ms = ttl_ms.saturating_add(self.later_marker_grace().as_millis() as u64);
+        let later_ttl_ms = ttl_ms.saturating_add(2 * self.settle_grace_ms());
         for (n, group) in self
             .groups(checks.iter().map(|c| c.key.as_str()))
             .into_iter()
@@ -382,6 +383,7 @@ impl RedisStore {
             all_keys: whole_reservation(group, checks.iter().map(|c| c.key.as_str())),
             amount: ttl_ms,
             checks: group.iter().map(|&i| checks[i].clone()).collect(),
+            keep_ms: 0,
         };
         let reply = self.budget_call(op).await?;
         match reply.split_first() {
@@ -403,7 +405,7 @@ impl RedisStore {
     ) {
         let keys: Vec<&str> = checks.iter().map(|c| c.key.as_str()).collect();
         for group in reserved {
-            match self.settle_slot(&keys, group, nonce, 0).await {
+            match self.settle_slot(&keys, group, nonce, 0, 0).await {
                 Ok(SlotSettled::Settled(slot_outcomes)) => {
                     for (&i, outcome) in group.iter().zip(slot_outcomes) {
                         outcomes[i] = Some(outcome);
@@ -418,20 +420,23 @@ impl RedisStore {
         }
     }
 
-    /// How much longer than the first a multi-slot reservation's later
-    /// markers live: what a settle's second step may take (one call, within
-    /// the call timeout) and what the nodes' clocks may differ by.
-    fn later_marker_grace(&self) -> Duration {
-        self.caller().call_timeout + Duration::from_secs(10)
+    /// On a cluster, how long a multi-slot reservation's first marker lives
+    /// at least once settled, so that a retry of a settle cut short after
+    /// it finds it: a minute for the retry, what the settle's call may
+    /// take, and (in the later markers' extra life, twice this) what the
+    /// nodes' clocks may differ by.
+    fn settle_grace_ms(&self) -> u64 {
+        (self.caller().call_timeout + Duration::from_secs(60)).as_millis() as u64
     }
 
     /// Settles the reservation `nonce` of `keys` at `actual`. On a cluster
     /// its first slot (the first marker made, and the first to expire)
     /// decides: unknown there, nothing is touched; settled there now or
     /// before, the other slots (in parallel) settle at the actual it holds,
-    /// so a retry of a settle cut short completes it as it began. A later
-    /// slot's marker outlives the first's (see `reserve`); one gone all the
-    /// same was lost by the store, an error.
+    /// so a retry of a settle cut short completes it as it began. The first
+    /// marker, once settled, lives the grace at least, and the later ones
+    /// longer still (see `reserve`); one gone all the same was lost by the
+    /// store, an error.
     pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let groups = self.groups(keys.iter().copied());
@@ -444,7 +449,15 @@ impl RedisStore {
                 outcomes[i] = Some(outcome);
             }
         };
-        let before = match self.settle_slot(&keys, first, nonce, actual).await? {
+        let keep_ms = if later.is_empty() {
+            0
+        } else {
+            self.settle_grace_ms()
+        };
+        let before = match self
+            .settle_slot(&keys, first, nonce, actual, keep_ms)
+            .await?
+        {
             SlotSettled::Unknown => return Ok(Settled::Unknown),
             SlotSettled::Settled(o) => {
                 fill(first, o);
@@ -459,12 +472,25 @@ impl RedisStore {
         let answers = join_all(
             later
                 .iter()
-                .map(|group| self.settle_slot(&keys, group, nonce, settled_at)),
+                .map(|group| self.settle_slot(&keys, group, nonce, settled_at, 0)),
         )
         .await;
         for (group, answer) in later.iter().zip(answers) {
             match answer? {
-                SlotSettled::Settled(o) | SlotSettled::Already(_, o) => fill(group, o),
+                SlotSettled::Settled(o) => fill(group, o),
+                SlotSettled::Already(earlier, o) => {
+                    if earlier != settled_at {
+                        // A replica of an earlier version settled the
+                        // slots in parallel, each at its own call's actual,
+                        // or a failover lost the first slot's settlement.
+                        tracing::warn!(
+                            earlier,
+                            settled_at,
+                            "a reservation's hash slots were settled at different actuals"
+                        );
+                    }
+                    fill(group, o)
+                }
                 SlotSettled::Unknown => {
                     return Err(Error::Store(
                         "the reservation's marker in another hash slot is gone (lost by the \
@@ -484,13 +510,15 @@ impl RedisStore {
         })
     }
 
-    /// One slot's settle: `group` indexes `keys`, the reservation's keys.
+    /// One slot's settle: `group` indexes `keys`, the reservation's keys;
+    /// `keep_ms` as [`BudgetOp::keep_ms`].
     async fn settle_slot(
         &self,
         keys: &[&str],
         group: &[usize],
         nonce: &str,
         actual: u64,
+        keep_ms: u64,
     ) -> Result<SlotSettled> {
         let Some(&first) = group.first() else {
             return Ok(SlotSettled::Unknown);
@@ -502,6 +530,7 @@ impl RedisStore {
             all_keys: whole_reservation(group, keys.iter().copied()),
             amount: actual,
             checks: Vec::new(),
+            keep_ms,
         };
         let reply = self.budget_call(op).await?;
         SlotSettled::read(&reply, group.len())
