@@ -102,7 +102,8 @@ impl Store {
     /// estimate` as a charge after the fact, bounded like every charge:
     /// `limiter::recordable`), and marks it settled at `actual` (on a
     /// cluster the later slots at the actual the first holds; kept until
-    /// the marker's expiry, so a retry answers Already). `actual` above [`MAX_HITS`] counts as that.
+    /// the marker's expiry, so a retry answers Already). `actual` above
+    /// [`MAX_HITS`] counts as that.
     pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
         if keys.is_empty() {
             return Ok(Settled::Unknown);
