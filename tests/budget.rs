@@ -18,7 +18,7 @@ use ratekeeper::pb::v1::{
     BudgetStatus, Descriptor, Entry, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse,
 };
 use tonic::transport::Channel;
-use tonic::Code;
+use tonic::{Code, Response, Status};
 
 /// One rule per algorithm, 1,000 hits a minute each (the buckets' burst
 /// defaults to that), and a rule that limits nothing.
@@ -113,14 +113,15 @@ async fn reserve(client: &mut Client, key: &str, user: &str, estimate: u64) -> R
 }
 
 async fn settle(client: &mut Client, id: &str, actual: u64) -> SettleResponse {
-    client
-        .settle(SettleRequest {
-            reservation_id: id.into(),
-            actual,
-        })
-        .await
-        .expect("settle")
-        .into_inner()
+    try_settle(client, id, actual).await.expect("settle")
+}
+
+async fn try_settle(client: &mut Client, id: &str, actual: u64) -> Result<SettleResponse, Status> {
+    let request = SettleRequest {
+        reservation_id: id.into(),
+        actual,
+    };
+    client.settle(request).await.map(Response::into_inner)
 }
 
 /// `ShouldRateLimit`'s view of the budget: a check of 0 hits.
@@ -327,11 +328,7 @@ async fn an_unsettled_reservation_stays_charged_after_its_ttl() {
         // Past the TTL on the store's clock and on Redis's own.
         clock.advance(1_100);
         tokio::time::sleep(Duration::from_millis(1_100)).await;
-        let late = client
-            .settle(SettleRequest {
-                reservation_id: r.reservation_id,
-                actual: 10,
-            })
+        let late = try_settle(&mut client, &r.reservation_id, 10)
             .await
             .expect_err("a settle after the TTL");
         assert_eq!(late.code(), Code::NotFound, "{name}: {late:?}");
@@ -417,13 +414,7 @@ async fn bad_input_gets_a_status_with_a_reason() {
         (altered, Code::NotFound, "reservation not found"),
     ];
     for (id, code, reason) in settles {
-        let e = client
-            .settle(SettleRequest {
-                reservation_id: id.clone(),
-                actual: 1,
-            })
-            .await
-            .expect_err(&id);
+        let e = try_settle(&mut client, &id, 1).await.expect_err(&id);
         assert_eq!(e.code(), code, "{id:?}: {e:?}");
         assert!(e.message().contains(reason), "{id:?}: {}", e.message());
     }
@@ -557,11 +548,7 @@ async fn replicas_share_reservations(store_args: &[&str], name: &str) {
         "{name}: charged at the estimate"
     );
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let e = on_survivor
-        .settle(SettleRequest {
-            reservation_id: r.reservation_id,
-            actual: 0,
-        })
+    let e = try_settle(&mut on_survivor, &r.reservation_id, 0)
         .await
         .expect_err("settled after its TTL");
     assert_eq!(e.code(), Code::NotFound, "{name}: {e:?}");
@@ -694,11 +681,7 @@ async fn a_multi_slot_settle_after_the_first_markers_expiry_touches_nothing() {
     assert!(later > first + 120_000, "{later} against {first}");
     // The first marker expires (as at the end of the TTL), the later lives.
     let _: u64 = on_owner(&cluster, redis::cmd("DEL").arg(&ann));
-    let late = client
-        .settle(SettleRequest {
-            reservation_id: id,
-            actual: 5,
-        })
+    let late = try_settle(&mut client, &id, 5)
         .await
         .expect_err("the first slot's marker is gone");
     assert_eq!(late.code(), Code::NotFound, "{late:?}");
@@ -751,11 +734,7 @@ async fn a_settle_cut_short_between_slots_is_completed_by_a_retry_after_the_ttl(
     let rename =
         |from: &str, to: &str| on_owner::<()>(&cluster, redis::cmd("RENAME").arg(from).arg(to));
     rename(&bob, &away);
-    let cut = client
-        .settle(SettleRequest {
-            reservation_id: id.clone(),
-            actual: 5,
-        })
+    let cut = try_settle(&mut client, &id, 5)
         .await
         .expect_err("bob's slot's marker is out of reach");
     assert_eq!(cut.code(), Code::Unavailable, "{cut:?}");
