@@ -191,16 +191,8 @@ impl Budget {
             .await
             .map_err(store_failed)?;
         let (settled, already, outcomes) = match settled {
-            Settled::Settled { outcomes } => {
-                self.over.forget(&keys);
-                (request.actual, false, outcomes)
-            }
-            Settled::Already { actual, outcomes } => {
-                // A retry that completed a Cluster settle cut short between
-                // hash slots gave back hits too.
-                self.over.forget(&keys);
-                (actual, true, outcomes)
-            }
+            Settled::Settled { outcomes } => (request.actual, false, outcomes),
+            Settled::Already { actual, outcomes } => (actual, true, outcomes),
             Settled::Unknown => {
                 self.counters.settle(Settle::Unknown);
                 return Err(Status::not_found(
@@ -209,6 +201,9 @@ impl Budget {
                 ));
             }
         };
+        // Hits given back (by a retry too: it may complete a Cluster settle
+        // cut short between hash slots).
+        self.over.forget(&keys);
         self.counters.settle(if already {
             Settle::Already
         } else {

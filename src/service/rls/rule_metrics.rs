@@ -135,9 +135,10 @@ impl RuleCounters {
             // A shadow-mode rule's stats are those it would have if
             // enforced; its verdict, which never refuses, may name another
             // limit.
-            let judged = match rule.shadow_mode {
-                true => respond::tightest_limit(rates, outcomes, true),
-                false => Some(*verdict),
+            let judged = if rule.shadow_mode {
+                respond::tightest_limit(rates, outcomes, true)
+            } else {
+                Some(*verdict)
             };
             let Some(judged) = judged else {
                 continue;
