@@ -7,12 +7,16 @@ use std::time::Duration;
 
 /// Parses a Go duration (`300ms`, `1.5h`, `2h45m`, `0`; units `ns`, `us`,
 /// `µs`, `ms`, `s`, `m`, `h`) or a bare number of seconds (`30`, ratekeeper's
-/// own shorthand). `None` for anything else, a negative duration included.
+/// own shorthand). `None` for anything else: a negative duration, or one
+/// longer than Go's longest (2⁶³ − 1 ns, about 292 years), which also keeps
+/// every deadline made from a setting far from overflowing an `Instant`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
+    const MAX_NANOS: u128 = i64::MAX as u128;
     let text = text.trim();
     let text = text.strip_prefix('+').unwrap_or(text);
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return text.parse().ok().map(Duration::from_secs);
+        let secs: u64 = text.parse().ok()?;
+        return (u128::from(secs) * 1_000_000_000 <= MAX_NANOS).then(|| Duration::from_secs(secs));
     }
     let mut rest = text;
     let mut total: u128 = 0;
@@ -21,7 +25,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         total = total.checked_add(nanos)?;
         rest = after;
     }
-    if text.is_empty() {
+    if text.is_empty() || total > MAX_NANOS {
         return None;
     }
     let secs = u64::try_from(total / 1_000_000_000).ok()?;
@@ -65,7 +69,7 @@ fn component(text: &str) -> Option<(u128, &str)> {
     let mut place = scale;
     for digit in fraction.bytes().take(20) {
         place /= 10;
-        nanos += u128::from(digit - b'0') * place;
+        nanos = nanos.checked_add(u128::from(digit - b'0') * place)?;
     }
     Some((nanos, rest))
 }
@@ -102,5 +106,19 @@ mod tests {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
         assert_eq!(parse_duration("1.5"), None, "a bare fraction has no unit");
+        // Go's longest duration, and nothing longer (nor a panic on overflow).
+        assert_eq!(
+            parse_duration("9223372036854775807ns"),
+            Some(Duration::from_nanos(i64::MAX as u64))
+        );
+        for long in [
+            "9223372036854775808ns",
+            "9223372037s",
+            "18446744073709551615s",
+            "18446744073709551615",
+            "340282366920938463463374607431768211.9us",
+        ] {
+            assert_eq!(parse_duration(long), None, "{long}");
+        }
     }
 }

@@ -8,6 +8,11 @@
 //! be split back into exactly one (domain, entries, rule) — the encoding is
 //! injective and two different descriptors never share a counter. The braces
 //! are a Redis Cluster hash tag: every key of one descriptor lives in one slot.
+//!
+//! A value longer than [`MAX_RAW_VALUE_BYTES`] (a token in a header, say)
+//! goes in as its digest, `%h<hex>`, which no escaped value can spell: keys
+//! stay small whatever a caller sends, and such a request is counted, not
+//! refused (a refused request passes Envoy's filter unlimited).
 
 use std::borrow::Cow;
 
@@ -56,17 +61,40 @@ pub fn counter_key<'a>(
         key.push('|');
         push_escaped(&mut key, k);
         key.push('=');
-        push_escaped(&mut key, &values.encode(v));
+        match values {
+            Values::Raw if v.len() > MAX_RAW_VALUE_BYTES => {
+                key.push_str("%h");
+                key.push_str(&digest_hex(v));
+            }
+            _ => push_escaped(&mut key, &values.encode(v)),
+        }
     }
     key.push_str("}:");
     key.push_str(rule_id);
     key
 }
 
+/// Longest descriptor value that goes into keys and labels as sent.
+pub const MAX_RAW_VALUE_BYTES: usize = 1024;
+
+/// The first 128 bits of `value`'s SHA-256, in hex.
+fn digest_hex(value: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let digest = Sha256::digest(value.as_bytes());
+    let mut hex = String::with_capacity(32);
+    for b in &digest[..16] {
+        // Writing to a String cannot fail.
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
+}
+
 /// How descriptor values appear in keys and metrics labels.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Values {
-    /// As sent (escaped).
+    /// As sent (escaped), up to [`MAX_RAW_VALUE_BYTES`]; a longer one as
+    /// its digest (`h:<hex>` in labels).
     #[default]
     Raw,
     /// The first 128 bits of their SHA-256, in hex: raw tokens, emails or IPs
@@ -79,17 +107,8 @@ impl Values {
     /// `value` as it goes into a key or label.
     pub fn encode(self, value: &str) -> Cow<'_, str> {
         match self {
-            Values::Raw => Cow::Borrowed(value),
-            Values::Sha256 => {
-                use sha2::{Digest, Sha256};
-                let digest = Sha256::digest(value.as_bytes());
-                let mut hex = String::with_capacity(35);
-                hex.push_str("h:");
-                for b in &digest[..16] {
-                    hex.push_str(&format!("{b:02x}"));
-                }
-                Cow::Owned(hex)
-            }
+            Values::Raw if value.len() <= MAX_RAW_VALUE_BYTES => Cow::Borrowed(value),
+            _ => Cow::Owned(format!("h:{}", digest_hex(value))),
         }
     }
 }
@@ -195,6 +214,24 @@ mod tests {
         assert_eq!(hashed, "h:ff8d9819fc0e12bf0d24892e45987e24");
         assert_ne!(hashed, Values::Sha256.encode("bob@example.com"));
         assert_eq!(Values::Raw.encode("alice@example.com"), "alice@example.com");
+    }
+
+    #[test]
+    fn long_values_go_in_as_a_digest_no_value_can_spell() {
+        let long = "t".repeat(MAX_RAW_VALUE_BYTES + 1);
+        let k = key("d", &[("k", &long)]);
+        assert_eq!(k.len(), "rk:{d|k=%h}:fw.60".len() + 32, "{k}");
+        assert!(k.starts_with("rk:{d|k=%h"), "{k}");
+        // The digest's text as a value is escaped, so it names another counter.
+        let spelled = &k["rk:{d|k=".len()..k.len() - "}:fw.60".len()];
+        assert_ne!(key("d", &[("k", spelled)]), k);
+        assert_ne!(key("d", &[("k", &long[1..])]), k);
+        let at_cap = "t".repeat(MAX_RAW_VALUE_BYTES);
+        assert_eq!(
+            key("d", &[("k", &at_cap)]),
+            format!("rk:{{d|k={at_cap}}}:fw.60")
+        );
+        assert_eq!(Values::Raw.encode(&long), Values::Sha256.encode(&long));
     }
 
     #[test]

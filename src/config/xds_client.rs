@@ -114,7 +114,7 @@ impl Backoff {
         if !wait.is_finite() || wait > self.max.as_secs_f64() {
             return self.max;
         }
-        Duration::from_secs_f64(wait.max(initial))
+        Duration::try_from_secs_f64(wait.max(initial)).unwrap_or(self.max)
     }
 }
 

@@ -31,6 +31,7 @@ use super::Peer;
 use crate::config::watch::SharedConfig;
 use crate::rules::Rule;
 use crate::service::admin_leases::AdminLeases;
+use crate::service::id_parts::hex_byte;
 use crate::service::rls::AdminError;
 use crate::service::RateLimiter;
 use crate::tls::ReloadingTls;
@@ -287,7 +288,7 @@ impl<S: Send + Sync> FromRequestParts<S> for DescriptorQuery {
 fn descriptor(query: Option<&str>) -> std::result::Result<(String, Vec<(String, String)>), String> {
     let mut domain = None;
     let mut entries = Vec::new();
-    for (name, value) in pairs(query.unwrap_or("")) {
+    for (name, value) in pairs(query.unwrap_or(""))? {
         match name.as_str() {
             "domain" => domain = Some(value),
             "entry" => match value.split_once('=') {
@@ -307,37 +308,38 @@ fn descriptor(query: Option<&str>) -> std::result::Result<(String, Vec<(String, 
     Ok((domain, entries))
 }
 
-/// One query parameter's value.
+/// One query parameter's value (`descriptor` has refused a query that
+/// does not decode).
 fn param(query: Option<&str>, wanted: &str) -> Option<String> {
     pairs(query.unwrap_or(""))
+        .ok()?
         .into_iter()
         .find(|(name, _)| name == wanted)
         .map(|(_, value)| value)
 }
 
 /// The query's `name=value` pairs, percent- and `+`-decoded.
-fn pairs(query: &str) -> Vec<(String, String)> {
+fn pairs(query: &str) -> std::result::Result<Vec<(String, String)>, String> {
     query
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (name, value) = p.split_once('=').unwrap_or((p, ""));
-            (decode(name), decode(value))
+            Ok((decode(name)?, decode(value)?))
         })
         .collect()
 }
 
-/// Percent-decodes (`+` is a space); a malformed escape stays as it is.
-fn decode(text: &str) -> String {
+/// Percent-decodes (`+` is a space); a malformed escape stays as it is. Text
+/// that does not decode to UTF-8 is refused: replacing its bytes would name
+/// another descriptor than the one asked for.
+fn decode(text: &str) -> std::result::Result<String, String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
+        let escaped = bytes.get(i + 1..i + 3).and_then(hex_byte);
+        match (bytes[i], escaped) {
             (b'%', Some(byte)) => {
                 out.push(byte);
                 i += 3;
@@ -352,7 +354,7 @@ fn decode(text: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8(out).map_err(|_| format!("{text:?} does not decode to UTF-8"))
 }
 
 fn entries_json(entries: &[(String, String)]) -> Value {
@@ -420,7 +422,12 @@ mod tests {
         assert!(descriptor(Some("domain=d&entry=a=b&x=1"))
             .unwrap_err()
             .contains("unknown parameter"));
-        assert_eq!(decode("%zz%4"), "%zz%4");
+        assert_eq!(decode("%zz%4").unwrap(), "%zz%4");
+        // Only two hex digits make an escape (`from_str_radix` takes a sign).
+        assert_eq!(decode("%+1").unwrap(), "% 1");
+        assert!(descriptor(Some("domain=d&entry=k=%C3"))
+            .unwrap_err()
+            .contains("UTF-8"));
     }
 
     #[test]

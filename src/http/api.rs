@@ -6,7 +6,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::any;
 use axum::Router;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -24,8 +24,9 @@ struct Api {
 /// The routes of the main listener.
 pub fn router(limiter: RateLimiter, readiness: Readiness) -> Router {
     Router::new()
-        .route("/healthcheck", get(healthcheck))
-        .route("/json", post(json))
+        // Any method, as envoyproxy/ratelimit's routes take.
+        .route("/healthcheck", any(healthcheck))
+        .route("/json", any(json))
         // JSON spells a message out at a few times its protobuf size.
         .layer(DefaultBodyLimit::max(4 * caps::MAX_MESSAGE_BYTES))
         .with_state(Api { limiter, readiness })

@@ -1,24 +1,29 @@
 //! Input caps, enforced before any store work so a hostile request costs
-//! little and can never create huge keys, and the one validation of a
-//! request's domain and descriptors against them that both services run.
-//! Documented in the README.
+//! little, and the one validation of a request's domain and descriptors
+//! against them that every service runs. Documented in the README.
+//!
+//! Each cap is above anything Envoy sends for a valid configuration (Envoy
+//! Gateway's API included: 256 rules a policy, some 150 entries a rule), since
+//! a refused request passes Envoy's filter unlimited under its default
+//! `failure_mode_deny: false`. So nothing a client of Envoy controls (header
+//! and query values, whose length Envoy bounds only by its header limits)
+//! is capped here: a long value goes into keys as its digest
+//! ([`crate::keys::MAX_RAW_VALUE_BYTES`]), and entry keys come from Envoy's
+//! configuration (a key no rule names costs nothing).
 
 use tonic::Status;
 
 use super::wire::Entries;
 
-/// Largest accepted gRPC message, in bytes.
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
-/// Most descriptors in one `ShouldRateLimit` request.
-pub const MAX_DESCRIPTORS: usize = 64;
+/// Largest accepted gRPC message, in bytes: gRPC's default, which
+/// envoyproxy/ratelimit keeps.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 1024;
 /// Most entries in one descriptor.
-pub const MAX_ENTRIES: usize = 16;
+pub const MAX_ENTRIES: usize = 256;
 /// Longest domain, in bytes.
 pub const MAX_DOMAIN_BYTES: usize = 256;
-/// Longest descriptor entry key, in bytes.
-pub const MAX_KEY_BYTES: usize = 256;
-/// Longest descriptor entry value, in bytes.
-pub const MAX_VALUE_BYTES: usize = 1024;
 
 /// Checks a request's domain and descriptors against the caps and Envoy's
 /// own rules (a domain, at least one descriptor, no empty entry key);
@@ -50,20 +55,10 @@ pub fn validate<D: Entries>(domain: &str, descriptors: &[D]) -> Result<(), Statu
                 entries.len(),
             ));
         }
-        for (j, (key, value)) in entries.enumerate() {
+        for (j, (key, _)) in entries.enumerate() {
             if key.is_empty() {
                 return invalid(format!(
                     "descriptors[{i}].entries[{j}]: the key must not be empty"
-                ));
-            }
-            if key.len() > MAX_KEY_BYTES {
-                return invalid(format!(
-                    "descriptors[{i}].entries[{j}]: the key is longer than {MAX_KEY_BYTES} bytes"
-                ));
-            }
-            if value.len() > MAX_VALUE_BYTES {
-                return invalid(format!(
-                    "descriptors[{i}].entries[{j}]: the value is longer than {MAX_VALUE_BYTES} bytes"
                 ));
             }
         }
@@ -92,22 +87,20 @@ mod tests {
     fn names_the_first_field_over_a_cap() {
         let ok = [descriptor(&[("user", "a")])];
         assert!(validate("api", &ok).is_ok());
-        let long_value = "v".repeat(MAX_VALUE_BYTES + 1);
+        let long_value = "v".repeat(64 * 1024);
+        assert!(validate("api", &[descriptor(&[("k", &long_value)])]).is_ok());
         let many = vec![descriptor(&[("k", "v")]); MAX_DESCRIPTORS + 1];
+        let wide = [descriptor(&vec![("k", "v"); MAX_ENTRIES + 1])];
         let cases: [(&str, &[Descriptor], &str); 5] = [
             ("", &ok, "domain must not be empty"),
             ("api", &[], "descriptor list must not be empty"),
-            ("api", &many, "at most 64"),
+            ("api", &many, "at most 1024"),
             (
                 "api",
                 &[descriptor(&[("", "a")])],
                 "descriptors[0].entries[0]: the key must not be empty",
             ),
-            (
-                "api",
-                &[descriptor(&[("k", &long_value)])],
-                "value is longer than 1024 bytes",
-            ),
+            ("api", &wide, "at most 256"),
         ];
         for (domain, descriptors, message) in cases {
             let e = validate(domain, descriptors).unwrap_err();

@@ -41,14 +41,24 @@ pub fn push_hex(out: &mut String, s: &str) {
 /// The UTF-8 text `hex` encodes; `None` for odd lengths, non-hex digits or
 /// bytes that are not UTF-8.
 pub fn from_hex(hex: &str) -> Option<String> {
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| {
-            hex.get(i..i + 2)
-                .and_then(|b| u8::from_str_radix(b, 16).ok())
-        })
+    let bytes = hex
+        .as_bytes()
+        .chunks(2)
+        .map(hex_byte)
         .collect::<Option<Vec<u8>>>()?;
     String::from_utf8(bytes).ok()
+}
+
+/// The byte two hex digits spell; `None` for anything else (a sign
+/// included, which `u8::from_str_radix` would take).
+pub fn hex_byte(pair: &[u8]) -> Option<u8> {
+    match pair {
+        [hi, lo] => {
+            let digit = |c: u8| char::from(c).to_digit(16);
+            Some((digit(*hi)? * 16 + digit(*lo)?) as u8)
+        }
+        _ => None,
+    }
 }
 
 /// The first 40 characters of `s`: enough to recognise a bad id in an
@@ -70,7 +80,7 @@ mod tests {
         let mut hex = String::new();
         push_hex(&mut hex, "rk:{d|ü}");
         assert_eq!(from_hex(&hex).as_deref(), Some("rk:{d|ü}"));
-        for bad in ["a", "zz", "ff"] {
+        for bad in ["a", "zz", "ff", "+1", "é"] {
             assert_eq!(from_hex(bad), None, "{bad}");
         }
         assert_eq!(truncate(&"é".repeat(50)).chars().count(), 40);

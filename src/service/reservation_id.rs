@@ -222,7 +222,10 @@ mod tests {
             (format!("r1.{n}.3600001.1.0:5:{key}"), "TTL outside"),
             (format!("r1.{n}.{}.1.0:5:{key}", u64::MAX), "TTL outside"),
             (format!("r1.{n}.300000.0.0:5:{key}"), "descriptor count"),
-            (format!("r1.{n}.300000.65.0:5:{key}"), "descriptor count"),
+            (
+                format!("r1.{n}.300000.{}.0:5:{key}", MAX_DESCRIPTORS + 1),
+                "descriptor count",
+            ),
             (format!("r1.{n}.300000.1.1:5:{key}"), "keys"),
             (format!("r1.{n}.300000.1.0:x:{key}"), "keys"),
             (format!("r1.{n}.300000.1.0:5:zz"), "keys"),

@@ -49,8 +49,13 @@ pub fn requested_ttl(
     let Some(asked) = asked else {
         return Ok(None);
     };
-    let ttl = Duration::try_from(*asked)
-        .map_err(|_| Status::invalid_argument(format!("{field} must not be negative")))?;
+    // Refused before converting: prost-types negates a negative `seconds`,
+    // which overflows on i64::MIN.
+    let negative = || Status::invalid_argument(format!("{field} must not be negative"));
+    if asked.seconds < 0 || asked.nanos < 0 {
+        return Err(negative());
+    }
+    let ttl = Duration::try_from(*asked).map_err(|_| negative())?;
     if ttl < min || ttl > max {
         return Err(Status::invalid_argument(format!(
             "{field} must be between {min:?} and {max:?}"
@@ -91,7 +96,7 @@ mod tests {
             requested_ttl(Some(&ask(5)), range, "ttl").ok(),
             Some(Some(Duration::from_secs(5)))
         );
-        for bad in [-1, 0, 61] {
+        for bad in [i64::MIN, -1, 0, 61] {
             let e = requested_ttl(Some(&ask(bad)), range, "lease_ttl").unwrap_err();
             assert!(e.message().starts_with("lease_ttl must"), "{}", e.message());
         }
