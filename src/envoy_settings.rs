@@ -48,6 +48,11 @@ pub struct EnvoySettings {
     /// Health says NOT_SERVING while the limits in force have no domain.
     #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_parser = BoolishValueParser::new())]
     pub healthy_with_at_least_one_config_loaded: bool,
+    /// Health says NOT_SERVING while a store is unreachable, once it has
+    /// answered (without it, as there, a replica stays ready through an
+    /// outage and answers by the failure mode).
+    #[arg(long, env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", value_parser = BoolishValueParser::new())]
+    pub redis_health_check_active_connection: bool,
     /// A refused request counts only on the fixed windows it takes over
     /// their limit and spares the ones it fitted, unless a limit or domain
     /// sets `charges:`.

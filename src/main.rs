@@ -120,10 +120,11 @@ struct Cli {
     /// PEM client key for Redis mutual TLS.
     #[arg(long, env = "REDIS_TLS_CLIENT_KEY", requires = "redis_tls_client_cert")]
     redis_tls_client_key: Option<PathBuf>,
-    /// The answer while Redis fails: open (allow), closed (OVER_LIMIT),
-    /// unavailable (gRPC UNAVAILABLE), local (limit / --expected-replicas in
-    /// memory). Domains can override with `failure_mode:`.
-    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureModeArg::Open)]
+    /// The answer while Redis fails: unavailable (gRPC UNAVAILABLE, so that
+    /// Envoy's failure_mode_deny decides, as with envoyproxy/ratelimit),
+    /// open (allow), closed (OVER_LIMIT), local (limit / --expected-replicas
+    /// in memory). Domains can override with `failure_mode:`.
+    #[arg(long, env = "FAILURE_MODE", value_enum, default_value_t = FailureModeArg::Unavailable)]
     failure_mode: FailureModeArg,
     /// Most distinct `detailed_metric` label values kept in /metrics; past
     /// it new values are counted under `overflow`.
@@ -425,6 +426,7 @@ async fn run(cli: Cli) -> Result<()> {
         load_options: cli.envoy_modes.load_options(),
         config,
         health_needs_domains: cli.envoy.healthy_with_at_least_one_config_loaded,
+        health_needs_store: cli.envoy.redis_health_check_active_connection,
         store,
         limiter,
         reload_interval,

@@ -52,6 +52,10 @@ pub struct Server {
     /// Health is NOT_SERVING while the config in force has no domain
     /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub health_needs_domains: bool,
+    /// Health is NOT_SERVING while a store is unreachable, once it has
+    /// answered (envoyproxy/ratelimit's `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`);
+    /// otherwise a replica stays ready through an outage, as there.
+    pub health_needs_store: bool,
     /// The counter stores: the main one (also the concurrency leases'), and
     /// the per-second one when set (`REDIS_PERSECOND`).
     pub store: Stores,
@@ -147,7 +151,6 @@ impl Server {
         let (limiter, concurrency, budget) = self.services(&holds);
         let admin_api = self.admin_api();
         let watcher = self.spawn_watcher();
-        let serves_without_store = self.limiter.failure_mode.serves_without_store();
 
         let (reporter, health) = crate::health::health_reporter();
         let readiness = Readiness::new(reporter);
@@ -180,7 +183,7 @@ impl Server {
             self.store.clone(),
             lanes.handles().to_vec(),
             readiness.clone(),
-            serves_without_store,
+            self.health_needs_store,
             self.health_needs_domains.then(|| self.config.clone()),
         ));
         let dealer = tokio::spawn(deal(self.grpc, dealt));
@@ -401,18 +404,18 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 }
 
 /// Keeps readiness ([`Readiness`]: gRPC health, HTTP `/healthcheck`) in
-/// step with the stores: ready once every store has answered. After that,
-/// with a failure mode that serves without the store (`open`, `local`) it
-/// stays ready through an outage (a readiness probe must not pull every
-/// replica at once; `ratekeeper_store_up{store}` and the logs show it);
-/// with `closed` or `unavailable` it is not ready while a store is
-/// unreachable. With `needs_domains`, it is also not ready while that
-/// config has no domain.
+/// step with the stores: ready once every store has answered. After that it
+/// stays ready through an outage, whatever the failure mode, as
+/// envoyproxy/ratelimit does (a probe must not pull every replica at once,
+/// and Envoy Gateway probes liveness on the same `/healthcheck`;
+/// `ratekeeper_store_up{store}` and the logs show the outage), unless
+/// `needs_store`: then not ready while a store is unreachable. With
+/// `needs_domains`, it is also not ready while that config has no domain.
 async fn probe_store(
     stores: Stores,
     lanes: Vec<Handle>,
     readiness: Readiness,
-    serves_without_store: bool,
+    needs_store: bool,
     needs_domains: Option<SharedConfig>,
 ) {
     readiness
@@ -440,7 +443,7 @@ async fn probe_store(
         let has_domains = needs_domains
             .as_ref()
             .map_or(true, |config| !config.current().is_empty());
-        let ready = (all_up || (all_ever_up && serves_without_store)) && has_domains;
+        let ready = (all_up || (all_ever_up && !needs_store)) && has_domains;
         if ready != shown {
             readiness.set(ready).await;
             shown = ready;

@@ -123,10 +123,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("REDIS_PERSECOND_PIPELINE_WINDOW", NotApplicable(PIPELINING)),
     ("REDIS_PERSECOND_PIPELINE_LIMIT", NotApplicable(PIPELINING)),
     ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", NotApplicable(PIPELINING)),
-    (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        NotApplicable("readiness follows a probe of the store and `FAILURE_MODE` (see Redis: topologies and failures)"),
-    ),
+    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Same("`true`: not ready while a Redis is unreachable, once it has answered (a probe of the store, not a pool's count of connections); unset, a replica stays ready through an outage, as there")),
     ("REDIS_TIMEOUT", Same("the deadline of connecting and of each call, unless `REDIS_CONNECT_TIMEOUT_MS` / `REDIS_TIMEOUT_MS` (own) are set")),
     ("REDIS_PERSECOND_TIMEOUT", Same("the deadline of connecting and of each call; default the main Redis's")),
     (

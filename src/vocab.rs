@@ -12,11 +12,13 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
     /// Allow the request (counted in `ratekeeper_store_error_fail_open`).
-    #[default]
     Open,
     /// Refuse: OVER_LIMIT for every limited descriptor.
     Closed,
-    /// Answer gRPC UNAVAILABLE (Envoy then applies its own `failure_mode_deny`).
+    /// Answer gRPC UNAVAILABLE (Envoy then applies its own
+    /// `failure_mode_deny`, as with envoyproxy/ratelimit, which answers an
+    /// error): the default, so that the proxy's choice stands.
+    #[default]
     Unavailable,
     /// Enforce each limit divided by `--expected-replicas` in this replica's
     /// memory until the store is back.
@@ -41,12 +43,6 @@ impl FailureMode {
             FailureMode::Unavailable => "unavailable",
             FailureMode::Local => "local",
         }
-    }
-
-    /// Whether a replica in this mode still serves while the store is down
-    /// (what gRPC health reports).
-    pub fn serves_without_store(self) -> bool {
-        matches!(self, FailureMode::Open | FailureMode::Local)
     }
 }
 

@@ -13,6 +13,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
 
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
+/// LIMITS answering OK while the store fails, for the tests that measure
+/// how answers keep coming through a failover.
+const LIMITS_OPEN: &str = "domain: d\nfailure_mode: open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
 
 /// Whether an answer was given without the store (and in which mode).
 fn degraded(r: &RateLimitResponse) -> Option<String> {
@@ -63,7 +66,7 @@ async fn cluster_master_killed_under_load_fails_open_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let seeds = cluster.seeds();
     let server = Ratekeeper::start(
-        LIMITS,
+        LIMITS_OPEN,
         dir.path(),
         &[
             "--redis-type",
@@ -128,7 +131,7 @@ async fn sentinel_follows_the_new_master() {
 
     let url = format!("mymaster,127.0.0.1:{sentinel_port}");
     let server = Ratekeeper::start(
-        LIMITS,
+        LIMITS_OPEN,
         dir.path(),
         &[
             "--redis-type",
@@ -404,9 +407,9 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
         assert!(ok(&r), "{args:?}: {r:?}");
         drop(server);
     }
-    // Wrong password: the store fails (open by default), and says why in the log.
+    // Wrong password: the store fails (open here), and says why in the log.
     let server = Ratekeeper::start(
-        LIMITS,
+        LIMITS_OPEN,
         dir.path(),
         &[
             "--redis-url",
@@ -549,7 +552,7 @@ async fn tls_with_client_certificates_and_auth() {
             key.as_str(),
         ])
         .collect();
-    let server = Ratekeeper::start(LIMITS, dir.path(), &mutual);
+    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &mutual);
     let r = ask(&server).await;
     assert_eq!(
         (r.overall_code, degraded(&r)),
@@ -559,7 +562,7 @@ async fn tls_with_client_certificates_and_auth() {
     drop(server);
 
     // Without a client certificate the server refuses the handshake.
-    let server = Ratekeeper::start(LIMITS, dir.path(), &base);
+    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &base);
     let r = ask(&server).await;
     assert_eq!(
         degraded(&r).as_deref(),
@@ -570,7 +573,7 @@ async fn tls_with_client_certificates_and_auth() {
     // Plain TCP against the TLS port fails too.
     let plain = format!("redis://127.0.0.1:{port}");
     let server = Ratekeeper::start(
-        LIMITS,
+        LIMITS_OPEN,
         dir.path(),
         &[
             "--redis-url",
@@ -611,6 +614,7 @@ async fn failure_modes_per_domain_and_health() {
             "closed",
             "--expected-replicas",
             "2",
+            "--redis-health-check-active-connection",
         ],
     );
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
@@ -675,12 +679,13 @@ async fn failure_modes_per_domain_and_health() {
         codes,
         vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
-    // With the default mode closed, health says NOT_SERVING while Redis is down.
+    // With REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, health says NOT_SERVING
+    // while Redis is down.
     let deadline = Instant::now() + Duration::from_secs(10);
     while status(&mut health).await != ServingStatus::NotServing as i32 {
         assert!(
             Instant::now() < deadline,
-            "still SERVING with Redis down and failure mode closed"
+            "still SERVING with Redis down and REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -983,7 +988,7 @@ async fn failover_behind_one_address_reconnects_to_the_new_primary() {
     let url = format!("redis://127.0.0.1:{}", forwarder.port);
     let settings = failover_settings(&a, Topology::Single, url);
     let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let server = TestServer::start(&[LIMITS], store).await;
+    let server = TestServer::start(&[LIMITS_OPEN], store).await;
     server.serving().await;
 
     let loops = Loops::start(&server, 4).await;
@@ -1030,7 +1035,7 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
     let settings = failover_settings(&a, Topology::Sentinel, url);
     let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let server = TestServer::start(&[LIMITS], store).await;
+    let server = TestServer::start(&[LIMITS_OPEN], store).await;
     server.serving().await;
 
     let loops = Loops::start(&server, 4).await;
@@ -1068,8 +1073,7 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
 #[tokio::test]
 async fn a_redis_restart_drops_the_over_limit_cache() {
     let mut redis = RedisServer::start();
-    let limits =
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let limits = "domain: d\nfailure_mode: open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     let server = TestServer::start(&[limits], redis.store(None)).await;
     server.serving().await;
     let client = server.client().await;
@@ -1121,8 +1125,7 @@ async fn a_failover_to_an_empty_server_drops_the_over_limit_cache() {
     let url = format!("redis://127.0.0.1:{}", forwarder.port);
     let settings = failover_settings(&a, Topology::Single, url);
     let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let limits =
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let limits = "domain: d\nfailure_mode: open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     let server = TestServer::start(&[limits], store).await;
     server.serving().await;
     let client = server.client().await;

@@ -195,11 +195,16 @@ async fn healthcheck_and_grpc_health_for_ratelimit_follow_the_store() {
     // Redis is not there yet: a port nobody listens on.
     let port = common::free_port();
     let url = format!("redis://127.0.0.1:{port}");
-    // `closed`, as envoyproxy/ratelimit: unhealthy while Redis is unreachable.
+    // As envoyproxy/ratelimit with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION:
+    // unhealthy while Redis is unreachable.
     let server = Ratekeeper::start(
         LIMITS,
         dir.path(),
-        &["--redis-url", &url, "--failure-mode", "closed"],
+        &[
+            "--redis-url",
+            &url,
+            "--redis-health-check-active-connection",
+        ],
     );
     let answer = http_call(&server.http, "GET", "/healthcheck", "");
     assert_eq!(answer.status, 500, "before Redis answered: {answer:?}");

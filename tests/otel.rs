@@ -389,7 +389,14 @@ async fn a_failed_store_call_is_an_error_span_and_the_failure_mode_answers() {
     let endpoint = format!("http://{addr}");
     let server = Ratekeeper::spawn_with_env(
         &limits,
-        &["--redis-url", &redis.url(), "--redis-timeout-ms", "200"],
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--redis-timeout-ms",
+            "200",
+            "--failure-mode",
+            "open",
+        ],
         &[
             ("TRACING_ENABLED", "true"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),

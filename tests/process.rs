@@ -218,23 +218,31 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
             "{service:?} before the store ever answered"
         );
     }
-    // Requests fail open meanwhile.
+    // Requests get UNAVAILABLE meanwhile (the default failure mode: Envoy's
+    // failure_mode_deny decides, as with envoyproxy/ratelimit's error).
     let mut client = server.client().await;
-    let r = client
+    let e = client
         .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.overall_code, Code::Ok as i32);
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     drop(server);
 
-    // With Redis up: SERVING, and still SERVING (failing open) once it is gone.
+    // With Redis up: SERVING, and still SERVING once it is gone, whatever
+    // the failure mode (as there, unless REDIS_HEALTH_CHECK_ACTIVE_CONNECTION).
     let redis = RedisServer::start();
     // Two serving threads: the pool of 4 is then 2 connections each, on any
     // machine (more threads than 4 would each hold one).
     let server = Ratekeeper::spawn(
         dir.path(),
-        &["--redis-url", &redis.url(), "--serving-threads", "2"],
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--serving-threads",
+            "2",
+            "--failure-mode",
+            "open",
+        ],
     );
     let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
@@ -276,7 +284,7 @@ async fn health_waits_for_redis_then_stays_serving_through_an_outage() {
     assert_eq!(
         s,
         ServingStatus::Serving as i32,
-        "fail-open: an outage keeps the replica in service"
+        "an outage keeps the replica in service"
     );
     let mut client = server.client().await;
     let r = client

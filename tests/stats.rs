@@ -67,6 +67,10 @@ async fn prometheus_has_envoyproxy_ratelimit_series() {
         r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 9"#,
         r#"ratelimit_service_should_rate_limit_error{err_type="service_error"} 1"#,
         r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 9"#,
+        // Their buckets (statsd_exporter's defaults) as well as finer ones.
+        r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="0.5"} 9"#,
+        r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="10"} 9"#,
+        r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="0.00005"} "#,
         r#"ratekeeper_build_info{version=""#,
     ] {
         assert!(
@@ -313,7 +317,11 @@ async fn store_calls_are_timed_once_each() {
 async fn a_store_failure_counts_as_their_redis_error() {
     let dir = tempfile::tempdir().unwrap();
     let nobody = format!("redis://127.0.0.1:{}", common::free_port());
-    let server = Ratekeeper::start(LIMITS, dir.path(), &["--redis-url", &nobody]);
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &["--redis-url", &nobody, "--failure-mode", "open"],
+    );
     let mut client = server.client().await;
     let answer = client
         .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
@@ -638,6 +646,13 @@ async fn response_time_in_milliseconds_when_asked() {
     let text = server.metrics();
     let bucket = r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="1000"} 9"#;
     assert!(text.contains(bucket), "{text}");
+    // Their buckets, in the series' unit as there, are among them.
+    for le in ["0.005", "0.5", "10"] {
+        let bucket = format!(
+            r#"ratelimit_service_response_time_seconds_bucket{{grpc_method="ShouldRateLimit",le="{le}"}} "#
+        );
+        assert!(text.contains(&bucket), "{bucket}: {text}");
+    }
 }
 
 /// Waits until /metrics has a line starting with each of `series`.
@@ -679,6 +694,8 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
             ("REDIS_PERSECOND_POOL_SIZE", "1"),
             ("SERVING_THREADS", "1"),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+            // Answers keep coming while the pool replaces its connections.
+            ("FAILURE_MODE", "open"),
         ],
     );
     let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);

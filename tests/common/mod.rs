@@ -429,6 +429,7 @@ impl TestServer {
             load_options: Default::default(),
             config: config.clone(),
             health_needs_domains: false,
+            health_needs_store: false,
             store: store.into(),
             limiter,
             reload_interval: Duration::from_millis(50),

@@ -364,7 +364,7 @@ def alert(name: str, eval_time: str, annotations: dict | None = None, **labels) 
 STORE_DOWN = {
     "summary": "ratekeeper rk-0 cannot reach its store",
     "description": "The store (Redis) of rate/rk-0 has not answered its health probe for 2m. "
-                   "Decisions follow the failure mode (default open: every request allowed)."}
+                   "Decisions follow the failure mode (default unavailable: Envoy's failure_mode_deny decides)."}
 RELOAD_REFUSED = {
     "summary": "ratekeeper rk-0 refused a limits change",
     "description": "rate/rk-0 refused a change of its limits directory; the previous limits stay in force. "

@@ -268,7 +268,7 @@ def test_defaults_env_matches_the_binary(chart):
     assert not {k for k in env if k.startswith("REDIS_")}  # no Redis configured: the in-memory store
     assert "single replica" in notes(chart)
     # The new settings' defaults are the binary's own.
-    assert env["FAILURE_MODE"] == "open"
+    assert env["FAILURE_MODE"] == "unavailable"
     assert env["EXPECTED_REPLICAS"] == "1"
     assert env["LIMIT_RESPONSE_HEADERS_ENABLED"] == "false"
     assert env["MAX_DETAILED_METRIC_SERIES"] == "10000"
@@ -540,7 +540,7 @@ def test_failure_mode_closed(chart):
     # A rediss:// URL turns TLS on (system roots, nothing mounted).
     assert env["REDIS_TLS"] == "true" and env["REDIS_URL"] == "rediss://redis.data.svc:6380/1"
     assert not TLS_FILE_ENV & env.keys()
-    # Readiness asks for "", which turns NOT_SERVING during an outage when failing closed.
+    # Readiness asks for "" (NOT_SERVING until Redis has answered).
     assert c["readinessProbe"]["grpc"] == {"port": 8081, "service": ""}
     assert c["livenessProbe"]["grpc"] == {"port": 8081, "service": "liveness"}
     assert "failureMode closed" in notes(chart, values)
