@@ -8,6 +8,13 @@
 //! [`accept`], which pauses after a failed accept, serves the HTTP
 //! listeners too (`http`). gRPC may also listen on a Unix socket
 //! (envoyproxy/ratelimit's `GRPC_UDS`): its connections take the same path.
+//!
+//! The end of `GRPC_MAX_CONNECTION_AGE_GRACE` is enforced here too: tonic
+//! sends the GOAWAY at the maximum age, but given a grace as well it sends
+//! none and only drops the connection at age + grace (tonic 0.14's
+//! `connection_timeout_future`). So tonic gets the age alone, and each
+//! connection's reads and writes fail once age + grace has passed, which
+//! closes it (see [`Deadlined::close_after`]).
 
 use std::future::Future;
 use std::io;
@@ -139,11 +146,14 @@ impl AsyncWrite for Socket {
     }
 }
 
-/// A connection that must deliver its first bytes in time.
+/// A connection that must deliver its first bytes in time, and that is
+/// closed once past its maximum age and grace.
 pub struct Deadlined {
     inner: Socket,
     /// Running until the preface has arrived.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// When reads and writes start failing (see [`Deadlined::close_after`]).
+    closing: Option<Pin<Box<Sleep>>>,
     received: usize,
     /// Counts the connection in its lane's load while it is open.
     _load: Load,
@@ -154,10 +164,35 @@ impl Deadlined {
         Deadlined {
             inner,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+            closing: None,
             received: 0,
             _load: load,
         }
     }
+
+    /// Fails every read and write from `after` on (`None`: never), so that
+    /// the server drops the connection, in-flight calls and all: the end of
+    /// the grace after the maximum age, whose GOAWAY tonic sends. Set when
+    /// the connection is handed to tonic, where its age starts.
+    fn close_after(&mut self, after: Option<Duration>) {
+        self.closing = after.map(|after| Box::pin(tokio::time::sleep(after)));
+    }
+
+    /// Whether the connection is past its end; if not, the caller's task is
+    /// woken at the end, so a connection that waits for nothing ends too.
+    fn past_end(&mut self, cx: &mut Context<'_>) -> bool {
+        self.closing
+            .as_mut()
+            .is_some_and(|end| end.as_mut().poll(cx).is_ready())
+    }
+}
+
+/// The error reads and writes fail with once a connection is past its end.
+fn past_end() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "connection past its maximum age and grace",
+    )
 }
 
 /// One open connection in a lane's count of them; uncounted when dropped
@@ -190,6 +225,9 @@ impl AsyncRead for Deadlined {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.past_end(cx) {
+            return Poll::Ready(Err(past_end()));
+        }
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Some(deadline) = &mut this.deadline {
@@ -217,10 +255,16 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.past_end(cx) {
+            return Poll::Ready(Err(past_end()));
+        }
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.past_end(cx) {
+            return Poll::Ready(Err(past_end()));
+        }
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
@@ -369,16 +413,19 @@ fn least_loaded(open: &[Option<usize>], start: usize) -> Option<usize> {
 /// One lane's connections (dealt by [`deal`]), each with a preface
 /// deadline; with `tls`, after a TLS handshake (done off the accept path,
 /// within the same deadline, with the certificate current at that moment).
-/// Call it on the lane's runtime: the sockets are registered with it.
+/// Each is closed `lifetime` after it is handed over (`None`: never; see
+/// [`Deadlined::close_after`]). Call it on the lane's runtime: the sockets
+/// are registered with it.
 pub fn incoming(
     mut dealt: mpsc::Receiver<Dealt>,
     handshake_timeout: Duration,
+    lifetime: Option<Duration>,
     tls: Option<ReloadingTls>,
 ) -> impl Stream<Item = io::Result<Accepted>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         while let Some(Dealt { stream, load }) = dealt.recv().await {
-            let stream = match Socket::from_std(stream) {
+            let mut stream = match Socket::from_std(stream) {
                 Ok(stream) => Deadlined::new(stream, handshake_timeout, load),
                 Err(error) => {
                     tracing::warn!(%error, "cannot take an accepted connection");
@@ -386,6 +433,7 @@ pub fn incoming(
                 }
             };
             let Some(tls) = &tls else {
+                stream.close_after(lifetime);
                 if tx.send(Ok(Accepted::Plain(stream))).await.is_err() {
                     return;
                 }
@@ -394,7 +442,8 @@ pub fn incoming(
             let (tx, acceptor) = (tx.clone(), tls.acceptor());
             tokio::spawn(async move {
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
+                    Ok(Ok(mut stream)) => {
+                        stream.get_mut().0.close_after(lifetime);
                         let _ = tx.send(Ok(Accepted::Tls(Box::new(stream)))).await;
                     }
                     Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),

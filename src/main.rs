@@ -206,11 +206,13 @@ struct Cli {
     /// may stay silent.
     #[arg(long, env = "HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
-    /// Close client connections this old (Go syntax, e.g. `1h30m`), so
-    /// clients rebalance across replicas (envoyproxy/ratelimit's default).
+    /// Send client connections this old an HTTP/2 GOAWAY (Go syntax, e.g.
+    /// `1h30m`), so clients rebalance across replicas (envoyproxy/ratelimit's
+    /// default).
     #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = duration, default_value = "24h")]
     max_connection_age: Duration,
-    /// Time a connection past its maximum age gets to finish its calls.
+    /// Time a connection past its maximum age gets to finish its calls;
+    /// then it is closed.
     #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = duration, default_value = "1h")]
     max_connection_age_grace: Duration,
     /// Log filter: `error`, `warn` (or `warning`), `info`, `debug`,

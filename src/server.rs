@@ -87,10 +87,12 @@ pub struct ConnectionLimits {
     /// `keepalive_timeout` is dropped.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
-    /// Close connections this old (after `max_connection_age_grace`), so
-    /// clients rebalance across replicas (envoyproxy/ratelimit's
-    /// `GRPC_MAX_CONNECTION_AGE`).
+    /// Send connections this old a GOAWAY, so clients move to a new one and
+    /// rebalance across replicas (envoyproxy/ratelimit's
+    /// `GRPC_MAX_CONNECTION_AGE`)...
     pub max_connection_age: Option<Duration>,
+    /// ...and close them this long after that, calls in flight or not
+    /// (`GRPC_MAX_CONNECTION_AGE_GRACE`).
     pub max_connection_age_grace: Duration,
     /// gRPC over TLS (mutual when the files name a client CA).
     pub tls: Option<ReloadingTls>,
@@ -287,6 +289,10 @@ fn serve_on_lanes<H: Health>(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
+    // The grace's end is ours to enforce (see `grpc_builder`).
+    let lifetime = limits
+        .max_connection_age
+        .map(|age| age.saturating_add(limits.max_connection_age_grace));
     let mut dealt = Vec::new();
     let mut serving = Vec::new();
     for (index, lane) in lanes.handles().iter().enumerate() {
@@ -311,7 +317,7 @@ fn serve_on_lanes<H: Health>(
         serving.push(lane.spawn(async move {
             router
                 .serve_with_incoming_shutdown(
-                    incoming(connections, handshake_timeout, tls),
+                    incoming(connections, handshake_timeout, lifetime, tls),
                     stopping,
                 )
                 .await
@@ -320,7 +326,10 @@ fn serve_on_lanes<H: Health>(
     Ok((dealt, serving))
 }
 
-/// The gRPC server's settings for every lane's connections.
+/// The gRPC server's settings for every lane's connections. Only the
+/// maximum age goes to tonic, which then sends the GOAWAY at that age: given
+/// `max_connection_age_grace` as well, tonic 0.14 sends no GOAWAY at all and
+/// drops the connection at age + grace. That drop is `incoming`'s instead.
 fn grpc_builder(limits: &ConnectionLimits) -> tonic::transport::Server {
     let builder = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
@@ -329,9 +338,7 @@ fn grpc_builder(limits: &ConnectionLimits) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .tcp_keepalive(Some(Duration::from_secs(60)));
     match limits.max_connection_age {
-        Some(age) => builder
-            .max_connection_age(age)
-            .max_connection_age_grace(limits.max_connection_age_grace),
+        Some(age) => builder.max_connection_age(age),
         None => builder,
     }
 }

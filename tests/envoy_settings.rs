@@ -5,9 +5,11 @@
 
 mod common;
 
-use std::io::BufRead;
+use std::io::{BufRead, ErrorKind, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{descriptor, free_port, request, Ratekeeper, RedisServer, Sentinel};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -380,4 +382,116 @@ async fn redis_tls_skip_hostname_verification_checks_the_chain_only() {
     };
     assert!(!answers("false").await, "the name is checked by default");
     assert!(answers("true").await, "only the chain is checked");
+}
+
+/// One HTTP/2 frame: type, flags, stream and payload.
+type Frame = (u8, u8, u32, Vec<u8>);
+
+/// HTTP/2 frame types and flags (RFC 9113).
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const ACK: u8 = 1;
+const END_HEADERS: u8 = 4;
+
+fn write_frame(conn: &mut TcpStream, (kind, flags, stream, payload): Frame) {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(&payload);
+    conn.write_all(&frame).unwrap();
+}
+
+/// The next frame, or `None` once the server has closed the connection (or
+/// reset it).
+fn read_frame(conn: &mut TcpStream) -> Option<Frame> {
+    let mut head = [0u8; 9];
+    match conn.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+            panic!("the connection is still open: {e}")
+        }
+        Err(_) => return None,
+    }
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0; len];
+    conn.read_exact(&mut payload).ok()?;
+    Some((head[3], head[4], stream, payload))
+}
+
+/// An HTTP/2 header block of literal fields (HPACK, no table, no Huffman).
+fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        block.push(0);
+        for text in [name, value] {
+            block.push(u8::try_from(text.len()).unwrap());
+            block.extend_from_slice(text.as_bytes());
+        }
+    }
+    block
+}
+
+/// GRPC_MAX_CONNECTION_AGE sends the GOAWAY at the age, and
+/// GRPC_MAX_CONNECTION_AGE_GRACE closes a connection whose client ignores
+/// it, a call still open, when the grace is over (as grpc-go does for
+/// envoyproxy/ratelimit). A raw HTTP/2 client, to see every frame.
+#[test]
+fn a_connection_gets_goaway_at_its_max_age_and_is_closed_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let (age, grace) = (Duration::from_secs(1), Duration::from_secs(3));
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "1s"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "3s"),
+        ],
+    );
+    // Before the connection: the server's clocks start later.
+    let start = Instant::now();
+    let mut conn = TcpStream::connect(&server.grpc).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    write_frame(&mut conn, (SETTINGS, 0, 0, Vec::new()));
+    // A call that never ends: its request stream stays open.
+    let headers = header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (
+            ":path",
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ),
+        (":authority", "ratekeeper"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]);
+    write_frame(&mut conn, (HEADERS, END_HEADERS, 1, headers));
+    let mut goaway = None;
+    while let Some((kind, flags, stream, payload)) = read_frame(&mut conn) {
+        match kind {
+            // Acknowledged, as a live client does; the GOAWAY is not obeyed.
+            SETTINGS if flags & ACK == 0 => write_frame(&mut conn, (SETTINGS, ACK, 0, Vec::new())),
+            PING if flags & ACK == 0 => write_frame(&mut conn, (PING, ACK, 0, payload)),
+            RST_STREAM if stream == 1 => panic!("the open call was reset"),
+            GOAWAY if goaway.is_none() => goaway = Some(start.elapsed()),
+            _ => {}
+        }
+    }
+    let closed = start.elapsed();
+    let goaway = goaway.unwrap_or_else(|| panic!("closed after {closed:?} with no GOAWAY"));
+    // Generous margins: the machine may be loaded.
+    assert!(
+        goaway >= age && goaway < age + grace - Duration::from_secs(1),
+        "GOAWAY after {goaway:?}"
+    );
+    assert!(
+        closed >= age + grace && closed < age + grace + Duration::from_secs(5),
+        "closed after {closed:?}"
+    );
 }
