@@ -27,6 +27,19 @@ impl Default for NearLimitRatio {
     }
 }
 
+impl NearLimitRatio {
+    /// Where `near_limit` starts on a limit of `limit`: `floor(limit ×
+    /// ratio)`, in f32 as theirs (the same threshold for the same ratio),
+    /// but never past the limit. f32 rounds limits above 2²⁴, up as often
+    /// as down (16,777,219 is 16,777,220), so with a ratio of 1 theirs can
+    /// sit past the limit, and a request crossing it then counts about 2⁶⁴
+    /// near-limit hits there; here it counts none.
+    fn threshold(self, limit: u64) -> u64 {
+        let near_at = (limit as f32 * self.0).floor() as u64;
+        near_at.min(limit)
+    }
+}
+
 /// How many of a descriptor's hits fell in each range, counted as
 /// envoyproxy/ratelimit's base limiter does (`within` includes `near`).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -40,7 +53,7 @@ impl Split {
     /// `hits` against a limit of `limit` with `used` spent after them (when
     /// admitted) or before them (when over: a refusal consumes nothing, and
     /// a charge recorded over the limit is split from where it started).
-    /// `near_at` is `floor(limit × ratio)`.
+    /// `near_at` is [`NearLimitRatio::threshold`], so at most `limit`.
     fn of(hits: u64, limit: u64, used: u64, near_at: u64, over: bool) -> Split {
         if over {
             let (before, after) = (used, used.saturating_add(hits));
@@ -156,8 +169,7 @@ impl RuleCounters {
         // A charge recorded over the limit splits from where it started, as
         // theirs splits from its counter before the increment.
         let remaining = outcomes[at].remaining_before.unwrap_or(state.remaining);
-        // In f32, as theirs: the same threshold for the same ratio.
-        let near_at = (state.limit as f32 * self.near_limit_ratio.0).floor() as u64;
+        let near_at = self.near_limit_ratio.threshold(state.limit);
         let used = state.limit.saturating_sub(remaining);
         Split::of(hits, state.limit, used, near_at, state.over)
     }
@@ -317,6 +329,34 @@ mod tests {
         };
         let judged = respond::tightest_limit(&rates, &outcomes, true).unwrap();
         assert_eq!(counters.split(6, &judged, &outcomes), split);
+    }
+
+    /// f32 rounds 16,777,219 up: with a ratio of 1 the threshold would
+    /// be past the limit, and a request taking the limit over would
+    /// subtract past zero (a panic in debug builds, about 2⁶⁴ near-limit
+    /// hits in release).
+    #[test]
+    fn the_near_limit_threshold_never_passes_the_limit() {
+        let limit = 16_777_219;
+        assert_eq!(limit as f32, 16_777_220.0, "the rounding this is about");
+        assert_eq!(NearLimitRatio(1.0).threshold(limit), limit);
+        assert_eq!(NearLimitRatio(0.8).threshold(10), 8, "theirs elsewhere");
+        assert_eq!(NearLimitRatio(0.0).threshold(limit), 0);
+        let counters = RuleCounters::new(10, Values::Raw, NearLimitRatio(1.0), false);
+        let outcomes = [Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 1_000,
+            remaining_before: Some(limit),
+        }];
+        let rates = [Rate::fixed(limit as u32, Unit::Second)];
+        let judged = respond::tightest_limit(&rates, &outcomes, true).unwrap();
+        let split = Split {
+            within: 0,
+            near: 0,
+            over: 1,
+        };
+        assert_eq!(counters.split(limit + 1, &judged, &outcomes), split);
     }
 
     #[test]
