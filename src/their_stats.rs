@@ -134,33 +134,6 @@ fn labels(pairs: Vec<(String, String)>) -> Vec<metrics::Label> {
     pairs.map(|(k, v)| metrics::Label::new(k, v)).collect()
 }
 
-/// Counts a request for a domain no config has: theirs counts
-/// `ratelimit.service.rate_limit.<domain>.domain_not_found`. The domain is
-/// the caller's, so distinct ones past a cap share the name `overflow`:
-/// random domains must not grow the stats without bound.
-pub fn domain_not_found(domain: &str) {
-    const CAP: usize = 100;
-    static SEEN: OnceLock<Mutex<HashMap<String, TheirCounter>>> = OnceLock::new();
-    let mut seen = SEEN
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(counter) = seen.get(domain) {
-        return counter.add(1);
-    }
-    let domain = match seen.len() < CAP {
-        true => domain,
-        false => "overflow",
-    };
-    let counter = seen.entry(domain.to_owned()).or_insert_with(|| {
-        let key = crate::stat_key::sanitize(domain);
-        TheirCounter::new(&format!(
-            "ratelimit.service.rate_limit.{key}.domain_not_found"
-        ))
-    });
-    counter.add(1);
-}
-
 /// Counts a request `SHADOW_MODE` let through although over a limit
 /// (`ratelimit.service.global_shadow_mode`).
 pub fn global_shadow_mode() {

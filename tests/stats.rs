@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{descriptor, request, Ratekeeper, RedisServer};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 /// A rule one level deep, and one two levels deep whose value holds an
 /// IPv4 address (their stat names turn its dots into `_`).
@@ -793,4 +794,111 @@ async fn health_checks_are_counted_as_their_unary_methods() {
             r#"ratelimit_service_response_time_seconds_count{grpc_method="Check"} 3"#,
         ],
     );
+}
+
+/// `web` with a `detailed_metric` rule, `fw`, besides [`LIMITS`]' rules.
+fn with_detailed_rule() -> String {
+    format!("{LIMITS}  - key: fw\n    detailed_metric: true\n    rate_limit: {{unit: hour, requests_per_unit: 100}}\n")
+}
+
+/// Sends one request for `domain` with `descriptor`, of `hits`.
+async fn send(
+    server: &Ratekeeper,
+    domain: &str,
+    descriptor: RateLimitDescriptor,
+    hits: u32,
+) -> i32 {
+    let mut client = server.client().await;
+    let mut asked = request(domain, vec![descriptor]);
+    asked.hits_addend = hits;
+    let answer = client.should_rate_limit(asked).await.unwrap();
+    answer.into_inner().overall_code
+}
+
+/// What a caller chooses (an unknown domain, a `detailed_metric` value) is
+/// one segment of a stat name: an unknown domain shaped like another
+/// rule's stat, or a value with dots, cannot count under another rule's
+/// series; unknown domains are capped as detailed series are.
+#[tokio::test]
+async fn callers_text_cannot_reach_another_rules_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Ratekeeper::start(
+        &with_detailed_rule(),
+        dir.path(),
+        &["--max-detailed-metric-series", "3"],
+    );
+    let forged = "web.route_r1.remote_address_10_0_0_1.total_hits";
+    for domain in [forged, forged, "other1", "other2", "other3", "other4"] {
+        send(&server, domain, descriptor(&[("user", "a")]), 1).await;
+    }
+    send(&server, "web", descriptor(&[("fw", "a.b")]), 1).await;
+    send(&server, "web", descriptor(&[("fw", "x\ny")]), 1).await;
+    let text = server.metrics();
+    for expected in [
+        "ratelimit_service_rate_limit_web_route_r1_remote_address_10_0_0_1_total_hits_domain_not_found 2",
+        "ratelimit_service_rate_limit_other1_domain_not_found 1",
+        "ratelimit_service_rate_limit_other2_domain_not_found 1",
+        "ratelimit_service_rate_limit_overflow_domain_not_found 2",
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="fw_a_b"} 1"#,
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="fw_x_y"} 1"#,
+        r#"ratekeeper_rate_limit_total_hits{domain="web",rule="fw_a_b"} 1"#,
+        r#"ratekeeper_rate_limit_total_hits{domain="web",rule="fw_x_y"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == expected),
+            "/metrics lacks {expected:?}:\n{text}"
+        );
+    }
+    for absent in [
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="route_r1""#,
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="fw_a","#,
+        "other3",
+    ] {
+        assert!(!text.contains(absent), "{absent:?} in /metrics:\n{text}");
+    }
+}
+
+/// A control character in a `detailed_metric` value or an unknown domain
+/// never reaches a statsd line: a newline would end it and send the rest as
+/// a line of the caller's making.
+#[tokio::test]
+async fn control_characters_cannot_forge_statsd_lines() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = socket.local_addr().unwrap().port().to_string();
+    let (_dir, limits) = limits_dir(&with_detailed_rule());
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", &port),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+        ],
+    );
+    let forged = "x\nratelimit.service.rate_limit.web.fw";
+    send(&server, "web", descriptor(&[("fw", forged)]), 3).await;
+    let unknown = "nope\nratelimit.service.rate_limit.web.user.over_limit";
+    send(&server, unknown, descriptor(&[("user", "a")]), 1).await;
+    let expected = [
+        (
+            "ratelimit.service.rate_limit.web.fw_x_ratelimit_service_rate_limit_web_fw.total_hits",
+            3,
+        ),
+        (
+            "ratelimit.service.rate_limit.nope_ratelimit_service_rate_limit_web_user_over_limit.domain_not_found",
+            1,
+        ),
+    ];
+    let sums = receive(&socket, Duration::from_secs(10), |sums| {
+        expected.iter().all(|(name, n)| sums.get(*name) == Some(n))
+    });
+    for (name, n) in expected {
+        assert_eq!(sums.get(name), Some(&n), "{name} in {sums:#?}");
+    }
+    for forged in [
+        "ratelimit.service.rate_limit.web.fw.total_hits",
+        "ratelimit.service.rate_limit.web.user.over_limit",
+    ] {
+        assert!(!sums.contains_key(forged), "{forged} in {sums:#?}");
+    }
 }

@@ -197,7 +197,7 @@ impl RateLimiter {
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
-            crate::their_stats::domain_not_found(&request.domain);
+            self.counters.domain_not_found(&request.domain);
             tracing::debug!(domain = %request.domain, "unknown domain");
             if let Some(span) = span {
                 span.answered_by("unknown_domain");

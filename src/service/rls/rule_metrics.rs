@@ -1,9 +1,11 @@
 //! Per-rule hit counters, as envoyproxy/ratelimit keeps them (total, over,
 //! near and within the limit, shadow mode, split as its base limiter splits
 //! them), and under a request-dependent path too for `detailed_metric` and
-//! `value_to_metric` rules, under a cap on distinct paths.
+//! `value_to_metric` rules, under a cap on distinct paths; and their count
+//! of requests for unknown domains, under the same cap on distinct domains.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -15,6 +17,8 @@ use super::respond::{self, Verdict};
 use crate::keys::Values;
 use crate::limiter::Outcome;
 use crate::rules::{MetricLevel, Rule, RuleMetrics};
+use crate::stat_key::{one_segment, sanitize};
+use crate::their_stats::TheirCounter;
 
 /// `NEAR_LIMIT_RATIO`: the share of a limit past which hits count as
 /// `near_limit` too (envoyproxy/ratelimit's default, 0.8).
@@ -84,13 +88,18 @@ impl Split {
     }
 }
 
-/// The label detailed counters past the cap share.
+/// The label detailed counters (and unknown domains) past the cap share.
 pub const OVERFLOW_LABEL: &str = "overflow";
 
-/// Counts each decided request's hits against its rules.
+/// Counts each decided request's hits against its rules, and the requests
+/// for unknown domains.
 #[derive(Debug)]
 pub struct RuleCounters {
     detailed: DetailedSeries,
+    /// Their `domain_not_found` counter of each unknown domain seen, by
+    /// stat key (a cap of its own: a flood of random domains must not push
+    /// the rules' detailed series into `overflow`).
+    unknown_domains: Capped<String, TheirCounter>,
     /// How descriptor values appear in labels.
     values: Values,
     near_limit_ratio: NearLimitRatio,
@@ -113,6 +122,7 @@ impl RuleCounters {
     ) -> Self {
         RuleCounters {
             detailed: DetailedSeries::new(max_detailed_series),
+            unknown_domains: Capped::new(max_detailed_series),
             values,
             near_limit_ratio: ratio,
             their_local_cache,
@@ -160,6 +170,24 @@ impl RuleCounters {
             let split = self.split(hits, &judged, outcomes);
             self.count(&request.domain, rule, descriptor, hits, &split, cached);
         }
+    }
+
+    /// Counts a request for a domain no config has: theirs counts
+    /// `ratelimit.service.rate_limit.<domain>.domain_not_found`. The domain
+    /// is the caller's, so it is one segment of the name ([`one_segment`]),
+    /// and distinct ones past the cap share the name `overflow`.
+    pub fn domain_not_found(&self, domain: &str) {
+        let key = sanitize(&one_segment(domain));
+        let counter = self.unknown_domains.get(
+            key,
+            |_| OVERFLOW_LABEL.to_owned(),
+            |key| {
+                TheirCounter::new(&format!(
+                    "ratelimit.service.rate_limit.{key}.domain_not_found"
+                ))
+            },
+        );
+        counter.add(1);
     }
 
     /// How a descriptor's `hits` split against its tightest limit, `judged`
@@ -215,56 +243,86 @@ impl RuleCounters {
     /// entry's `key_value` with `detailed_metric`, else those of its
     /// `value_to_metric` levels. `None` for a rule with a fixed path.
     fn dynamic_label(&self, rule: &Rule, descriptor: &RateLimitDescriptor) -> Option<String> {
-        let entry = |e: &Entry, always_value: bool| match e.value.is_empty() && !always_value {
-            true => e.key.clone(),
-            false => format!("{}_{}", e.key, self.values.encode(&e.value)),
-        };
+        let entries = descriptor.entries.iter();
         let levels: Vec<String> = if rule.detailed_metric {
-            descriptor.entries.iter().map(|e| entry(e, true)).collect()
+            entries.map(|e| self.level(e, true)).collect()
         } else {
             let levels = rule.metric_levels.as_deref()?;
             levels
                 .iter()
-                .zip(&descriptor.entries)
+                .zip(entries)
                 .map(|(level, e)| match level {
                     MetricLevel::Config(label) => label.clone(),
-                    MetricLevel::Request => entry(e, false),
+                    MetricLevel::Request => self.level(e, false),
                 })
                 .collect()
         };
         Some(levels.join("."))
     }
+
+    /// A request entry as one level of a stat path: `key_value`, or `key`
+    /// for an empty value unless `always_value`. The value is the caller's
+    /// (the key matched the config's), and both are kept one segment
+    /// ([`one_segment`]): a value must not read as more levels, or count
+    /// under another rule's path.
+    fn level(&self, e: &Entry, always_value: bool) -> String {
+        let key = one_segment(&e.key);
+        match e.value.is_empty() && !always_value {
+            true => key.into_owned(),
+            false => format!("{key}_{}", one_segment(&self.values.encode(&e.value))),
+        }
+    }
 }
 
-/// The counters of the request-dependent stat paths seen so far
-/// (`detailed_metric`, `value_to_metric`), capped: a flood of random user
-/// ids must not grow `/metrics` (and memory) without bound. Past the cap,
-/// new paths are counted under the label `overflow`. Kept here, a lookup
-/// is one lock and one hash, not a metrics registry search per request.
-#[derive(Debug, Default)]
-pub struct DetailedSeries {
+/// What is made per key a caller chose (a stat path, an unknown domain),
+/// for at most `cap` keys: a flood of random user ids or domains must not
+/// grow `/metrics` (and memory) without bound. Past the cap, new keys get
+/// their overflow key's. Kept here, a lookup is one lock and one hash, not
+/// a metrics registry search per request.
+#[derive(Debug)]
+struct Capped<K, V> {
     cap: usize,
-    seen: Mutex<HashMap<(String, String), Arc<RuleMetrics>>>,
+    seen: Mutex<HashMap<K, V>>,
 }
 
-impl DetailedSeries {
-    pub fn new(cap: usize) -> Self {
-        DetailedSeries {
+impl<K: Hash + Eq, V: Clone> Capped<K, V> {
+    fn new(cap: usize) -> Self {
+        Capped {
             cap,
             seen: Mutex::new(HashMap::new()),
         }
     }
 
+    /// What `key` has, made by `make` when new; past the cap, what the key
+    /// `overflow` makes of it has.
+    fn get(&self, key: K, overflow: impl FnOnce(K) -> K, make: impl FnOnce(&K) -> V) -> V {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let key = match !seen.contains_key(&key) && seen.len() >= self.cap {
+            true => overflow(key),
+            false => key,
+        };
+        seen.entry(key).or_insert_with_key(make).clone()
+    }
+}
+
+/// The counters of the request-dependent stat paths seen so far
+/// (`detailed_metric`, `value_to_metric`), capped: past the
+/// cap, new paths are counted under the label `overflow`.
+#[derive(Debug)]
+pub struct DetailedSeries(Capped<(String, String), Arc<RuleMetrics>>);
+
+impl DetailedSeries {
+    pub fn new(cap: usize) -> Self {
+        DetailedSeries(Capped::new(cap))
+    }
+
     /// The counters of path `label` in `domain`, or of `overflow`.
     fn metrics(&self, domain: &str, label: String) -> Arc<RuleMetrics> {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let mut key = (domain.to_owned(), label);
-        if !seen.contains_key(&key) && seen.len() >= self.cap {
-            key.1 = OVERFLOW_LABEL.to_owned();
-        }
-        seen.entry(key)
-            .or_insert_with_key(|(domain, label)| Arc::new(RuleMetrics::register(domain, label)))
-            .clone()
+        self.0.get(
+            (domain.to_owned(), label),
+            |(domain, _)| (domain, OVERFLOW_LABEL.to_owned()),
+            |(domain, label)| Arc::new(RuleMetrics::register(domain, label)),
+        )
     }
 }
 
@@ -357,6 +415,52 @@ mod tests {
             over: 1,
         };
         assert_eq!(counters.split(limit + 1, &judged, &outcomes), split);
+    }
+
+    fn entry(key: &str, value: &str) -> Entry {
+        Entry {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
+    /// A request entry is one level of a stat path, with no control
+    /// character.
+    #[test]
+    fn a_request_entry_is_one_level() {
+        let counters = RuleCounters::new(10, Values::Raw, NearLimitRatio::default(), false);
+        let level = |key, value, always| counters.level(&entry(key, value), always);
+        assert_eq!(level("tier", "", false), "tier");
+        assert_eq!(
+            level("tier", "", true),
+            "tier_",
+            "detailed_metric's, as theirs"
+        );
+        assert_eq!(
+            level("fw", "c.d\nratelimit.x:1|c", true),
+            "fw_c_d_ratelimit_x:1|c",
+            "`:` and `|` are left to the stat name's sanitizing"
+        );
+        assert_eq!(level("ip", "10.0.0.1", true), "ip_10_0_0_1");
+        let hashed = RuleCounters::new(10, Values::Sha256, NearLimitRatio::default(), false);
+        assert_eq!(
+            hashed.level(&entry("user", "alice"), true),
+            format!("user_{}", Values::Sha256.encode("alice"))
+        );
+    }
+
+    /// Unknown domains are one segment each (`a.b` and `a_b` are one
+    /// name), and past the cap share `overflow`.
+    #[test]
+    fn unknown_domains_are_one_segment_and_capped() {
+        let counters = RuleCounters::new(2, Values::Raw, NearLimitRatio::default(), false);
+        for domain in ["a.b", "a_b", "c\nd", "e", "f", "a.b"] {
+            counters.domain_not_found(domain);
+        }
+        let seen = counters.unknown_domains.seen.lock().unwrap();
+        let mut keys: Vec<&str> = seen.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["a_b", "c_d", OVERFLOW_LABEL]);
     }
 
     #[test]
