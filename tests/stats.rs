@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{descriptor, request, Ratekeeper, RedisServer};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 /// A rule one level deep, and one two levels deep whose value holds an
@@ -901,4 +902,44 @@ async fn control_characters_cannot_forge_statsd_lines() {
     ] {
         assert!(!sums.contains_key(forged), "{forged} in {sums:#?}");
     }
+}
+
+/// A descriptor's `limit` override counts as theirs does, under the
+/// request's entries (`ratelimit.service.rate_limit.web.tenant_t1.*`),
+/// capped as detailed series are.
+#[tokio::test]
+async fn a_limit_override_counts_under_its_descriptor() {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (_dir, server) = one_per_hour(&socket, &[("MAX_DETAILED_METRIC_SERIES", "1")]);
+    let overridden = |tenant: &str| {
+        let mut d = descriptor(&[("tenant", tenant)]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 3, // HOUR
+        });
+        d
+    };
+    let mut codes = Vec::new();
+    for tenant in ["t1", "t1", "t1", "t2"] {
+        codes.push(send(&server, "web", overridden(tenant), 1).await);
+    }
+    assert_eq!(codes, [1, 1, 2, 1]);
+    // Limit 2, near from floor(2 × 0.8) = 1 on: the second hit is near.
+    assert_stats(
+        &socket,
+        &server,
+        &[
+            ("ratelimit.service.rate_limit.web.tenant_t1.total_hits", 3),
+            ("ratelimit.service.rate_limit.web.tenant_t1.within_limit", 2),
+            ("ratelimit.service.rate_limit.web.tenant_t1.near_limit", 1),
+            ("ratelimit.service.rate_limit.web.tenant_t1.over_limit", 1),
+            ("ratelimit.service.rate_limit.web.overflow.total_hits", 1),
+        ],
+        &[
+            r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="tenant_t1"} 3"#,
+            r#"ratelimit_service_rate_limit_over_limit{domain="web",key1="tenant_t1"} 1"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="overflow"} 1"#,
+            r#"ratekeeper_rate_limit_total_hits{domain="web",rule="tenant_t1"} 3"#,
+        ],
+    );
 }

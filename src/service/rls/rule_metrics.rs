@@ -1,8 +1,9 @@
 //! Per-rule hit counters, as envoyproxy/ratelimit keeps them (total, over,
 //! near and within the limit, shadow mode, split as its base limiter splits
 //! them), and under a request-dependent path too for `detailed_metric` and
-//! `value_to_metric` rules, under a cap on distinct paths; and their count
-//! of requests for unknown domains, under the same cap on distinct domains.
+//! `value_to_metric` rules and for a descriptor's `limit` override, under a
+//! cap on distinct paths; and their count of requests for unknown domains,
+//! under the same cap on distinct domains.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -129,9 +130,9 @@ impl RuleCounters {
         }
     }
 
-    /// Counts the hits of every descriptor a configured rule counted, each
-    /// answered by its `verdicts`; `cached`: the outcomes are the over-limit
-    /// cache's.
+    /// Counts the hits of every descriptor a configured rule or a `limit`
+    /// override counted, each answered by its `verdicts`; `cached`: the
+    /// outcomes are the over-limit cache's.
     pub fn record(
         &self,
         request: &RateLimitRequest,
@@ -144,7 +145,7 @@ impl RuleCounters {
         for ((applied, verdict), descriptor) in decided {
             let (
                 Applied::Counted {
-                    rule: Some(rule),
+                    rule,
                     rates,
                     checks,
                     ..
@@ -158,7 +159,7 @@ impl RuleCounters {
             // A shadow-mode rule's stats are those it would have if
             // enforced; its verdict, which never refuses, may name another
             // limit.
-            let judged = if rule.shadow_mode {
+            let judged = if rule.is_some_and(|r| r.shadow_mode) {
                 respond::tightest_limit(rates, outcomes, true)
             } else {
                 Some(*verdict)
@@ -168,7 +169,7 @@ impl RuleCounters {
             };
             let hits = plan.checks[checks.start].hits;
             let split = self.split(hits, &judged, outcomes);
-            self.count(&request.domain, rule, descriptor, hits, &split, cached);
+            self.count(&request.domain, *rule, descriptor, hits, &split, cached);
         }
     }
 
@@ -202,17 +203,18 @@ impl RuleCounters {
         Split::of(hits, state.limit, used, near_at, state.over)
     }
 
-    /// One descriptor's `hits`, split as `split`; `cached`: the over-limit
-    /// cache decided them.
+    /// One descriptor's `hits`, split as `split`, against its `rule` (`None`:
+    /// its `limit` override); `cached`: the over-limit cache decided them.
     fn count(
         &self,
         domain: &str,
-        rule: &Rule,
+        rule: Option<&Rule>,
         descriptor: &RateLimitDescriptor,
         hits: u64,
         split: &Split,
         cached: bool,
     ) {
+        let shadow_mode = rule.is_some_and(|r| r.shadow_mode);
         let count = |m: &RuleMetrics| {
             m.total_hits.increment(hits);
             for (counter, n) in [
@@ -224,7 +226,7 @@ impl RuleCounters {
                     counter.increment(n);
                 }
             }
-            if rule.shadow_mode && split.over > 0 {
+            if shadow_mode && split.over > 0 {
                 m.shadow_mode.increment(split.over);
             }
             match (cached && split.over > 0, self.their_local_cache) {
@@ -233,36 +235,46 @@ impl RuleCounters {
                 (true, false) => m.over_limit_with_local_cache.increment_ours(split.over),
             }
         };
-        count(&rule.metrics);
+        if let Some(rule) = rule {
+            count(&rule.metrics);
+        }
         if let Some(label) = self.dynamic_label(rule, descriptor) {
             count(&self.detailed.metrics(domain, label));
         }
     }
 
-    /// The stat path of a rule whose path takes the request's values: each
-    /// entry's `key_value` with `detailed_metric`, else those of its
+    /// The stat path of counted limits whose path takes the request's
+    /// values: a `limit` override's (theirs gives it every entry's
+    /// `key_value`, `key` for an empty value), a `detailed_metric` rule's
+    /// (every entry's `key_value`), else those of the rule's
     /// `value_to_metric` levels. `None` for a rule with a fixed path.
-    fn dynamic_label(&self, rule: &Rule, descriptor: &RateLimitDescriptor) -> Option<String> {
+    fn dynamic_label(
+        &self,
+        rule: Option<&Rule>,
+        descriptor: &RateLimitDescriptor,
+    ) -> Option<String> {
         let entries = descriptor.entries.iter();
-        let levels: Vec<String> = if rule.detailed_metric {
-            entries.map(|e| self.level(e, true)).collect()
-        } else {
-            let levels = rule.metric_levels.as_deref()?;
-            levels
-                .iter()
-                .zip(entries)
-                .map(|(level, e)| match level {
-                    MetricLevel::Config(label) => label.clone(),
-                    MetricLevel::Request => self.level(e, false),
-                })
-                .collect()
+        let levels: Vec<String> = match rule {
+            None => entries.map(|e| self.level(e, false)).collect(),
+            Some(rule) if rule.detailed_metric => entries.map(|e| self.level(e, true)).collect(),
+            Some(rule) => {
+                let levels = rule.metric_levels.as_deref()?;
+                levels
+                    .iter()
+                    .zip(entries)
+                    .map(|(level, e)| match level {
+                        MetricLevel::Config(label) => label.clone(),
+                        MetricLevel::Request => self.level(e, false),
+                    })
+                    .collect()
+            }
         };
         Some(levels.join("."))
     }
 
     /// A request entry as one level of a stat path: `key_value`, or `key`
-    /// for an empty value unless `always_value`. The value is the caller's
-    /// (the key matched the config's), and both are kept one segment
+    /// for an empty value unless `always_value`. Both parts are the
+    /// caller's (the key too, in an override), each kept one segment
     /// ([`one_segment`]): a value must not read as more levels, or count
     /// under another rule's path.
     fn level(&self, e: &Entry, always_value: bool) -> String {
@@ -306,7 +318,7 @@ impl<K: Hash + Eq, V: Clone> Capped<K, V> {
 }
 
 /// The counters of the request-dependent stat paths seen so far
-/// (`detailed_metric`, `value_to_metric`), capped: past the
+/// (`detailed_metric`, `value_to_metric`, overrides), capped: past the
 /// cap, new paths are counted under the label `overflow`.
 #[derive(Debug)]
 pub struct DetailedSeries(Capped<(String, String), Arc<RuleMetrics>>);
@@ -447,6 +459,24 @@ mod tests {
             hashed.level(&entry("user", "alice"), true),
             format!("user_{}", Values::Sha256.encode("alice"))
         );
+    }
+
+    /// An override's path is theirs (every entry's `key_value`, `key` for
+    /// an empty value), its keys one level each too: they are the caller's.
+    #[test]
+    fn an_overrides_path_is_its_entries() {
+        let counters = RuleCounters::new(10, Values::Raw, NearLimitRatio::default(), false);
+        let path = |entries| {
+            let descriptor = RateLimitDescriptor {
+                entries,
+                ..Default::default()
+            };
+            counters.dynamic_label(None, &descriptor)
+        };
+        let plain = vec![entry("tenant", "t1"), entry("tier", "")];
+        assert_eq!(path(plain).as_deref(), Some("tenant_t1.tier"));
+        let dotted = vec![entry("a.b", "c"), entry("ip", "10.0.0.1")];
+        assert_eq!(path(dotted).as_deref(), Some("a_b_c.ip_10_0_0_1"));
     }
 
     /// Unknown domains are one segment each (`a.b` and `a_b` are one
