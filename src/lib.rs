@@ -48,7 +48,8 @@
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
 //!   `/healthcheck` both report.
-//! - [`telemetry`] sets up logs and the Prometheus recorder;
+//! - [`telemetry`] sets up logs (in JSON as envoyproxy/ratelimit writes
+//!   them: [`log_json`]) and the Prometheus recorder;
 //!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
 //!   [`stat_key`]) in [`statsd`] (plain, or DogStatsD through
 //!   [`dogstatsd`]'s mogrifiers) and in the Prometheus series
@@ -78,6 +79,7 @@ pub mod incoming;
 pub mod keys;
 pub mod lanes;
 pub mod limiter;
+pub mod log_json;
 pub mod otel;
 pub mod pb;
 pub mod read_stats;

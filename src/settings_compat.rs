@@ -42,7 +42,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("GRPC_CLIENT_TLS_CACERT", Same("")),
     ("GRPC_CLIENT_TLS_SAN", Same("")),
     ("LOG_LEVEL", Same("default `info` (theirs `WARN`); also a tracing filter directive")),
-    ("LOG_FORMAT", Same("`json` in any case, else text")),
+    ("LOG_FORMAT", Same("`json` in any case (their field names: `@timestamp`, `@message`, `level`), else text")),
     ("CONFIG_TYPE", Same("")),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", Same("")),
     ("CONFIG_GRPC_XDS_NODE_ID", Same("")),

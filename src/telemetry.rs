@@ -26,7 +26,7 @@ pub fn init_logging(level: &str, format: LogFormat) -> Result<()> {
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder.event_format(crate::log_json::TheirJson).try_init(),
     };
     installed.map_err(|e| Error::Startup(format!("cannot install the logger: {e}")))
 }

@@ -67,6 +67,50 @@ async fn go_durations_and_logrus_log_settings_are_read() {
     assert!(stderr.contains("bad duration \"90x\""), "{stderr}");
 }
 
+/// LOG_FORMAT=json writes their lines (logrus' JSON with their field map):
+/// `@timestamp` (RFC 3339, UTC), `@message`, a lowercase `level`, and the
+/// event's fields beside them.
+#[tokio::test]
+async fn json_logs_have_their_field_names() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[("LOG_LEVEL", "info"), ("LOG_FORMAT", "json")],
+    );
+    assert!(limited(&server).await);
+    let logs = server.logs();
+    drop(server);
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert!(!lines.is_empty(), "no log line");
+    for line in &lines {
+        let time = line["@timestamp"].as_str().expect("@timestamp");
+        assert!(
+            time.len() >= 20 && time.ends_with('Z') && &time[10..11] == "T",
+            "{line}"
+        );
+        assert!(line["@message"].is_string(), "{line}");
+        assert!(
+            ["info", "warning", "error"].contains(&line["level"].as_str().unwrap()),
+            "{line}"
+        );
+        assert!(
+            line.get("message").is_none() && line.get("timestamp").is_none(),
+            "{line}"
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["@message"] == "serving gRPC" && l["lanes"].is_u64()),
+        "{logs}"
+    );
+}
+
 #[tokio::test]
 async fn the_runtime_layout_loads_every_file_under_the_app_directory() {
     let root = tempfile::tempdir().unwrap();
