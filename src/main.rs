@@ -376,15 +376,17 @@ async fn run(cli: Cli) -> Result<()> {
     }
     // Before any stat is made: series keep the name first given.
     ratekeeper::stat_mapper::install(cli.stats.prometheus_mapper()?)?;
-    let metrics = match metrics_addr(
+    let addr = metrics_addr(
         cli.use_prometheus,
         cli.metrics_addr.as_deref(),
         cli.prometheus_addr.as_deref(),
-    )
-    .as_str()
-    {
-        "off" | "" => None,
-        addr => Some((bind(addr, "metrics").await?, telemetry::install_recorder()?)),
+    );
+    // Their metrics port is opened only when asked for (USE_PROMETHEUS):
+    // ours by default, so another process on it must not stop the start.
+    let asked = cli.use_prometheus || cli.metrics_addr.is_some();
+    let metrics = match bind_http(&addr, "metrics", asked).await? {
+        Some(listener) => Some((listener, telemetry::install_recorder()?)),
+        None => None,
     };
     metrics::gauge!(
         "ratekeeper_build_info",

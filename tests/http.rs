@@ -474,3 +474,33 @@ fn host_port_and_debug_host_port_place_the_listeners() {
     );
     assert_eq!(second.0.wait().unwrap().code(), Some(1));
 }
+
+/// The metrics port is ours by default (theirs opens it only with
+/// USE_PROMETHEUS=true), so another process holding it must not stop the
+/// start: a warning, and no metrics listener.
+#[test]
+fn a_taken_default_metrics_port_does_not_stop_the_start() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    // Held here, unless something else already holds it: taken either way.
+    let _held = std::net::TcpListener::bind("0.0.0.0:9090");
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("--config-dir")
+        .arg(dir.path())
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--debug-addr", "off", "--admin-addr", "off"])
+        .env_remove("REDIS_URL")
+        .env_remove("METRICS_ADDR")
+        .env_remove("USE_PROMETHEUS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Started(child);
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains(" metrics=off "), "{line:?}");
+}
