@@ -618,7 +618,7 @@ fn load_files(
         }
         Err(error) if envoy.force_start_without_initial_config => {
             tracing::warn!(%error, "starting without limits (FORCE_START_WITHOUT_INITIAL_CONFIG)");
-            Ok(SharedConfig::default())
+            Ok(SharedConfig::new(Config::default()))
         }
         Err(error) => Err(error.into()),
     }
@@ -627,7 +627,7 @@ fn load_files(
 /// Starts the xDS client; unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits
 /// for its first snapshot (as envoyproxy/ratelimit does, before serving).
 async fn subscribe_xds(envoy: &EnvoySettings, load_options: LoadOptions) -> Result<SharedConfig> {
-    let shared = SharedConfig::default();
+    let shared = SharedConfig::awaiting_first();
     let settings = XdsSettings {
         load_options,
         ..envoy.xds()?

@@ -752,15 +752,17 @@ async fn the_binary_under_envoy_gateways_environment_answers_over_tls_from_xds_l
     let mut envoy = tls_client(&ratekeeper.grpc, &certs, Some("envoy"))
         .await
         .expect("TLS as Envoy");
+    // Before any limits: an error, as there, so Envoy's failure_mode_deny
+    // (Envoy Gateway's failClosed) decides.
     let before = envoy
         .should_rate_limit(request(
             "default/eg/http",
             vec![descriptor(&[("default/eg/route", "default/eg/route")])],
         ))
         .await
-        .expect("answer before any limits")
-        .into_inner();
-    assert_eq!(before.overall_code(), Code::Ok);
+        .expect_err("no limits yet");
+    assert_eq!(before.code(), tonic::Code::Unavailable, "{before:?}");
+    assert_eq!(before.message(), "no rate limit configuration loaded");
 
     // Envoy Gateway's shape: the route's descriptor, its rule's under it.
     let rule = RateLimitConfig {

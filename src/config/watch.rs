@@ -8,6 +8,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -15,18 +16,41 @@ use super::{Config, LimitsDir, LoadOptions};
 use crate::error::ConfigError;
 
 /// The config in force; cheap to clone and to read.
-#[derive(Debug, Clone, Default)]
-pub struct SharedConfig(Arc<RwLock<Arc<Config>>>);
+#[derive(Debug, Clone)]
+pub struct SharedConfig {
+    config: Arc<RwLock<Arc<Config>>>,
+    /// False from [`SharedConfig::awaiting_first`] until the first
+    /// [`SharedConfig::replace`].
+    loaded: Arc<AtomicBool>,
+}
 
 impl SharedConfig {
     pub fn new(config: Config) -> Self {
-        SharedConfig(Arc::new(RwLock::new(Arc::new(config))))
+        SharedConfig {
+            config: Arc::new(RwLock::new(Arc::new(config))),
+            loaded: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// No limits until a source delivers its first (an xDS server's first
+    /// snapshot): meanwhile every domain is unknown, and
+    /// [`SharedConfig::is_loaded`] false.
+    pub fn awaiting_first() -> Self {
+        let shared = SharedConfig::new(Config::default());
+        shared.loaded.store(false, Ordering::Relaxed);
+        shared
+    }
+
+    /// Whether any limits have been put in force (see
+    /// [`SharedConfig::awaiting_first`]).
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Relaxed)
     }
 
     /// The config in force now; a request keeps using it even if a reload
     /// lands meanwhile.
     pub fn current(&self) -> Arc<Config> {
-        match self.0.read() {
+        match self.config.read() {
             Ok(guard) => guard.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
@@ -34,10 +58,11 @@ impl SharedConfig {
 
     pub fn replace(&self, config: Config) {
         let config = Arc::new(config);
-        match self.0.write() {
+        match self.config.write() {
             Ok(mut guard) => *guard = config,
             Err(poisoned) => *poisoned.into_inner() = config,
         }
+        self.loaded.store(true, Ordering::Relaxed);
     }
 }
 

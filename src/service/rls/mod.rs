@@ -194,6 +194,12 @@ impl RateLimiter {
         mut span: Option<&mut DecisionSpan>,
     ) -> Result<RateLimitResponse, Status> {
         plan::validate(request).inspect_err(|_| self.calls.error(CallError::Service))?;
+        if !self.config.is_loaded() {
+            // As envoyproxy/ratelimit before an xDS server's first snapshot:
+            // an error, so that Envoy's failure_mode_deny decides.
+            self.calls.error(CallError::Service);
+            return Err(Status::unavailable("no rate limit configuration loaded"));
+        }
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
