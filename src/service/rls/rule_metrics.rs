@@ -278,7 +278,10 @@ impl RuleCounters {
     /// ([`one_segment`]): a value must not read as more levels, or count
     /// under another rule's path.
     fn level(&self, e: &Entry, always_value: bool) -> String {
-        let key = one_segment(&e.key);
+        // A key of any length may come in an override: a long one goes in
+        // as its digest, as a long value does.
+        let key = Values::Raw.encode(&e.key);
+        let key = one_segment(&key);
         match e.value.is_empty() && !always_value {
             true => key.into_owned(),
             false => format!("{key}_{}", one_segment(&self.values.encode(&e.value))),
@@ -477,6 +480,10 @@ mod tests {
         assert_eq!(path(plain).as_deref(), Some("tenant_t1.tier"));
         let dotted = vec![entry("a.b", "c"), entry("ip", "10.0.0.1")];
         assert_eq!(path(dotted).as_deref(), Some("a_b_c.ip_10_0_0_1"));
+        // A key or value too long for a name goes in as its digest.
+        let long = "k".repeat(crate::keys::MAX_RAW_VALUE_BYTES + 1);
+        let label = path(vec![entry(&long, &long)]).unwrap();
+        assert_eq!(label.len(), 2 * "h_".len() + 2 * 32 + 1, "{label}");
     }
 
     /// Unknown domains are one segment each (`a.b` and `a_b` are one
