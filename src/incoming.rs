@@ -178,9 +178,16 @@ impl Deadlined {
         self.closing = after.map(|after| Box::pin(tokio::time::sleep(after)));
     }
 
-    /// Whether the connection is past its end; if not, the caller's task is
-    /// woken at the end, so a connection that waits for nothing ends too.
-    fn past_end(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Whether the connection is past its end (a flag the timer sets: no
+    /// waker, no cooperative budget spent on the request path).
+    fn past_end(&self) -> bool {
+        self.closing.as_ref().is_some_and(|end| end.is_elapsed())
+    }
+
+    /// [`Deadlined::past_end`], and if not, the caller's task is woken at
+    /// the end, so a connection that waits for nothing ends too. Called
+    /// when a read waits: once per wait, not once per read.
+    fn past_end_or_wake(&mut self, cx: &mut Context<'_>) -> bool {
         self.closing
             .as_mut()
             .is_some_and(|end| end.as_mut().poll(cx).is_ready())
@@ -225,11 +232,14 @@ impl AsyncRead for Deadlined {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if this.past_end(cx) {
+        if this.past_end() {
             return Poll::Ready(Err(past_end()));
         }
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if read.is_pending() && this.past_end_or_wake(cx) {
+            return Poll::Ready(Err(past_end()));
+        }
         if let Some(deadline) = &mut this.deadline {
             if let Poll::Ready(Ok(())) = read {
                 this.received += buf.filled().len() - before;
@@ -255,14 +265,14 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.past_end(cx) {
+        if self.past_end() {
             return Poll::Ready(Err(past_end()));
         }
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.past_end(cx) {
+        if self.past_end() {
             return Poll::Ready(Err(past_end()));
         }
         Pin::new(&mut self.inner).poll_flush(cx)
