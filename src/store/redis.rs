@@ -595,7 +595,7 @@ impl RedisStore {
             for (&i, &n) in group.iter().zip(&reply.active) {
                 total.active[i] = n;
             }
-            total.expired += reply.expired;
+            total.expired = total.expired.saturating_add(reply.expired);
             if !reply.granted {
                 total.granted = false;
                 total.retry_after_ms = reply.retry_after_ms;
