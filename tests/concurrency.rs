@@ -94,6 +94,30 @@ async fn granted_within(client: &mut Client, user: &str, within: Duration) -> Op
     None
 }
 
+/// An acquire whose lease id would be too long to come back in a
+/// Heartbeat or Release is refused before it takes a place (it would hold
+/// them until the TTL).
+#[tokio::test]
+async fn an_acquire_whose_lease_id_would_be_too_long_takes_nothing() {
+    let server = TestServer::start(&[LIMITS], Backend::Memory.store(Arc::new(SystemClock))).await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let mut request = acquire_request(&[("user_id", "u0")], None);
+    request.descriptors = (0..300)
+        .map(|i| Descriptor {
+            entries: vec![Entry {
+                key: "user_id".into(),
+                value: format!("u{i}"),
+            }],
+        })
+        .collect();
+    let e = client.acquire_connection(request).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("lease id of"), "{}", e.message());
+    // Nothing was taken: u0 still has both its places.
+    let a = acquire(&mut client, "u0", None).await;
+    assert_eq!((a.granted, a.active), (true, 1));
+}
+
 #[tokio::test]
 async fn acquire_heartbeat_release_and_hold_on_every_store() {
     for backend in Backend::all() {

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use super::caps;
 use super::holds::Holds;
-use super::lease_id::{set_key, LeaseId};
+use super::lease_id::{set_key, LeaseId, MAX_LEASE_ID_BYTES};
 use super::wire::{duration, requested_ttl, Entries};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::config::watch::SharedConfig;
@@ -127,6 +127,16 @@ impl Concurrency {
         let ttl_ms = ttl.as_millis() as u64;
         let slots: Vec<LeaseSlot> = matched.iter().map(|(slot, _)| slot.clone()).collect();
         let lease = LeaseId::new(ttl_ms, slots.iter().map(|s| s.key.clone()).collect());
+        // Refused before taking anything: an id too long to come back in a
+        // Heartbeat or Release would hold its places until the TTL.
+        let id = lease.encode();
+        if id.len() > MAX_LEASE_ID_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "the descriptors' lease sets make a lease id of {} bytes, over \
+                 {MAX_LEASE_ID_BYTES}: send fewer or shorter descriptors",
+                id.len()
+            )));
+        }
         let acquired = self
             .store
             .acquire(&slots, &lease.member, &request.holder, ttl_ms)
@@ -159,11 +169,7 @@ impl Concurrency {
         tracing::debug!(domain = %request.domain, holder = %request.holder, granted = acquired.granted, "acquire");
         let response = AcquireResponse {
             granted: acquired.granted,
-            lease_id: if acquired.granted {
-                lease.encode()
-            } else {
-                String::new()
-            },
+            lease_id: if acquired.granted { id } else { String::new() },
             active: u32::try_from(acquired.active[tightest]).unwrap_or(u32::MAX),
             limit: u32::try_from(slots[tightest].limit).unwrap_or(u32::MAX),
             retry_after: (!acquired.granted).then(|| duration(acquired.retry_after_ms)),
