@@ -64,7 +64,8 @@ use tonic::Streaming;
 type Client = ConcurrencyServiceClient<Channel>;
 type Ws = WebSocketStream<TcpStream>;
 
-/// Longest user id accepted (ratekeeper's own cap on a descriptor value is 1 KiB).
+/// Longest user id accepted (a gate's own bound: ratekeeper counts a value
+/// of any length, a long one by its digest).
 const MAX_USER_BYTES: usize = 256;
 /// A close frame's reason must fit in 123 bytes.
 const MAX_REASON_BYTES: usize = 123;

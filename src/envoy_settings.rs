@@ -40,10 +40,11 @@ pub struct EnvoySettings {
     /// `GRPC_XDS_SOTW` (an xDS server; see `CONFIG_GRPC_XDS_*`).
     #[arg(long, env = "CONFIG_TYPE", default_value = "FILE")]
     config_type: String,
-    /// Start without limits when none can be loaded yet: a limits directory
-    /// that is missing or bad (every domain is unknown, so allowed, until it
-    /// loads), an xDS server not answering yet (UNAVAILABLE until its first
-    /// snapshot, as envoyproxy/ratelimit).
+    /// Start without limits when none can be loaded yet (a limits directory
+    /// that is missing or bad, an xDS server not answering yet): until the
+    /// first limits load, ShouldRateLimit answers UNAVAILABLE ("no rate
+    /// limit configuration loaded"), as envoyproxy/ratelimit answers an
+    /// error.
     #[arg(long, env = "FORCE_START_WITHOUT_INITIAL_CONFIG", value_parser = BoolishValueParser::new())]
     pub force_start_without_initial_config: bool,
     /// Health says NOT_SERVING while the limits in force have no domain.

@@ -618,7 +618,7 @@ fn load_files(
         }
         Err(error) if envoy.force_start_without_initial_config => {
             tracing::warn!(%error, "starting without limits (FORCE_START_WITHOUT_INITIAL_CONFIG)");
-            Ok(SharedConfig::new(Config::default()))
+            Ok(SharedConfig::awaiting_first())
         }
         Err(error) => Err(error.into()),
     }

@@ -44,7 +44,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("LOG_LEVEL", Same("default `info` (theirs `WARN`); also a tracing filter directive")),
     ("LOG_FORMAT", Same("`json` in any case (their field names: `@timestamp`, `@message`, `level`), else text")),
     ("CONFIG_TYPE", Same("")),
-    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Same("with xDS, `UNAVAILABLE` (\"no rate limit configuration loaded\") until the first snapshot, as theirs")),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Same("until the first limits load, `UNAVAILABLE` (\"no rate limit configuration loaded\"), as theirs answers an error")),
     ("CONFIG_GRPC_XDS_NODE_ID", Same("")),
     ("CONFIG_GRPC_XDS_NODE_METADATA", Same("")),
     ("CONFIG_GRPC_XDS_SERVER_URL", Same("")),

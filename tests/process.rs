@@ -439,15 +439,17 @@ async fn force_start_without_initial_config_serves_until_the_limits_directory_ap
     );
     let mut client = server.client().await;
     let ask = || request("web", vec![descriptor(&[("user", "a")])]);
-    let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
-    assert!(answer.statuses[0].current_limit.is_none(), "no limits yet");
+    // No limits yet: an error, as theirs, so Envoy's failure_mode_deny decides.
+    let e = client.should_rate_limit(ask()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert_eq!(e.message(), "no rate limit configuration loaded");
 
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("limits.yaml"), LIMITS).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
-        if answer.statuses[0].current_limit.is_some() {
+        let answer = client.should_rate_limit(ask()).await;
+        if answer.is_ok_and(|a| a.into_inner().statuses[0].current_limit.is_some()) {
             break;
         }
         assert!(

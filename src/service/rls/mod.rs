@@ -195,8 +195,9 @@ impl RateLimiter {
     ) -> Result<RateLimitResponse, Status> {
         plan::validate(request).inspect_err(|_| self.calls.error(CallError::Service))?;
         if !self.config.is_loaded() {
-            // As envoyproxy/ratelimit before an xDS server's first snapshot:
-            // an error, so that Envoy's failure_mode_deny decides.
+            // As envoyproxy/ratelimit before its first limits load: an error
+            // (theirs UNKNOWN; Envoy treats both alike), so that Envoy's
+            // failure_mode_deny decides.
             self.calls.error(CallError::Service);
             return Err(Status::unavailable("no rate limit configuration loaded"));
         }
