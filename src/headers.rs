@@ -68,8 +68,15 @@ pub struct LimitState {
     pub over: bool,
 }
 
-/// The headers for the request's tightest limit.
-pub fn response_headers(names: &HeaderNames, tightest: &LimitState) -> Vec<HeaderValue> {
+/// The headers for the request's tightest limit; `Retry-After` only when
+/// the request is `refused` (its overall code): a shadow-mode or quota
+/// descriptor can be over in an admitted request, and a client honouring
+/// the header would back off from a request that was let through.
+pub fn response_headers(
+    names: &HeaderNames,
+    tightest: &LimitState,
+    refused: bool,
+) -> Vec<HeaderValue> {
     let header = |key: &str, value: u64| HeaderValue {
         key: key.to_owned(),
         value: value.to_string(),
@@ -81,7 +88,7 @@ pub fn response_headers(names: &HeaderNames, tightest: &LimitState) -> Vec<Heade
         header(&names.remaining, tightest.remaining),
         header(&names.reset, reset_s),
     ];
-    if tightest.over {
+    if refused && tightest.over {
         headers.push(header(&names.retry_after, reset_s.max(1)));
     }
     headers
@@ -103,7 +110,7 @@ mod tests {
     #[test]
     fn headers_round_reset_up_and_add_retry_after_when_over() {
         let names = HeaderNames::default();
-        let h = response_headers(&names, &s(3, 1_001, false));
+        let h = response_headers(&names, &s(3, 1_001, false), false);
         let pairs: Vec<(&str, &str)> = h
             .iter()
             .map(|h| (h.key.as_str(), h.value.as_str()))
@@ -116,11 +123,14 @@ mod tests {
                 ("RateLimit-Reset", "2")
             ]
         );
-        let h = response_headers(&names, &s(0, 0, true));
+        let h = response_headers(&names, &s(0, 0, true), true);
         assert_eq!(
             h.last().map(|h| (h.key.as_str(), h.value.as_str())),
             Some(("Retry-After", "1"))
         );
+        // Over, but admitted (shadow mode, a quota descriptor): no Retry-After.
+        let h = response_headers(&names, &s(0, 0, true), false);
+        assert_eq!(h.len(), 3, "{h:?}");
     }
 
     #[test]

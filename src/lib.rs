@@ -82,6 +82,7 @@ pub mod limiter;
 pub mod log_json;
 pub mod otel;
 pub mod pb;
+pub mod random;
 pub mod read_stats;
 pub mod rules;
 pub mod server;

@@ -289,10 +289,6 @@ fn serve_on_lanes<H: Health>(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| Error::Startup(format!("reflection: {e}")))?;
-    // The grace's end is ours to enforce (see `grpc_builder`).
-    let lifetime = limits
-        .max_connection_age
-        .map(|age| age.saturating_add(limits.max_connection_age_grace));
     let mut dealt = Vec::new();
     let mut serving = Vec::new();
     for (index, lane) in lanes.handles().iter().enumerate() {
@@ -304,8 +300,18 @@ fn serve_on_lanes<H: Health>(
             .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
         let budget = BudgetServiceServer::new(services.budget.for_lane(index))
             .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
-        let router = builder
-            .clone()
+        // Each lane its own age, ±10% as grpc-go's: connections opened
+        // together but dealt to different lanes move at different times.
+        let age = limits
+            .max_connection_age
+            .map(|age| jittered(age, crate::random::unit()));
+        let mut lane_builder = match age {
+            Some(age) => builder.clone().max_connection_age(age),
+            None => builder.clone(),
+        };
+        // The grace's end is ours to enforce (see `grpc_builder`).
+        let lifetime = age.map(|age| age.saturating_add(limits.max_connection_age_grace));
+        let router = lane_builder
             .add_service(services.health.clone())
             .add_service(reflection_v1.clone())
             .add_service(reflection_v1alpha.clone())
@@ -326,21 +332,24 @@ fn serve_on_lanes<H: Health>(
     Ok((dealt, serving))
 }
 
-/// The gRPC server's settings for every lane's connections. Only the
-/// maximum age goes to tonic, which then sends the GOAWAY at that age: given
-/// `max_connection_age_grace` as well, tonic 0.14 sends no GOAWAY at all and
-/// drops the connection at age + grace. That drop is `incoming`'s instead.
+/// The gRPC server's settings for every lane's connections. The maximum age
+/// is each lane's (`serve_on_lanes`), and only the age goes to tonic, which
+/// then sends the GOAWAY at that age: given `max_connection_age_grace` as
+/// well, tonic 0.14 sends no GOAWAY at all and drops the connection at age
+/// + grace. That drop is `incoming`'s instead.
 fn grpc_builder(limits: &ConnectionLimits) -> tonic::transport::Server {
-    let builder = tonic::transport::Server::builder()
+    tonic::transport::Server::builder()
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
         .max_concurrent_streams(limits.max_streams)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .tcp_keepalive(Some(Duration::from_secs(60)));
-    match limits.max_connection_age {
-        Some(age) => builder.max_connection_age(age),
-        None => builder,
-    }
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+}
+
+/// `age` within ±10% of itself, as grpc-go jitters its maximum connection
+/// age; `random` is in [0, 1).
+fn jittered(age: Duration, random: f64) -> Duration {
+    Duration::try_from_secs_f64(age.as_secs_f64() * (0.9 + 0.2 * random)).unwrap_or(age)
 }
 
 /// Resolves once the server is asked to stop.
@@ -494,4 +503,19 @@ async fn warm_up(store: &Store, lanes: &[Handle]) -> Result<()> {
         warmed.map_err(|e| Error::Store(format!("warm-up stopped: {e}")))??;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jittered;
+    use std::time::Duration;
+
+    #[test]
+    fn ages_are_jittered_within_ten_percent() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(jittered(day, 0.0), Duration::from_secs(77_760));
+        assert_eq!(jittered(day, 0.5), day);
+        assert!(jittered(day, 0.999_999) < Duration::from_secs(95_041));
+        assert_eq!(jittered(Duration::MAX, 0.9), Duration::MAX, "no overflow");
+    }
 }

@@ -34,7 +34,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP")),
     ("GRPC_HOST", Same("with `GRPC_PORT`; `GRPC_ADDR` (own) wins")),
     ("GRPC_PORT", Same("with `GRPC_HOST`; `GRPC_ADDR` (own) wins")),
-    ("GRPC_MAX_CONNECTION_AGE", Same("Go duration syntax, default `24h`")),
+    ("GRPC_MAX_CONNECTION_AGE", Same("GOAWAY at the age (±10% jitter per serving thread, theirs per connection); Go duration syntax, default `24h`")),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", Same("Go duration syntax, default `1h`")),
     ("GRPC_SERVER_USE_TLS", Same("")),
     ("GRPC_SERVER_TLS_CERT", Same("")),

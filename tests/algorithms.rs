@@ -205,6 +205,40 @@ async fn stacked_limits_report_the_tightest_and_consume_all_or_nothing() {
     .await;
 }
 
+/// An admitted request whose tightest descriptor is over (a quota
+/// descriptor while another quota of the request still has room) gets the
+/// RateLimit-* headers but no Retry-After: a client honouring it would
+/// back off from a request that was let through.
+#[tokio::test]
+async fn an_admitted_request_gets_no_retry_after() {
+    const QUOTAS: &str = "
+domain: q
+descriptors:
+  - key: service
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    on_every_store(&[QUOTAS], START_MS, |server, _clock, store| async move {
+        let mut client = server.client().await;
+        let one = request("q", vec![descriptor(&[("service", "s1")])]);
+        client.should_rate_limit(one).await.unwrap();
+        let both = request(
+            "q",
+            vec![
+                descriptor(&[("service", "s1")]),
+                descriptor(&[("service", "s2")]),
+            ],
+        );
+        let r = client.should_rate_limit(both).await.unwrap().into_inner();
+        assert_eq!(code(&r), Code::Ok, "{store}: s2 has room");
+        assert_eq!(r.statuses[0].code, Code::OverLimit as i32, "{store}");
+        assert_eq!(header(&r, "RateLimit-Remaining"), Some("0"), "{store}");
+        assert_eq!(header(&r, "Retry-After"), None, "{store}");
+        server.stop().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn headers_come_from_the_tightest_descriptor() {
     on_every_store(

@@ -531,11 +531,12 @@ fn a_connection_gets_goaway_at_its_max_age_and_is_closed_after_the_grace() {
     let goaway = goaway.unwrap_or_else(|| panic!("closed after {closed:?} with no GOAWAY"));
     // Generous margins: the machine may be loaded.
     assert!(
-        goaway >= age && goaway < age + grace - Duration::from_secs(1),
+        // The age is jittered by ±10% per serving thread, as grpc-go's.
+        goaway >= age.mul_f64(0.9) && goaway < age + grace - Duration::from_secs(1),
         "GOAWAY after {goaway:?}"
     );
     assert!(
-        closed >= age + grace && closed < age + grace + Duration::from_secs(5),
+        closed >= age.mul_f64(0.9) + grace && closed < age + grace + Duration::from_secs(5),
         "closed after {closed:?}"
     );
 }

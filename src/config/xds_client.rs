@@ -14,7 +14,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -118,15 +117,6 @@ impl Backoff {
     }
 }
 
-/// A number in [0, 1) for the jitter (std's random hash keys: no RNG crate
-/// for one number per reconnection).
-fn random_unit() -> f64 {
-    let bits = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (bits >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// Starts the client on the current runtime. The receiver turns `true`
 /// when the first snapshot has been applied.
 pub fn spawn(settings: XdsSettings, shared: SharedConfig) -> watch::Receiver<bool> {
@@ -148,7 +138,7 @@ pub async fn run(settings: XdsSettings, shared: SharedConfig, loaded: watch::Sen
             attempt = 0;
         }
         tracing::warn!(server = %settings.server, %error, "xDS: stream ended");
-        let wait = settings.backoff.delay(attempt, random_unit());
+        let wait = settings.backoff.delay(attempt, crate::random::unit());
         attempt = attempt.saturating_add(1);
         tracing::info!(?wait, "xDS: dialling again after a pause");
         tokio::time::sleep(wait).await;

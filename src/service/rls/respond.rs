@@ -94,7 +94,7 @@ pub fn response(
     }
     let tightest = tightest(verdicts.iter().flatten().map(|v| v.state));
     let response_headers_to_add = match (headers, tightest) {
-        (Some(names), Some((_, state))) => headers::response_headers(names, &state),
+        (Some(names), Some((_, state))) => headers::response_headers(names, &state, over),
         _ => Vec::new(),
     };
     RateLimitResponse {
