@@ -144,22 +144,8 @@ fn parse_line(line: &str) -> (String, u64) {
 #[tokio::test]
 async fn statsd_receives_their_stat_names_when_a_host_is_given() {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = socket.local_addr().unwrap().port().to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let limits = dir.path().join("limits");
-    std::fs::create_dir_all(&limits).unwrap();
-    std::fs::write(limits.join("limits.yaml"), LIMITS).unwrap();
     // STATSD_HOST alone turns statsd on.
-    let server = Ratekeeper::spawn_with_env(
-        &limits,
-        &[],
-        &[
-            ("STATSD_HOST", "127.0.0.1"),
-            ("STATSD_PORT", &port),
-            ("STATS_FLUSH_INTERVAL", "100ms"),
-            ("EXTRA_TAGS", "zone:eu.west,app:rk"),
-        ],
-    );
+    let (_dir, server) = with_statsd(&socket, LIMITS, &[("EXTRA_TAGS", "zone:eu.west,app:rk")]);
     traffic(&server).await;
     let tags = ".__app=rk.__zone=eu_west";
     let expected: Vec<(String, u64)> = [
@@ -534,10 +520,22 @@ fn one_per_hour(
     socket: &std::net::UdpSocket,
     env: &[(&str, &str)],
 ) -> (tempfile::TempDir, Ratekeeper) {
-    let port = socket.local_addr().unwrap().port().to_string();
-    let (dir, limits) = limits_dir(
+    with_statsd(
+        socket,
         "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
-    );
+        env,
+    )
+}
+
+/// A server on the limits `yaml` sending statsd to `socket` every 100 ms,
+/// with `env` besides.
+fn with_statsd(
+    socket: &std::net::UdpSocket,
+    yaml: &str,
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, Ratekeeper) {
+    let port = socket.local_addr().unwrap().port().to_string();
+    let (dir, limits) = limits_dir(yaml);
     let mut all = vec![
         ("STATSD_HOST", "127.0.0.1"),
         ("STATSD_PORT", port.as_str()),
@@ -865,17 +863,7 @@ async fn callers_text_cannot_reach_another_rules_series() {
 #[tokio::test]
 async fn control_characters_cannot_forge_statsd_lines() {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = socket.local_addr().unwrap().port().to_string();
-    let (_dir, limits) = limits_dir(&with_detailed_rule());
-    let server = Ratekeeper::spawn_with_env(
-        &limits,
-        &[],
-        &[
-            ("STATSD_HOST", "127.0.0.1"),
-            ("STATSD_PORT", &port),
-            ("STATS_FLUSH_INTERVAL", "100ms"),
-        ],
-    );
+    let (_dir, server) = with_statsd(&socket, &with_detailed_rule(), &[]);
     let forged = "x\nratelimit.service.rate_limit.web.fw";
     send(&server, "web", descriptor(&[("fw", forged)]), 3).await;
     let unknown = "nope\nratelimit.service.rate_limit.web.user.over_limit";

@@ -31,6 +31,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::{Request, Response, Status};
 
 use super::caps;
+use super::id_parts::returnable;
 use super::over_cache::OverCache;
 use super::reservation_id::{
     ReservationId, ReservedKey, DEFAULT_TTL, MAX_RESERVATION_ID_BYTES, TTL_RANGE,
@@ -102,14 +103,12 @@ impl Budget {
                 ..Default::default()
             });
         }
-        let id = reservation.encode();
-        if id.len() > MAX_RESERVATION_ID_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "the descriptors' counter keys make a reservation id of {} bytes, over \
-                 {MAX_RESERVATION_ID_BYTES}: send fewer or shorter descriptors",
-                id.len()
-            )));
-        }
+        let id = returnable(
+            reservation.encode(),
+            MAX_RESERVATION_ID_BYTES,
+            "reservation id",
+            "counter keys",
+        )?;
         let reserved = self
             .stores
             .main()

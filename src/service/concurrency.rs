@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use super::caps;
 use super::holds::Holds;
+use super::id_parts::returnable;
 use super::lease_id::{set_key, LeaseId, MAX_LEASE_ID_BYTES};
 use super::wire::{duration, requested_ttl, Entries};
 use crate::config::file::LEASE_TTL_RANGE;
@@ -127,16 +128,9 @@ impl Concurrency {
         let ttl_ms = ttl.as_millis() as u64;
         let slots: Vec<LeaseSlot> = matched.iter().map(|(slot, _)| slot.clone()).collect();
         let lease = LeaseId::new(ttl_ms, slots.iter().map(|s| s.key.clone()).collect());
-        // Refused before taking anything: an id too long to come back in a
-        // Heartbeat or Release would hold its places until the TTL.
-        let id = lease.encode();
-        if id.len() > MAX_LEASE_ID_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "the descriptors' lease sets make a lease id of {} bytes, over \
-                 {MAX_LEASE_ID_BYTES}: send fewer or shorter descriptors",
-                id.len()
-            )));
-        }
+        // An id too long to come back in a Heartbeat or Release would hold
+        // its places until the TTL.
+        let id = returnable(lease.encode(), MAX_LEASE_ID_BYTES, "lease id", "lease sets")?;
         let acquired = self
             .store
             .acquire(&slots, &lease.member, &request.holder, ttl_ms)

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use tonic::Status;
+
 /// 128 bits no caller can predict, as 32 hex digits: two process-random
 /// SipHash keys over a counter and the time.
 pub fn random_nonce() -> String {
@@ -61,6 +63,21 @@ pub fn hex_byte(pair: &[u8]) -> Option<u8> {
     }
 }
 
+/// `id`, minted for a caller, unless it is longer than `max`, the longest
+/// id taken back: then `INVALID_ARGUMENT` before anything is taken, since
+/// the caller could never hand it back. `made_of` names what its length
+/// comes from.
+pub fn returnable(id: String, max: usize, what: &str, made_of: &str) -> Result<String, Status> {
+    if id.len() > max {
+        return Err(Status::invalid_argument(format!(
+            "the descriptors' {made_of} make a {what} of {} bytes, over {max}: send fewer or \
+             shorter descriptors",
+            id.len()
+        )));
+    }
+    Ok(id)
+}
+
 /// The first 40 characters of `s`: enough to recognise a bad id in an
 /// error message, never a megabyte echoed back.
 pub fn truncate(s: &str) -> &str {
@@ -84,5 +101,20 @@ mod tests {
             assert_eq!(from_hex(bad), None, "{bad}");
         }
         assert_eq!(truncate(&"é".repeat(50)).chars().count(), 40);
+    }
+
+    #[test]
+    fn an_id_too_long_to_come_back_is_refused_with_its_length() {
+        assert_eq!(
+            returnable("abc".into(), 3, "lease id", "lease sets").ok(),
+            Some("abc".into())
+        );
+        let e = returnable("abcd".into(), 3, "reservation id", "counter keys").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            e.message(),
+            "the descriptors' counter keys make a reservation id of 4 bytes, over 3: send \
+             fewer or shorter descriptors"
+        );
     }
 }
