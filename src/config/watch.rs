@@ -33,8 +33,8 @@ impl SharedConfig {
     }
 
     /// No limits until a source delivers its first (an xDS server's first
-    /// snapshot): meanwhile every domain is unknown, and
-    /// [`SharedConfig::is_loaded`] false.
+    /// snapshot, a limits directory that loads later): meanwhile every
+    /// domain is unknown, and [`SharedConfig::is_loaded`] false.
     pub fn awaiting_first() -> Self {
         let shared = SharedConfig::new(Config::default());
         shared.loaded.store(false, Ordering::Relaxed);
