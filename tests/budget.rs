@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
 /// One rule per algorithm, 1,000 hits a minute each (the buckets' burst
-/// defaults to that), and a rule that limits nothing.
+/// defaults to that), smaller ones, a rule that limits nothing and a quota.
 const LIMITS: &str = r#"
 domain: llm
 descriptors:
@@ -43,6 +43,9 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000, algorithm: token_bucket}
   - key: free
     rate_limit: {unlimited: true}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 20}
 "#;
 
 const ALGORITHMS: [&str; 5] = [
@@ -206,6 +209,37 @@ async fn concurrent_reserves_never_commit_more_than_the_budget() {
             let wait = refused.retry_after.expect("retry_after when refused");
             assert!(wait.seconds > 0 || wait.nanos > 0, "{at}: {wait:?}");
         }
+        server.stop().await;
+    }
+}
+
+/// A quota descriptor (`quota_mode`) over its limit refuses a reservation
+/// as a plain one does. `ShouldRateLimit` lets a request through unless
+/// every quota descriptor is over, and a quota descriptor over its limit
+/// takes nothing: a reservation let through so would commit past it.
+#[tokio::test]
+async fn a_quota_limit_refuses_a_reservation_it_cannot_hold() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = server_on(&backend).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let first = reserve(&mut client, "quota", "q", 15).await;
+        assert!(first.granted, "{name}");
+        assert_eq!(remaining(&first.statuses), [5], "{name}");
+        for _ in 0..3 {
+            let refused = reserve(&mut client, "quota", "q", 15).await;
+            assert!(
+                !refused.granted && refused.reservation_id.is_empty(),
+                "{name}: {refused:?}"
+            );
+            assert!(
+                refused.statuses[0].over && refused.retry_after.is_some(),
+                "{name}"
+            );
+        }
+        let rest = reserve(&mut client, "quota", "q", 5).await;
+        assert!(rest.granted, "{name}: the 5 left fit");
+        assert_eq!(remaining(&rest.statuses), [0], "{name}");
         server.stop().await;
     }
 }

@@ -156,6 +156,25 @@ impl Budget {
         for check in &mut plan.checks {
             check.charges = Charges::Drop;
         }
+        // A quota descriptor over its limit takes nothing, and
+        // `ShouldRateLimit` refuses only when every quota descriptor is
+        // over; a reservation let through on that rule would commit past
+        // the quota. So a quota limit refuses a reservation as a plain one
+        // does (shadow mode still never refuses).
+        for applied in &plan.applied {
+            if let Applied::Counted {
+                rule,
+                checks,
+                quota: true,
+                ..
+            } = applied
+            {
+                let shadow = self.settings.modes.shadow || rule.is_some_and(|r| r.shadow_mode);
+                for check in &mut plan.checks[checks.clone()] {
+                    check.enforce = !shadow;
+                }
+            }
+        }
         if plan
             .checks
             .iter()

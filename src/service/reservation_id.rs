@@ -153,11 +153,16 @@ fn reserved_key(part: &str, descriptors: usize, key_prefix: &str) -> Option<Rese
 }
 
 /// Whether `key` has the shape `keys::counter_key` gives: the prefix, a
-/// `{...}` hash tag, and a rule id without braces.
+/// `{...}` hash tag, and a rule id without braces. No control byte (a
+/// counter key escapes them): a marker joins a slot's keys with newlines,
+/// so one key holding a newline must not pass for two.
 fn is_counter_key(key: &str, key_prefix: &str) -> bool {
     let Some(rest) = key.strip_prefix(key_prefix) else {
         return false;
     };
+    if rest.contains(|c: char| c.is_ascii_control()) {
+        return false;
+    }
     match rest.rfind("}:") {
         Some(end) => {
             let rule = &rest[end + 2..];
@@ -236,6 +241,11 @@ mod tests {
             ),
             (format!("r1.{n}.300000.1.0:5:{}", hex("rk:{d}:")), "keys"),
             (format!("r1.{n}.300000.1.0:5:{}", hex("rk:d:fw")), "keys"),
+            // Two keys joined as a marker joins them, passed off as one.
+            (
+                format!("r1.{n}.300000.1.0:5:{}", hex("rk:{d}:fw.60\nrk:{d}:sw.60")),
+                "keys",
+            ),
             (
                 "r1.".to_owned() + &"a".repeat(MAX_RESERVATION_ID_BYTES),
                 "longer than",
