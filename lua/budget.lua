@@ -166,7 +166,7 @@ local function reserve(p, k, a, n, px, all_keys, only_check)
       if m ~= nil then
         algo.apply(s, c, now)
       elseif algo.reserve ~= nil then
-        m = algo.reserve(s, c, now)
+        m = algo.reserve(s, c, now, key)
       else
         algo.apply(s, c, now)
         m = 0
@@ -280,7 +280,7 @@ local function settle_check(key, f, c, actual, at, mark)
     state[f] = s
   end
   if actual < c.hits then
-    algo.refund(s, c, c.hits - actual, at, mark, now)
+    algo.refund(s, c, c.hits - actual, at, mark, now, key)
   else
     -- The excess, charged after the fact.
     algo.apply(s, with_hits(c, actual - c.hits, true), now)

@@ -213,6 +213,48 @@ async fn concurrent_reserves_never_commit_more_than_the_budget() {
     }
 }
 
+/// A bucket's give-back moves the reservations queued behind it forward: a
+/// later settle must not take its hits for still queued once they have
+/// drained, and give back hits another caller spent since.
+#[tokio::test]
+async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let mut rls = server.client().await;
+        for algorithm in ["token_bucket", "leaky_bucket"] {
+            let at = format!("{name}/{algorithm}");
+            let a = reserve(&mut client, algorithm, "u", 100).await;
+            let b = reserve(&mut client, algorithm, "u", 100).await;
+            assert!(a.granted && b.granted, "{at}");
+            let s = settle(&mut client, &a.reservation_id, 0).await;
+            assert_eq!(remaining(&s.statuses), [900], "{at}: only B's 100 held");
+            // 6 s: B's 100 (60 ms each), first in the queue now, drained.
+            clock.advance(6_000);
+            let mut spend = descriptor(&[(algorithm, "u")]);
+            spend.hits_addend = Some(UInt64Value { value: 100 });
+            let spent = rls.should_rate_limit(request("llm", vec![spend])).await;
+            let spent = spent.expect("spend").into_inner().statuses[0].limit_remaining;
+            assert_eq!(spent, 900, "{at}: another caller's 100");
+            let s = settle(&mut client, &b.reservation_id, 0).await;
+            assert_eq!(
+                remaining(&s.statuses),
+                [900],
+                "{at}: nothing of B's left to give"
+            );
+            // And a give-back that is due still comes: C's 100, undrained.
+            let c = reserve(&mut client, algorithm, "u", 100).await;
+            assert_eq!(remaining(&c.statuses), [800], "{at}");
+            let s = settle(&mut client, &c.reservation_id, 40).await;
+            assert_eq!(remaining(&s.statuses), [860], "{at}: C's 60 unused");
+            clock.advance(60_000);
+        }
+        server.stop().await;
+    }
+}
+
 /// A quota descriptor (`quota_mode`) over its limit refuses a reservation
 /// as a plain one does. `ShouldRateLimit` lets a request through unless
 /// every quota descriptor is over, and a quota descriptor over its limit

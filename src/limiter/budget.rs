@@ -7,9 +7,73 @@
 //! actual cost: the unused part of the estimate goes back through
 //! [`Policy::refund`], an excess is charged after the fact (within
 //! [`super::recordable`]'s bound, like every charge).
+//!
+//! A bucket's reservation is a stretch of its queue (the TAT), and its mark
+//! is where that stretch ended. A give-back moves the TAT back, which moves
+//! every stretch behind it forward; so a later settle, finding its hits in
+//! the queue, first subtracts all that was given back on the key since its
+//! reservation ([`GivenBack`]). It may find them further forward than they
+//! are (a give-back behind it counts too), never further back: a settle
+//! never gives back hits that drained and were spent by others.
+
+use std::collections::HashMap;
 
 use super::batch::{run, Table};
 use super::{dispatch, Charges, Check, Outcome, Policy, State};
+
+/// How long a bucket's [`GivenBack`] total outlives the last reservation
+/// that read it or settle that added to it: past any reservation's TTL (at
+/// most an hour) and a Cluster's grace for its later slots. Twin:
+/// `GIVEN_BACK_KEEP_MS` in `lua/gcra.lua`.
+pub const GIVEN_BACK_KEEP_MS: u64 = 2 * 3_600_000;
+
+/// Per bucket key, the microseconds of TAT its settles have given back, a
+/// total that only grows while it lives; the in-memory twin of the Redis
+/// key `<counter key>:given` (`lua/gcra.lua`). A reservation's mark adds
+/// the total as it found it, and a settle subtracts the total as it finds
+/// it: what is left is where the reservation's hits end now, at the latest.
+#[derive(Debug, Default)]
+pub struct GivenBack(HashMap<String, (u64, u64)>);
+
+impl GivenBack {
+    /// The total on `key` (0 when none), kept [`GIVEN_BACK_KEEP_MS`] more
+    /// when there is one: a reservation that read it must find it again.
+    fn read_and_keep(&mut self, key: &str, now_ms: u64) -> u64 {
+        match self.0.get_mut(key) {
+            Some((total, expiry)) if *expiry > now_ms => {
+                *expiry = now_ms + GIVEN_BACK_KEEP_MS;
+                *total
+            }
+            _ => 0,
+        }
+    }
+
+    fn read(&self, key: &str, now_ms: u64) -> u64 {
+        self.0
+            .get(key)
+            .filter(|(_, expiry)| *expiry > now_ms)
+            .map_or(0, |(total, _)| *total)
+    }
+
+    fn add(&mut self, key: &str, us: u64, now_ms: u64) {
+        let total = self.read(key, now_ms).saturating_add(us);
+        self.0
+            .insert(key.to_owned(), (total, now_ms + GIVEN_BACK_KEEP_MS));
+    }
+
+    /// Forgets the totals that have expired.
+    pub fn sweep(&mut self, now_ms: u64) {
+        self.0.retain(|_, (_, expiry)| *expiry > now_ms);
+    }
+}
+
+/// A bucket's TAT, the position give-backs move (none for the others).
+fn tat_us(state: &State) -> Option<u64> {
+    match state {
+        State::Gcra(g) => Some(g.tat_us),
+        _ => None,
+    }
+}
 
 /// What a granted reservation took from one check: the mark of its hits
 /// (see [`Policy::reserve`]), or `None` when it took nothing (a limit in
@@ -20,6 +84,7 @@ pub type Mark = Option<u64>;
 /// Returns each check's outcome and, when granted, each check's [`Mark`].
 pub fn reserve(
     table: &mut impl Table,
+    given_back: &mut GivenBack,
     checks: &[Check],
     now_ms: u64,
 ) -> (Vec<Outcome>, Option<Vec<Mark>>) {
@@ -36,6 +101,13 @@ pub fn reserve(
         .iter()
         .zip(checks)
         .any(|(o, c)| o.over && c.enforce);
+    if granted {
+        for (check, mark) in checks.iter().zip(&mut marks) {
+            if let (Some(mark), true) = (mark.as_mut(), check.algorithm.has_burst()) {
+                *mark = mark.saturating_add(given_back.read_and_keep(&check.key, now_ms));
+            }
+        }
+    }
     (outcomes, granted.then_some(marks))
 }
 
@@ -44,6 +116,7 @@ pub fn reserve(
 /// [`standing`] after it. The caller makes sure it runs once.
 pub fn settle(
     table: &mut impl Table,
+    given_back: &mut GivenBack,
     checks: &[Check],
     marks: &[Mark],
     reserved_at_ms: u64,
@@ -58,7 +131,17 @@ pub fn settle(
         let mut state = State::load(table.read(&check.key, now_ms), check, now_ms);
         if actual < check.hits {
             let unused = check.hits - actual;
+            let before = tat_us(&state);
+            let mark = match before {
+                Some(_) => mark.saturating_sub(given_back.read(&check.key, now_ms)),
+                None => mark,
+            };
             dispatch!(&mut state, s => s.refund(check, unused, reserved_at_ms, mark, now_ms));
+            if let (Some(before), Some(after)) = (before, tat_us(&state)) {
+                if after < before {
+                    given_back.add(&check.key, before - after, now_ms);
+                }
+            }
         } else {
             let excess = Check {
                 hits: actual - check.hits,
@@ -95,4 +178,24 @@ pub fn standing(table: &mut impl Table, checks: &[Check], now_ms: u64) -> Vec<Ou
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_given_back_total_lives_while_reservations_read_it() {
+        let mut given = GivenBack::default();
+        assert_eq!(given.read_and_keep("k", 0), 0, "none yet");
+        given.add("k", 5, 0);
+        given.add("k", 7, 10);
+        assert_eq!(given.read("k", 10), 12);
+        // A reservation that reads it keeps it past its first expiry.
+        assert_eq!(given.read_and_keep("k", GIVEN_BACK_KEEP_MS), 12);
+        assert_eq!(given.read("k", GIVEN_BACK_KEEP_MS + 20), 12);
+        given.sweep(2 * GIVEN_BACK_KEEP_MS + 1);
+        assert!(given.0.is_empty());
+        assert_eq!(given.read("k", 0), 0);
+    }
 }

@@ -92,6 +92,9 @@ pub struct MemoryStore {
     digest: RandomState,
     leases: Mutex<LeaseSets>,
     markers: Mutex<Markers>,
+    /// What buckets' settles gave back ([`budget::GivenBack`]); locked
+    /// after the markers, never before.
+    given_back: Mutex<budget::GivenBack>,
     clock: Arc<dyn Clock>,
 }
 
@@ -104,6 +107,7 @@ impl MemoryStore {
             digest: RandomState::new(),
             leases: Mutex::new(HashMap::new()),
             markers: Mutex::new(HashMap::new()),
+            given_back: Mutex::default(),
             clock,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -248,7 +252,8 @@ impl MemoryStore {
     pub fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Reserved {
         let now = self.clock.now_ms();
         let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
-        let (outcomes, marks) = budget::reserve(&mut table, checks, now);
+        let (outcomes, marks) =
+            budget::reserve(&mut table, &mut Self::lock(&self.given_back), checks, now);
         let granted = marks.is_some();
         if let (Some(marks), Some(first)) = (marks, checks.first()) {
             let marker = Marker {
@@ -288,6 +293,7 @@ impl MemoryStore {
             }
             None => budget::settle(
                 &mut table,
+                &mut Self::lock(&self.given_back),
                 &marker.checks,
                 &marker.marks,
                 marker.reserved_at_ms,
@@ -345,8 +351,8 @@ impl MemoryStore {
     }
 
     /// Drops expired counters from shards `[from, from + count)`, and (on
-    /// the pass that starts at shard 0) expired leases, empty lease sets
-    /// and expired reservation markers.
+    /// the pass that starts at shard 0) expired leases, empty lease sets,
+    /// expired reservation markers and buckets' expired give-back totals.
     fn sweep(&self, from: usize, count: usize) {
         let now = self.clock.now_ms();
         for shard in self.shards.iter().skip(from).take(count) {
@@ -358,6 +364,7 @@ impl MemoryStore {
                 !set.is_empty()
             });
             Self::lock(&self.markers).retain(|_, (_, expiry)| *expiry > now);
+            Self::lock(&self.given_back).sweep(now);
         }
     }
 }
