@@ -36,9 +36,9 @@ local out = {}
 -- left it, and the check to save it with once a request consumed from it.
 local state, save_with = {}, {}
 -- For the request being decided, per key: the last check that consumed
--- from it, and (all-or-nothing requests of several checks) its state before
--- the request's first hit on it, restored if the request is refused; per
--- check, its arguments.
+-- from it, and (requests of several checks) its state before the request's
+-- first hit on it, restored if the request is refused; per check, its
+-- arguments.
 local consumed_by, before, checks = {}, {}, {}
 
 local function copy(s)
@@ -53,10 +53,12 @@ end
 -- a0 + n - 1]; false when a check's fields are malformed (the call then
 -- fails before it saves anything).
 local function request(k0, a0, n, all_or_nothing)
-  local blocked = false
+  -- spared: a when_over check admitted hits it fitted, taken back if the
+  -- request turns out refused, all or nothing or not.
+  local blocked, spared = false, false
   -- A lone check that is over consumes nothing, so only a request of
   -- several checks can have hits to undo.
-  local undoable = all_or_nothing and n > 1
+  local undoable = n > 1
   for i = 1, n do
     local c = check_of(ARGV[a0 + i - 1])
     if c == nil then
@@ -84,6 +86,9 @@ local function request(k0, a0, n, all_or_nothing)
         before[key] = copy(s)
       end
       algo.apply(s, c, now)
+      if c.when_over and not over then
+        spared = true
+      end
       if n == 1 then
         save_with[key] = c
       else
@@ -105,10 +110,10 @@ local function request(k0, a0, n, all_or_nothing)
   if n == 1 then
     return true
   end
-  if blocked and all_or_nothing then
-    -- A refused request consumes nothing but its charges: put back what it
-    -- took, record the hits of its checks that take charges, in order, and
-    -- report every check against the states so left.
+  if blocked and (all_or_nothing or spared) then
+    -- A refused request consumes only what refused_records keeps (all or
+    -- nothing: its charges): put back what it took, record those hits, in
+    -- order, and report every check against the states so left.
     for i = 1, n do
       local key = KEYS[k0 + i]
       if before[key] ~= nil then
@@ -120,7 +125,7 @@ local function request(k0, a0, n, all_or_nothing)
     for i = 1, n do
       local c, key, o = checks[i], KEYS[k0 + i], 3 * (k0 + i)
       local over = out[o - 2] ~= 0
-      if charged(c, over) then
+      if refused_records(c, over, all_or_nothing) then
         if over then
           out[o - 2] = 2 + c.algo.report(state[key], c, true, false, now)
         end
@@ -131,7 +136,7 @@ local function request(k0, a0, n, all_or_nothing)
     for i = 1, n do
       local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
       local over = out[o - 2] ~= 0
-      out[o - 1], out[o] = c.algo.report(s, c, over, charged(c, over), now)
+      out[o - 1], out[o] = c.algo.report(s, c, over, refused_records(c, over, all_or_nothing), now)
     end
   else
     for i = 1, n do

@@ -113,6 +113,17 @@ local function charged(c, over)
   return c.charges and c.hits > 0 and (over or not c.when_over)
 end
 
+-- Whether check c records its hits on a refused request: all or nothing,
+-- what `charged` says; otherwise what it admitted too, but for when_over,
+-- which spares what it fitted whenever the request is refused. Twin of
+-- Charges::records_refused in src/limiter/mod.rs.
+local function refused_records(c, over, all_or_nothing)
+  if all_or_nothing then
+    return charged(c, over)
+  end
+  return c.hits > 0 and (c.charges or not over) and (over or not c.when_over)
+end
+
 -- The hits of check c a state holding `count` hits records: all of them, up
 -- to a count of twice the limit (a debt of at most one limit). Admitted hits
 -- always fit. Twin of `recordable` in src/limiter/mod.rs, which says why

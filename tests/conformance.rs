@@ -712,6 +712,50 @@ fn charges_all_or_nothing() -> Vec<Step> {
             vec![o(false, 3, 1000), o(false, 3, 1000)],
             "admitted: both count",
         ),
+        // Not all or nothing (Envoy's count-everything, upstream's only
+        // way): what fits counts, but a window spares what it fitted
+        // whenever the request is refused, as envoyproxy/ratelimit does.
+        Step {
+            all_or_nothing: false,
+            ..s(
+                7000,
+                vec![
+                    when_over("cd1", 3),
+                    when_over("cd2", 6),
+                    c("cd3", 5, 1),
+                    fw("cd4", 2),
+                ],
+                vec![
+                    o(false, 5, 1000),
+                    charged_over(5, 1000),
+                    o(false, 4, 1000),
+                    o(false, 3, 1000),
+                ],
+                "count-everything, refused: the window that fitted is spared, the others count",
+            )
+        },
+        Step {
+            all_or_nothing: false,
+            ..s(
+                7000,
+                vec![
+                    when_over("cd1", 0),
+                    c("cd3", 5, 0),
+                    fw("cd4", 0),
+                ],
+                vec![o(false, 5, 1000), o(false, 4, 1000), o(false, 3, 1000)],
+                "cd1 still has all 5; cd3 and cd4 kept their hits",
+            )
+        },
+        Step {
+            all_or_nothing: false,
+            ..s(
+                7000,
+                vec![when_over("ce3", 2), tb("ce4", 2)],
+                vec![o(false, 5, 1000), o(true, 1, 0)],
+                "count-everything, refused by a token bucket: the window is spared",
+            )
+        },
     ]
 }
 

@@ -56,6 +56,9 @@ pub(super) fn run(
     let mut keys: Vec<KeyState<'_>> = Vec::new();
     let mut tried = Vec::with_capacity(checks.len());
     let mut blocked = false;
+    // A WhenOver check admitted hits it fitted: if the request turns out
+    // refused, those are taken back even when it is not all or nothing.
+    let mut spares_fitted = false;
     for (i, check) in checks.iter().enumerate() {
         let at = match keys.iter().position(|k| k.key == check.key) {
             Some(at) => at,
@@ -77,6 +80,7 @@ pub(super) fn run(
         let applied = check.hits > 0 && (!over || check.charges != Charges::Drop);
         let remaining_before = (over && applied).then(|| remaining(&keys[at].live, check, now_ms));
         if applied {
+            spares_fitted |= !over && check.charges == Charges::WhenOver;
             let k = &mut keys[at];
             match (&mut marks, k.mark) {
                 (Some(marks), None) => {
@@ -100,9 +104,9 @@ pub(super) fn run(
             remaining_before,
         });
     }
-    let commit = !blocked || !all_or_nothing;
-    if !commit {
-        charges_only(&mut keys, checks, &mut tried, now_ms);
+    let redo = blocked && (all_or_nothing || spares_fitted);
+    if redo {
+        refused_only(&mut keys, checks, &mut tried, all_or_nothing, now_ms);
     }
     for k in &keys {
         if let Some(i) = k.consumed_by {
@@ -114,11 +118,13 @@ pub(super) fn run(
         .iter()
         .zip(tried)
         .map(|(check, t)| {
-            let (remaining, reset_ms) = if commit {
-                t.report
-            } else {
-                let applied = check.charges.records(check.hits, t.over);
+            let (remaining, reset_ms) = if redo {
+                let applied = check
+                    .charges
+                    .records_refused(check.hits, t.over, all_or_nothing);
                 dispatch!(&keys[t.at].live, s => s.report(check, t.over, applied, now_ms))
+            } else {
+                t.report
             };
             Outcome {
                 over: t.over,
@@ -144,16 +150,26 @@ fn remaining(state: &State, check: &Check, now_ms: u64) -> u64 {
     dispatch!(state, s => s.report(check, true, false, now_ms)).0
 }
 
-/// Undoes a refused all-or-nothing request but for its charges: each key
-/// back to its stored state, then the charges recorded on it in order (a
-/// charge over its limit then took over from what the ones before it left).
-fn charges_only(keys: &mut [KeyState<'_>], checks: &[Check], tried: &mut [Tried], now_ms: u64) {
+/// Undoes a refused request but for what [`Charges::records_refused`]
+/// keeps: each key back to its stored state, then those hits recorded on it
+/// in order (a charge over its limit then took over from what the ones
+/// before it left).
+fn refused_only(
+    keys: &mut [KeyState<'_>],
+    checks: &[Check],
+    tried: &mut [Tried],
+    all_or_nothing: bool,
+    now_ms: u64,
+) {
     for k in keys.iter_mut() {
         k.live = k.stored.clone();
         k.consumed_by = None;
     }
     for (i, (check, t)) in checks.iter().zip(tried).enumerate() {
-        if check.charges.records(check.hits, t.over) {
+        if check
+            .charges
+            .records_refused(check.hits, t.over, all_or_nothing)
+        {
             let live = &mut keys[t.at].live;
             if t.over {
                 t.remaining_before = Some(remaining(live, check, now_ms));

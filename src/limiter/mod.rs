@@ -266,6 +266,18 @@ impl Charges {
                 Charges::WhenOver => over,
             }
     }
+
+    /// Whether `hits` are recorded on a refused request: all or nothing,
+    /// what [`Charges::records`] says; otherwise what the limit admitted
+    /// too, but for `WhenOver`, which spares what it fitted whenever the
+    /// request is refused (envoyproxy/ratelimit's rule, which has no
+    /// all-or-nothing). Twin of `refused_records` in `lua/prelude.lua`.
+    pub fn records_refused(self, hits: u64, over: bool, all_or_nothing: bool) -> bool {
+        if all_or_nothing {
+            return self.records(hits, over);
+        }
+        hits > 0 && (self != Charges::Drop || !over) && (over || self != Charges::WhenOver)
+    }
 }
 
 impl Check {
