@@ -53,9 +53,7 @@ end
 -- a0 + n - 1]; false when a check's fields are malformed (the call then
 -- fails before it saves anything).
 local function request(k0, a0, n, all_or_nothing)
-  -- spared: a when_over check admitted hits it fitted, taken back if the
-  -- request turns out refused, all or nothing or not.
-  local blocked, spared = false, false
+  local blocked = false
   -- A lone check that is over consumes nothing, so only a request of
   -- several checks can have hits to undo.
   local undoable = n > 1
@@ -86,9 +84,6 @@ local function request(k0, a0, n, all_or_nothing)
         before[key] = copy(s)
       end
       algo.apply(s, c, now)
-      if c.when_over and not over then
-        spared = true
-      end
       if n == 1 then
         save_with[key] = c
       else
@@ -110,7 +105,19 @@ local function request(k0, a0, n, all_or_nothing)
   if n == 1 then
     return true
   end
-  if blocked and (all_or_nothing or spared) then
+  local redo = blocked and all_or_nothing
+  if blocked and not all_or_nothing then
+    -- A when_over check that admitted hits it fitted takes them back when
+    -- the request is refused, all or nothing or not (refused_records).
+    for i = 1, n do
+      local c = checks[i]
+      if c.when_over and c.hits > 0 and out[3 * (k0 + i) - 2] == 0 then
+        redo = true
+        break
+      end
+    end
+  end
+  if redo then
     -- A refused request consumes only what refused_records keeps (all or
     -- nothing: its charges): put back what it took, record those hits, in
     -- order, and report every check against the states so left.

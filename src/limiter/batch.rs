@@ -56,9 +56,6 @@ pub(super) fn run(
     let mut keys: Vec<KeyState<'_>> = Vec::new();
     let mut tried = Vec::with_capacity(checks.len());
     let mut blocked = false;
-    // A WhenOver check admitted hits it fitted: if the request turns out
-    // refused, those are taken back even when it is not all or nothing.
-    let mut spares_fitted = false;
     for (i, check) in checks.iter().enumerate() {
         let at = match keys.iter().position(|k| k.key == check.key) {
             Some(at) => at,
@@ -80,7 +77,6 @@ pub(super) fn run(
         let applied = check.hits > 0 && (!over || check.charges != Charges::Drop);
         let remaining_before = (over && applied).then(|| remaining(&keys[at].live, check, now_ms));
         if applied {
-            spares_fitted |= !over && check.charges == Charges::WhenOver;
             let k = &mut keys[at];
             match (&mut marks, k.mark) {
                 (Some(marks), None) => {
@@ -104,7 +100,15 @@ pub(super) fn run(
             remaining_before,
         });
     }
-    let redo = blocked && (all_or_nothing || spares_fitted);
+    // A WhenOver check that admitted hits it fitted takes them back when the
+    // request is refused, all or nothing or not.
+    let spares_fitted = || {
+        checks
+            .iter()
+            .zip(&tried)
+            .any(|(check, t)| check.charges == Charges::WhenOver && check.hits > 0 && !t.over)
+    };
+    let redo = blocked && (all_or_nothing || spares_fitted());
     if redo {
         refused_only(&mut keys, checks, &mut tried, all_or_nothing, now_ms);
     }
