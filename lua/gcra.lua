@@ -1,11 +1,12 @@
 -- token_bucket and leaky_bucket: GCRA, one theoretical arrival time (TAT) per
 -- key, in integer microseconds. Twin of src/limiter/gcra.rs. Value: string TAT.
 
--- How long a key's given-back total (`<key>:given`, lua/budget.lua's
--- settles) outlives the last reservation that read it or settle that added
--- to it: past any reservation's TTL and a Cluster's grace. Twin of
--- GIVEN_BACK_KEEP_MS in src/limiter/budget.rs.
-local GIVEN_BACK_KEEP_MS = 7200000
+-- A key's give-backs (lua/budget.lua's settles): `<key>:given`, their total
+-- in µs of TAT, and `<key>:given.log`, the latest GIVEN_BACK_LOG of them by
+-- mark (score the mark, member "<µs>:<total after it>"), both kept
+-- GIVEN_BACK_KEEP_MS past the last reservation that read them or settle
+-- that added to them. Twins: src/limiter/budget.rs.
+local GIVEN_BACK_KEEP_MS, GIVEN_BACK_LOG = 7200000, 64
 
 -- Microseconds between two hits at the limit's rate, rounded up.
 local function gcra_emission(c)
@@ -65,10 +66,10 @@ local function gcra() return {
   ttl = function(s, c, now)
     return ceil_div(s.tat - now * 1000, 1000)
   end,
-  -- A reservation's hits (lua/budget.lua); the mark is the TAT they left
-  -- (hits are served in order, so they are drained by then) plus what the
-  -- key's settles had given back so far, kept as long as the reservation
-  -- may settle.
+  -- A reservation's hits (lua/budget.lua). Its mark is where they end, in
+  -- a coordinate give-backs do not move: the TAT they left (hits are served
+  -- in order, so they are drained by then) plus all the key's settles had
+  -- given back so far; the give-backs are kept as long as it may settle.
   reserve = function(s, c, now, key)
     gcra_apply(s, c, now)
     local given = key .. ':given'
@@ -77,21 +78,35 @@ local function gcra() return {
       return s.tat
     end
     redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
+    redis.call('PEXPIRE', given .. '.log', GIVEN_BACK_KEEP_MS)
     return s.tat + tonumber(total)
   end,
   -- Gives back hits of a reservation: the TAT moves back by their emission,
   -- but only by what of the reservation has not drained yet (what drained
-  -- was spent), and not before now. Where its hits end now: the mark less
-  -- all given back on the key since (a give-back ahead of them moved them
-  -- forward); what this one gives back joins that total.
+  -- was spent), and not before now. Its hits end at its mark less all given
+  -- back, but for the give-backs behind it (a later mark), which moved
+  -- nothing of its; what this one gives back joins them.
   refund = function(s, c, hits, at, mark, now, key)
     local given = key .. ':given'
-    local ends = mark - (tonumber(redis.call('GET', given)) or 0)
+    local log = given .. '.log'
+    local ends = mark
+    local total = tonumber(redis.call('GET', given))
+    if total then
+      ends = mark - total
+      local behind = redis.call('ZRANGEBYSCORE', log, '(' .. int(mark), '+inf')
+      for i = 1, #behind do
+        ends = ends + tonumber(string.match(behind[i], '^%d+'))
+      end
+    end
     local back = math.min(hits * gcra_emission(c), math.max(ends - now * 1000, 0))
     local tat = math.max(s.tat - back, now * 1000)
     if tat < s.tat then
-      redis.call('INCRBY', given, int(s.tat - tat))
+      local us = int(s.tat - tat)
+      local after = redis.call('INCRBY', given, us)
       redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
+      redis.call('ZADD', log, int(mark), us .. ':' .. after)
+      redis.call('ZREMRANGEBYRANK', log, 0, -(GIVEN_BACK_LOG + 1))
+      redis.call('PEXPIRE', log, GIVEN_BACK_KEEP_MS)
       s.tat = tat
     end
   end,

@@ -255,6 +255,34 @@ async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
     }
 }
 
+/// Settles in any order give back all that is unused and still queued: a
+/// give-back behind a reservation moved nothing of its (the front one, which
+/// settles last here, still finds its 90 unused).
+#[tokio::test]
+async fn bucket_settles_in_any_order_give_back_all_that_is_unused() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = server_on(&backend).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        for algorithm in ["token_bucket", "leaky_bucket"] {
+            let at = format!("{name}/{algorithm}");
+            let mut ids = Vec::new();
+            for _ in 0..4 {
+                let r = reserve(&mut client, algorithm, "any-order", 100).await;
+                assert!(r.granted, "{at}");
+                ids.push(r.reservation_id);
+            }
+            let mut left = 600;
+            for i in [2, 3, 1, 0] {
+                let s = settle(&mut client, &ids[i], 10).await;
+                left += 90;
+                assert_eq!(remaining(&s.statuses), [left], "{at}: settled #{i}");
+            }
+        }
+        server.stop().await;
+    }
+}
+
 /// A quota descriptor (`quota_mode`) over its limit refuses a reservation
 /// as a plain one does. `ShouldRateLimit` lets a request through unless
 /// every quota descriptor is over, and a quota descriptor over its limit

@@ -10,60 +10,96 @@
 //!
 //! A bucket's reservation is a stretch of its queue (the TAT), and its mark
 //! is where that stretch ended. A give-back moves the TAT back, which moves
-//! every stretch behind it forward; so a later settle, finding its hits in
-//! the queue, first subtracts all that was given back on the key since its
-//! reservation ([`GivenBack`]). It may find them further forward than they
-//! are (a give-back behind it counts too), never further back: a settle
-//! never gives back hits that drained and were spent by others.
+//! every stretch behind the one giving back forward, and none ahead of it.
+//! So marks are kept in a coordinate that give-backs do not move (the TAT
+//! plus all given back on the key so far), and a settle finds its hits in
+//! the queue from its mark, the total given back since and the give-backs
+//! behind it ([`GivenBack`]): it never gives back hits that drained and
+//! were spent by others, and loses nothing to others' give-backs.
 
 use std::collections::HashMap;
 
 use super::batch::{run, Table};
 use super::{dispatch, Charges, Check, Outcome, Policy, State};
 
-/// How long a bucket's [`GivenBack`] total outlives the last reservation
-/// that read it or settle that added to it: past any reservation's TTL (at
-/// most an hour) and a Cluster's grace for its later slots. Twin:
+/// How long a bucket's [`GivenBack`] outlives the last reservation that
+/// read it or settle that added to it: past any reservation's TTL (at most
+/// an hour) and a Cluster's grace for its later slots. Twin:
 /// `GIVEN_BACK_KEEP_MS` in `lua/gcra.lua`.
 pub const GIVEN_BACK_KEEP_MS: u64 = 2 * 3_600_000;
 
-/// Per bucket key, the microseconds of TAT its settles have given back, a
-/// total that only grows while it lives; the in-memory twin of the Redis
-/// key `<counter key>:given` (`lua/gcra.lua`). A reservation's mark adds
-/// the total as it found it, and a settle subtracts the total as it finds
-/// it: what is left is where the reservation's hits end now, at the latest.
+/// How many give-backs a bucket keeps by position: those with the latest
+/// marks. A settle with more than this many give-backs behind it since its
+/// reservation counts the oldest of them as ahead of it, and gives back
+/// less than it could (never more). Twin: `GIVEN_BACK_LOG` in `lua/gcra.lua`.
+pub const GIVEN_BACK_LOG: usize = 64;
+
+/// One bucket's give-backs: their total (µs of TAT), and the latest ones by
+/// mark, `(mark, µs)`, in order of mark.
 #[derive(Debug, Default)]
-pub struct GivenBack(HashMap<String, (u64, u64)>);
+struct Given {
+    total: u64,
+    expiry_ms: u64,
+    log: Vec<(u64, u64)>,
+}
+
+/// Per bucket key, what its settles have given back; the in-memory twin of
+/// the Redis keys `<counter key>:given` (the total) and `:given.log` (a
+/// sorted set by mark) of `lua/gcra.lua`.
+#[derive(Debug, Default)]
+pub struct GivenBack(HashMap<String, Given>);
 
 impl GivenBack {
+    fn live(&self, key: &str, now_ms: u64) -> Option<&Given> {
+        self.0.get(key).filter(|g| g.expiry_ms > now_ms)
+    }
+
     /// The total on `key` (0 when none), kept [`GIVEN_BACK_KEEP_MS`] more
     /// when there is one: a reservation that read it must find it again.
     fn read_and_keep(&mut self, key: &str, now_ms: u64) -> u64 {
         match self.0.get_mut(key) {
-            Some((total, expiry)) if *expiry > now_ms => {
-                *expiry = now_ms + GIVEN_BACK_KEEP_MS;
-                *total
+            Some(given) if given.expiry_ms > now_ms => {
+                given.expiry_ms = now_ms + GIVEN_BACK_KEEP_MS;
+                given.total
             }
             _ => 0,
         }
     }
 
-    fn read(&self, key: &str, now_ms: u64) -> u64 {
-        self.0
-            .get(key)
-            .filter(|(_, expiry)| *expiry > now_ms)
-            .map_or(0, |(total, _)| *total)
+    /// Where the hits of a reservation marked `mark` on `key` end now, in
+    /// TAT: the mark less all given back, but for the give-backs behind it
+    /// (a later mark), which moved nothing of its.
+    fn ends(&self, key: &str, mark: u64, now_ms: u64) -> u64 {
+        let Some(given) = self.live(key, now_ms) else {
+            return mark;
+        };
+        let behind: u64 = given
+            .log
+            .iter()
+            .filter(|(m, _)| *m > mark)
+            .map(|(_, us)| us)
+            .sum();
+        mark.saturating_add(behind).saturating_sub(given.total)
     }
 
-    fn add(&mut self, key: &str, us: u64, now_ms: u64) {
-        let total = self.read(key, now_ms).saturating_add(us);
-        self.0
-            .insert(key.to_owned(), (total, now_ms + GIVEN_BACK_KEEP_MS));
+    /// Records that the reservation marked `mark` gave `us` back on `key`.
+    fn add(&mut self, key: &str, mark: u64, us: u64, now_ms: u64) {
+        let given = self.0.entry(key.to_owned()).or_default();
+        if given.expiry_ms <= now_ms {
+            *given = Given::default();
+        }
+        given.total = given.total.saturating_add(us);
+        given.expiry_ms = now_ms + GIVEN_BACK_KEEP_MS;
+        let at = given.log.partition_point(|(m, _)| *m <= mark);
+        given.log.insert(at, (mark, us));
+        if given.log.len() > GIVEN_BACK_LOG {
+            given.log.remove(0);
+        }
     }
 
-    /// Forgets the totals that have expired.
+    /// Forgets the buckets whose give-backs have expired.
     pub fn sweep(&mut self, now_ms: u64) {
-        self.0.retain(|_, (_, expiry)| *expiry > now_ms);
+        self.0.retain(|_, given| given.expiry_ms > now_ms);
     }
 }
 
@@ -132,14 +168,14 @@ pub fn settle(
         if actual < check.hits {
             let unused = check.hits - actual;
             let before = tat_us(&state);
-            let mark = match before {
-                Some(_) => mark.saturating_sub(given_back.read(&check.key, now_ms)),
+            let ends = match before {
+                Some(_) => given_back.ends(&check.key, mark, now_ms),
                 None => mark,
             };
-            dispatch!(&mut state, s => s.refund(check, unused, reserved_at_ms, mark, now_ms));
+            dispatch!(&mut state, s => s.refund(check, unused, reserved_at_ms, ends, now_ms));
             if let (Some(before), Some(after)) = (before, tat_us(&state)) {
                 if after < before {
-                    given_back.add(&check.key, before - after, now_ms);
+                    given_back.add(&check.key, mark, before - after, now_ms);
                 }
             }
         } else {
@@ -185,17 +221,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_given_back_total_lives_while_reservations_read_it() {
+    fn a_settle_finds_its_hits_moved_only_by_give_backs_ahead_of_them() {
         let mut given = GivenBack::default();
         assert_eq!(given.read_and_keep("k", 0), 0, "none yet");
-        given.add("k", 5, 0);
-        given.add("k", 7, 10);
-        assert_eq!(given.read("k", 10), 12);
-        // A reservation that reads it keeps it past its first expiry.
-        assert_eq!(given.read_and_keep("k", GIVEN_BACK_KEEP_MS), 12);
-        assert_eq!(given.read("k", GIVEN_BACK_KEEP_MS + 20), 12);
+        assert_eq!(given.ends("k", 500, 0), 500);
+        // Marks 100 (ahead) and 300 (behind) of a reservation marked 200
+        // give back 10 and 20.
+        given.add("k", 100, 10, 0);
+        given.add("k", 300, 20, 10);
+        assert_eq!(given.ends("k", 200, 10), 190, "moved by the 10 ahead only");
+        assert_eq!(given.ends("k", 300, 10), 270, "its own give-back counts");
+        // A reservation that reads the total keeps it past its first expiry.
+        assert_eq!(given.read_and_keep("k", GIVEN_BACK_KEEP_MS), 30);
+        assert_eq!(given.ends("k", 200, GIVEN_BACK_KEEP_MS + 20), 190);
         given.sweep(2 * GIVEN_BACK_KEEP_MS + 1);
         assert!(given.0.is_empty());
-        assert_eq!(given.read("k", 0), 0);
+        assert_eq!(given.ends("k", 200, 0), 200);
+    }
+
+    #[test]
+    fn past_the_log_a_give_back_behind_counts_as_ahead() {
+        let mut given = GivenBack::default();
+        for i in 0..=GIVEN_BACK_LOG as u64 {
+            given.add("k", 1_000 + i, 1, 0);
+        }
+        // All 65 are behind mark 10, but only the latest 64 are known.
+        assert_eq!(given.ends("k", 10, 0), 10 + 64 - 65);
     }
 }
