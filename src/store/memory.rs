@@ -352,7 +352,7 @@ impl MemoryStore {
 
     /// Drops expired counters from shards `[from, from + count)`, and (on
     /// the pass that starts at shard 0) expired leases, empty lease sets,
-    /// expired reservation markers and buckets' expired give-back totals.
+    /// expired reservation markers and buckets' expired give-backs.
     fn sweep(&self, from: usize, count: usize) {
         let now = self.clock.now_ms();
         for shard in self.shards.iter().skip(from).take(count) {
