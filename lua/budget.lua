@@ -161,9 +161,12 @@ local function reserve(p, k, a, n, px, all_keys, only_check)
     local mark = '-'
     if applied then
       -- The reservation's hits on a key are one entry: the key's first
-      -- check makes it, the others join it.
+      -- check makes it, the others join it (a bucket's each mark where
+      -- their own hits end).
       local m = taken[f]
-      if m ~= nil then
+      if m ~= nil and algo.join ~= nil then
+        m = algo.join(s, c, now)
+      elseif m ~= nil then
         algo.apply(s, c, now)
       elseif algo.reserve ~= nil then
         m = algo.reserve(s, c, now, key)

@@ -5,7 +5,10 @@
 -- in µs of TAT, and `<key>:given.log`, the latest GIVEN_BACK_LOG of them by
 -- mark (score the mark, member "<µs>:<total after it>"), both kept
 -- GIVEN_BACK_KEEP_MS past the last reservation that read them or settle
--- that added to them. Twins: src/limiter/budget.rs.
+-- that added to them. Twins: src/limiter/budget.rs. A mark (TAT + total)
+-- is a double here: past 2^53 µs (some 200 years of give-backs on a key
+-- never left alone for two hours) it rounds to 2 µs and more, where the
+-- Rust twin stays exact.
 local GIVEN_BACK_KEEP_MS, GIVEN_BACK_LOG = 7200000, 64
 
 -- Microseconds between two hits at the limit's rate, rounded up.
@@ -74,12 +77,18 @@ local function gcra() return {
     gcra_apply(s, c, now)
     local given = key .. ':given'
     local total = redis.call('GET', given)
-    if not total then
-      return s.tat
+    s.given = tonumber(total) or 0
+    if total then
+      redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
+      redis.call('PEXPIRE', given .. '.log', GIVEN_BACK_KEEP_MS)
     end
-    redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
-    redis.call('PEXPIRE', given .. '.log', GIVEN_BACK_KEEP_MS)
-    return s.tat + tonumber(total)
+    return s.tat + s.given
+  end,
+  -- A later check of the same reservation on the key: its mark is where its
+  -- own hits end (twin of Policy::join).
+  join = function(s, c, now)
+    gcra_apply(s, c, now)
+    return s.tat + s.given
   end,
   -- Gives back hits of a reservation: the TAT moves back by their emission,
   -- but only by what of the reservation has not drained yet (what drained

@@ -61,7 +61,8 @@ end
 
 -- An integer as a command argument, formatted here: Redis would format a Lua
 -- number with snprintf("%.17g"), which costs several times more than
--- string.format's integer path (exact below 2^63; ours stay below 2^53).
+-- string.format's integer path (exact below 2^63; ours stay below 2^53 but
+-- for a bucket's budget marks on a key in long use: lua/gcra.lua).
 local int = memo(function(n)
   return string.format('%d', n)
 end)

@@ -283,6 +283,46 @@ async fn bucket_settles_in_any_order_give_back_all_that_is_unused() {
     }
 }
 
+/// Two descriptors on one bucket key make one stretch of its queue, each
+/// check's hits ending at its own mark: settled at 0, all 200 come back;
+/// with 50 of them drained and another caller's 100 spent since, exactly
+/// the 150 still queued come back, and the other caller's 100 stay.
+#[tokio::test]
+async fn a_bucket_reservation_with_two_checks_on_one_key_gives_back_all_unused() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let mut rls = server.client().await;
+        for (algorithm, drained_ms, spent, left) in [
+            ("token_bucket", 0, 0, 1000),
+            ("leaky_bucket", 0, 0, 1000),
+            // 3 s: 50 of the first check's 100 (60 ms each) drained.
+            ("token_bucket", 3_000, 100, 900),
+            ("leaky_bucket", 3_000, 100, 900),
+        ] {
+            let at = format!("{name}/{algorithm}/{drained_ms}");
+            let user = format!("dup-{drained_ms}");
+            let mut two = reserve_request(algorithm, &user, 100, None);
+            two.descriptors.push(entries(algorithm, &user));
+            let r = client.reserve(two).await.expect("reserve").into_inner();
+            assert!(r.granted, "{at}");
+            assert_eq!(remaining(&r.statuses), [900, 800], "{at}: 200 taken");
+            clock.advance(drained_ms);
+            if spent > 0 {
+                let mut spend = descriptor(&[(algorithm, user.as_str())]);
+                spend.hits_addend = Some(UInt64Value { value: spent });
+                let answer = rls.should_rate_limit(request("llm", vec![spend])).await;
+                assert_eq!(answer.expect("spend").into_inner().overall_code, 1, "{at}");
+            }
+            let s = settle(&mut client, &r.reservation_id, 0).await;
+            assert_eq!(remaining(&s.statuses), [left, left], "{at}");
+        }
+        server.stop().await;
+    }
+}
+
 /// A quota descriptor (`quota_mode`) over its limit refuses a reservation
 /// as a plain one does. `ShouldRateLimit` lets a request through unless
 /// every quota descriptor is over, and a quota descriptor over its limit

@@ -10,7 +10,8 @@
 //! hits of its checks that take charges are recorded on them, in order;
 //! every outcome is then reported from those states. Otherwise (Envoy's
 //! behaviour) the checks that fit are consumed even when another refuses the
-//! request.
+//! request, but for a fixed window under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
+//! (`Charges::WhenOver`), which spares what it fitted either way.
 
 use super::{dispatch, Charges, Check, Outcome, Policy, State};
 
@@ -85,7 +86,8 @@ pub(super) fn run(
                     marks[i] = Some(mark);
                 }
                 (Some(marks), Some(mark)) => {
-                    dispatch!(&mut k.live, s => s.apply(check, now_ms));
+                    let mark = dispatch!(&mut k.live, s => s.join(check, now_ms, mark));
+                    k.mark = Some(mark);
                     marks[i] = Some(mark);
                 }
                 (None, _) => dispatch!(&mut k.live, s => s.apply(check, now_ms)),

@@ -15,7 +15,10 @@
 //! plus all given back on the key so far), and a settle finds its hits in
 //! the queue from its mark, the total given back since and the give-backs
 //! behind it ([`GivenBack`]): it never gives back hits that drained and
-//! were spent by others, and loses nothing to others' give-backs.
+//! were spent by others, and loses nothing to others' give-backs (but
+//! those past the latest [`GIVEN_BACK_LOG`], see there). Each check of a
+//! reservation on one bucket key has its own mark, where its own hits end
+//! ([`Policy::join`]).
 
 use std::collections::HashMap;
 

@@ -105,6 +105,11 @@ impl Policy for Gcra {
         self.tat_us
     }
 
+    /// Where this check's own hits end (see [`Policy::join`]).
+    fn join(&mut self, check: &Check, now_ms: u64, _mark: u64) -> u64 {
+        self.reserve(check, now_ms)
+    }
+
     /// The TAT moves back by the hits' emission, but only by what of the
     /// reservation has not drained yet (what has drained was spent: giving
     /// it back would hand out later requests' hits), and not before now.

@@ -413,6 +413,14 @@ pub trait Policy: Sized {
         self.apply(check, now_ms);
         0
     }
+    /// Consumes the hits of a reservation's later check on a key whose
+    /// first check's [`Policy::reserve`] gave `mark`, and returns this
+    /// check's mark: the same entry's, but for the buckets, whose hits are
+    /// a stretch of the queue and each check's mark is where its own end.
+    fn join(&mut self, check: &Check, now_ms: u64, mark: u64) -> u64 {
+        self.apply(check, now_ms);
+        mark
+    }
     /// Gives back `hits` of the hits a reservation made at `reserved_at_ms`
     /// (with `mark`, from [`Policy::reserve`]) took, as if it had taken
     /// that many fewer: never below zero, never more than it took, and
