@@ -113,7 +113,7 @@ local function gcra() return {
       local us = int(s.tat - tat)
       local after = redis.call('INCRBY', given, us)
       redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
-      redis.call('ZADD', log, int(mark), us .. ':' .. after)
+      redis.call('ZADD', log, int(mark), us .. ':' .. int(after))
       redis.call('ZREMRANGEBYRANK', log, 0, -(GIVEN_BACK_LOG + 1))
       redis.call('PEXPIRE', log, GIVEN_BACK_KEEP_MS)
       s.tat = tat
