@@ -68,11 +68,14 @@ async fn memory_server() -> TestServer {
 
 /// A server on `backend`'s store, its clock standing at `START_MS`.
 async fn server_on(backend: &Backend) -> TestServer {
-    TestServer::start(
-        &[LIMITS],
-        backend.store(Arc::new(ManualClock::new(START_MS))),
-    )
-    .await
+    clocked_server_on(backend).await.0
+}
+
+/// A server on `backend`'s store, and its clock (standing at `START_MS`).
+async fn clocked_server_on(backend: &Backend) -> (TestServer, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+    (server, clock)
 }
 
 async fn connect(addr: &str) -> Client {
@@ -129,8 +132,13 @@ async fn try_settle(client: &mut Client, id: &str, actual: u64) -> Result<Settle
 
 /// `ShouldRateLimit`'s view of the budget: a check of 0 hits.
 fn check_only(key: &str, user: &str) -> RateLimitRequest {
+    spend(key, user, 0)
+}
+
+/// A `ShouldRateLimit` of `hits` on one descriptor (another caller's).
+fn spend(key: &str, user: &str, hits: u64) -> RateLimitRequest {
     let mut d = descriptor(&[(key, user)]);
-    d.hits_addend = Some(UInt64Value { value: 0 });
+    d.hits_addend = Some(UInt64Value { value: hits });
     request("llm", vec![d])
 }
 
@@ -142,8 +150,7 @@ fn remaining(statuses: &[BudgetStatus]) -> Vec<u64> {
 async fn reserve_then_settle_per_algorithm_on_every_store() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let server = server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         let mut rls = server.client().await;
         for algorithm in ALGORITHMS {
@@ -184,8 +191,7 @@ async fn reserve_then_settle_per_algorithm_on_every_store() {
 async fn concurrent_reserves_never_commit_more_than_the_budget() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let server = server_on(&backend).await;
         let client = connect(&server.addr.to_string()).await;
         // A budget of 20 and estimates of 2: room for 10.
         for key in ["small", "small_window"] {
@@ -220,8 +226,7 @@ async fn concurrent_reserves_never_commit_more_than_the_budget() {
 async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
     for backend in Backend::all() {
         let name = backend.name();
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let (server, clock) = clocked_server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         let mut rls = server.client().await;
         for algorithm in ["token_bucket", "leaky_bucket"] {
@@ -233,9 +238,7 @@ async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
             assert_eq!(remaining(&s.statuses), [900], "{at}: only B's 100 held");
             // 6 s: B's 100 (60 ms each), first in the queue now, drained.
             clock.advance(6_000);
-            let mut spend = descriptor(&[(algorithm, "u")]);
-            spend.hits_addend = Some(UInt64Value { value: 100 });
-            let spent = rls.should_rate_limit(request("llm", vec![spend])).await;
+            let spent = rls.should_rate_limit(spend(algorithm, "u", 100)).await;
             let spent = spent.expect("spend").into_inner().statuses[0].limit_remaining;
             assert_eq!(spent, 900, "{at}: another caller's 100");
             let s = settle(&mut client, &b.reservation_id, 0).await;
@@ -291,8 +294,7 @@ async fn bucket_settles_in_any_order_give_back_all_that_is_unused() {
 async fn a_bucket_reservation_with_two_checks_on_one_key_gives_back_all_unused() {
     for backend in Backend::all() {
         let name = backend.name();
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let (server, clock) = clocked_server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         let mut rls = server.client().await;
         for (algorithm, drained_ms, spent, left) in [
@@ -311,9 +313,7 @@ async fn a_bucket_reservation_with_two_checks_on_one_key_gives_back_all_unused()
             assert_eq!(remaining(&r.statuses), [900, 800], "{at}: 200 taken");
             clock.advance(drained_ms);
             if spent > 0 {
-                let mut spend = descriptor(&[(algorithm, user.as_str())]);
-                spend.hits_addend = Some(UInt64Value { value: spent });
-                let answer = rls.should_rate_limit(request("llm", vec![spend])).await;
+                let answer = rls.should_rate_limit(spend(algorithm, &user, spent)).await;
                 assert_eq!(answer.expect("spend").into_inner().overall_code, 1, "{at}");
             }
             let s = settle(&mut client, &r.reservation_id, 0).await;
@@ -458,8 +458,7 @@ async fn a_retried_settle_answers_the_same_and_charges_once() {
 async fn an_unsettled_reservation_stays_charged_after_its_ttl() {
     for backend in Backend::all_with_cluster() {
         let name = backend.name();
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let server = TestServer::start(&[LIMITS], backend.store(clock.clone())).await;
+        let (server, clock) = clocked_server_on(&backend).await;
         let mut client = connect(&server.addr.to_string()).await;
         let mut rls = server.client().await;
         let ttl = Duration::from_secs(1);
