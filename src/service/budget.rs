@@ -169,9 +169,9 @@ impl Budget {
                 ..
             } = applied
             {
-                let shadow = self.settings.modes.shadow || rule.is_some_and(|r| r.shadow_mode);
+                let enforce = !self.settings.shadows(*rule);
                 for check in &mut plan.checks[checks.clone()] {
-                    check.enforce = !shadow;
+                    check.enforce = enforce;
                 }
             }
         }

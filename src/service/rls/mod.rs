@@ -96,6 +96,13 @@ impl LimiterSettings {
             _ => Charges::Drop,
         }
     }
+
+    /// Whether the checks of `rule` (of an override, with none) are in
+    /// shadow mode, by the rule or by `SHADOW_MODE`: over, they refuse
+    /// nothing.
+    pub fn shadows(&self, rule: Option<&crate::rules::Rule>) -> bool {
+        self.modes.shadow || rule.is_some_and(|r| r.shadow_mode)
+    }
 }
 
 /// envoyproxy/ratelimit's global answer switches. All off by default, and

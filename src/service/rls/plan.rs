@@ -93,8 +93,7 @@ impl<'c> Plan<'c> {
                 // Only an enforced check refuses the request's other checks
                 // (all-or-nothing): a quota or shadow one may be over while
                 // the request is admitted, and then the others count.
-                let enforce =
-                    !(quota || settings.modes.shadow || rule.is_some_and(|r| r.shadow_mode));
+                let enforce = !(quota || settings.shadows(rule));
                 let first = checks.len();
                 for rate in rates.iter() {
                     checks.push(check(request, descriptor, &shared, rate, enforce, settings));
