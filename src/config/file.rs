@@ -33,9 +33,9 @@ struct RawFile {
     domain: Option<Scalar>,
     descriptors: Option<Vec<RawDescriptor>>,
     /// ratekeeper: `false` keeps Envoy's count-everything behaviour.
-    all_or_nothing: Option<bool>,
+    all_or_nothing: Option<Flag>,
     /// ratekeeper: RateLimit-* response headers for this domain (overrides the flag).
-    response_headers: Option<bool>,
+    response_headers: Option<Flag>,
     /// ratekeeper: concurrent-connection limits, a descriptor tree of their own.
     concurrency: Option<Vec<RawConcurrency>>,
     /// ratekeeper: the answer while the store fails (overrides the flag).
@@ -53,11 +53,11 @@ struct RawDescriptor {
     /// ratekeeper: several limits on one descriptor, all checked.
     rate_limits: Option<Vec<RawRateLimit>>,
     descriptors: Option<Vec<RawDescriptor>>,
-    shadow_mode: Option<bool>,
-    detailed_metric: Option<bool>,
-    quota_mode: Option<bool>,
-    share_threshold: Option<bool>,
-    value_to_metric: Option<bool>,
+    shadow_mode: Option<Flag>,
+    detailed_metric: Option<Flag>,
+    quota_mode: Option<Flag>,
+    share_threshold: Option<Flag>,
+    value_to_metric: Option<Flag>,
     metadata: Option<serde_yaml::Mapping>,
 }
 
@@ -65,14 +65,14 @@ struct RawDescriptor {
 #[serde(deny_unknown_fields)]
 struct RawRateLimit {
     unit: Option<UnitName>,
-    requests_per_unit: Option<u32>,
-    unlimited: Option<bool>,
+    requests_per_unit: Option<Count>,
+    unlimited: Option<Flag>,
     name: Option<Scalar>,
     replaces: Option<Vec<RawReplace>>,
     /// ratekeeper: how the limit counts (default `fixed_window`).
     algorithm: Option<AlgorithmName>,
     /// ratekeeper: bucket size / queue depth of the GCRA algorithms.
-    burst: Option<u32>,
+    burst: Option<Count>,
     /// ratekeeper: `record` hits over the limit, or `drop` them.
     charges: Option<ChargesName>,
 }
@@ -88,7 +88,7 @@ struct RawReplace {
 struct RawConcurrency {
     key: Option<Scalar>,
     value: Option<Scalar>,
-    max_connections: Option<u32>,
+    max_connections: Option<Count>,
     lease_ttl: Option<DurationText>,
     name: Option<Scalar>,
     descriptors: Option<Vec<RawConcurrency>>,
@@ -113,9 +113,16 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
         line: e.location().map(|l| l.line()),
         reason: strip_location(&e.to_string()),
     };
+    // A file with merge keys is read the slower way, and only then.
+    let merges = text.contains("<<");
     let mut docs = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        if let Some(raw) = Option::<RawFile>::deserialize(doc).map_err(syntax)? {
+        let raw = if merges {
+            merged(doc)
+        } else {
+            Option::<RawFile>::deserialize(doc)
+        };
+        if let Some(raw) = raw.map_err(syntax)? {
             docs.push((i, raw));
         }
     }
@@ -123,6 +130,54 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
         docs.push((0, serde_yaml::from_str("{}").map_err(syntax)?));
     }
     Ok(docs)
+}
+
+/// A document that may hold YAML merge keys (`<<: *anchor`), which their
+/// loader applies and serde_yaml's typed reading does not: read whole,
+/// merged, then read as the file. Its scalars were parsed on the way (in
+/// such a file `value: 0x1F` is "31"), and a parse error has no line (a
+/// compile error still has its node's).
+fn merged(doc: serde_yaml::Deserializer<'_>) -> Result<Option<RawFile>, serde_yaml::Error> {
+    let mut value = serde_yaml::Value::deserialize(doc)?;
+    value.apply_merge()?;
+    scalars_as_text(&mut value);
+    Option::<RawFile>::deserialize(value)
+}
+
+/// Makes every number and boolean of a parsed document text again, as the
+/// file's fields read them ([`Scalar`], [`Flag`], [`Count`]); `metadata:`
+/// keeps its types, which its `Struct` carries.
+fn scalars_as_text(value: &mut serde_yaml::Value) {
+    use serde_yaml::Value as Y;
+    match value {
+        Y::Number(_) | Y::Bool(_) => {
+            if let Some(text) = parsed_text(value) {
+                *value = Y::String(text);
+            }
+        }
+        Y::Sequence(items) => items.iter_mut().for_each(scalars_as_text),
+        Y::Mapping(map) => {
+            for (key, item) in map.iter_mut() {
+                if key.as_str() != Some("metadata") {
+                    scalars_as_text(item);
+                }
+            }
+        }
+        Y::Tagged(tagged) => scalars_as_text(&mut tagged.value),
+        Y::Null | Y::String(_) => {}
+    }
+}
+
+/// A parsed scalar's text (a number's or boolean's as written back: what
+/// the file said is gone once parsed); `None` for anything else.
+fn parsed_text(value: &serde_yaml::Value) -> Option<String> {
+    use serde_yaml::Value as Y;
+    match value {
+        Y::String(s) => Some(s.clone()),
+        Y::Number(n) => Some(n.to_string()),
+        Y::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
 }
 
 /// A compile error in document `doc` of `text`, with the line of the node it names.
@@ -150,8 +205,8 @@ fn describe(raw: RawFile) -> Result<DomainDescription, CompileError> {
         domain: text(raw.domain).unwrap_or_default(),
         descriptors: nodes(descriptors, "descriptors", describe_descriptor)?,
         concurrency: nodes(concurrency, "concurrency", describe_concurrency)?,
-        all_or_nothing: raw.all_or_nothing,
-        response_headers: raw.response_headers,
+        all_or_nothing: flag(raw.all_or_nothing),
+        response_headers: flag(raw.response_headers),
         failure_mode: raw.failure_mode.map(|FailureModeName(m)| m),
         charges: raw.charges.map(|ChargesName(c)| c),
     })
@@ -193,11 +248,11 @@ fn describe_descriptor(raw: RawDescriptor, at: String) -> Result<desc::Descripto
     };
     let payload = desc::Limits {
         limits,
-        shadow_mode: raw.shadow_mode.unwrap_or(false),
-        detailed_metric: raw.detailed_metric.unwrap_or(false),
-        quota_mode: raw.quota_mode.unwrap_or(false),
-        share_threshold: raw.share_threshold.unwrap_or(false),
-        value_to_metric: raw.value_to_metric.unwrap_or(false),
+        shadow_mode: flag(raw.shadow_mode).unwrap_or(false),
+        detailed_metric: flag(raw.detailed_metric).unwrap_or(false),
+        quota_mode: flag(raw.quota_mode).unwrap_or(false),
+        share_threshold: flag(raw.share_threshold).unwrap_or(false),
+        value_to_metric: flag(raw.value_to_metric).unwrap_or(false),
         metadata: match raw.metadata {
             Some(map) if !map.is_empty() => {
                 Some(metadata(map).map_err(|e| CompileError::new(&format!("{at}.metadata"), e))?)
@@ -218,8 +273,8 @@ fn describe_descriptor(raw: RawDescriptor, at: String) -> Result<desc::Descripto
 fn describe_limit(raw: RawRateLimit, at: String) -> desc::Limit {
     desc::Limit {
         unit: raw.unit.map(|UnitName(u)| u),
-        requests_per_unit: raw.requests_per_unit,
-        unlimited: raw.unlimited.unwrap_or(false),
+        requests_per_unit: count(raw.requests_per_unit),
+        unlimited: flag(raw.unlimited).unwrap_or(false),
         name: text(raw.name),
         replaces: raw
             .replaces
@@ -228,7 +283,7 @@ fn describe_limit(raw: RawRateLimit, at: String) -> desc::Limit {
             .map(|r| r.name.map(|Scalar(n)| n).unwrap_or_default())
             .collect(),
         algorithm: raw.algorithm.map(|AlgorithmName(a)| a),
-        burst: raw.burst,
+        burst: count(raw.burst),
         charges: raw.charges.map(|ChargesName(c)| c),
         at,
     }
@@ -244,7 +299,7 @@ fn describe_concurrency(
         key: text(raw.key).unwrap_or_default(),
         value: text(raw.value),
         payload: desc::Concurrency {
-            max_connections: raw.max_connections,
+            max_connections: count(raw.max_connections),
             lease_ttl: raw.lease_ttl.map(|DurationText(d)| d),
             name: text(raw.name),
         },
@@ -261,7 +316,7 @@ fn text(scalar: Option<Scalar>) -> Option<String> {
 fn metadata(map: serde_yaml::Mapping) -> Result<prost_types::Struct, String> {
     let mut fields = std::collections::BTreeMap::new();
     for (key, value) in map {
-        let Ok(Scalar(key)) = Scalar::deserialize(key) else {
+        let Some(key) = parsed_text(&key) else {
             return Err("metadata keys must be strings".into());
         };
         fields.insert(key, metadata_value(value)?);
@@ -289,7 +344,9 @@ fn metadata_value(value: serde_yaml::Value) -> Result<prost_types::Value, String
     Ok(prost_types::Value { kind: Some(kind) })
 }
 
-/// A YAML scalar read as text, as the Go loader does (`value: 200` is "200").
+/// A YAML scalar read as its text, as their loader (yaml.v2) reads one into
+/// a string: `value: 0x1F` is "0x1F" and `value: 1.50` is "1.50", never a
+/// number written back.
 #[derive(Debug)]
 struct Scalar(String);
 
@@ -304,21 +361,89 @@ impl<'de> Deserialize<'de> for Scalar {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
                 Ok(Scalar(v.to_owned()))
             }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
         }
-        d.deserialize_any(ScalarVisitor)
+        d.deserialize_str(ScalarVisitor)
     }
+}
+
+/// A boolean as YAML 1.1, their loader's YAML, spells one: `true`/`false`,
+/// `yes`/`no`, `on`/`off` and `y`/`n`, each in lower case, capitalised or
+/// upper case.
+#[derive(Debug)]
+struct Flag(bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Scalar(text) = Scalar::deserialize(d)?;
+        match text.as_str() {
+            "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "y" | "Y" => {
+                Ok(Flag(true))
+            }
+            "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "n"
+            | "N" => Ok(Flag(false)),
+            _ => Err(de::Error::custom(format!(
+                "{text:?} is not a boolean: expected true or false (or yes/no, on/off)"
+            ))),
+        }
+    }
+}
+
+fn flag(flag: Option<Flag>) -> Option<bool> {
+    flag.map(|Flag(b)| b)
+}
+
+/// A count (`requests_per_unit`, `burst`, `max_connections`) as their
+/// loader reads an integer: `_` ignored, `0x`, `0o`, `0b` and a leading `0`
+/// (octal) as in Go, or a float with no fraction (`1e3`).
+#[derive(Debug)]
+struct Count(u32);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Scalar(text) = Scalar::deserialize(d)?;
+        parse_count(&text).map(Count).ok_or_else(|| {
+            de::Error::custom(format!(
+                "{text:?} is not a count: expected a whole number from 0 to {}",
+                u32::MAX
+            ))
+        })
+    }
+}
+
+fn count(count: Option<Count>) -> Option<u32> {
+    count.map(|Count(n)| n)
+}
+
+/// `text` as a count, read as yaml.v2 reads an integer (Go's
+/// `strconv.ParseInt(text, 0, 64)` with `_` removed), else as a float
+/// without a fraction; `None` when it is neither, negative or too large.
+fn parse_count(text: &str) -> Option<u32> {
+    let plain = text.replace('_', "");
+    let digits = plain.strip_prefix('+').unwrap_or(&plain);
+    let lower = digits.to_ascii_lowercase();
+    let integer = if let Some(hex) = lower.strip_prefix("0x") {
+        u64::from_str_radix(hex, 16).ok()
+    } else if let Some(octal) = lower.strip_prefix("0o") {
+        u64::from_str_radix(octal, 8).ok()
+    } else if let Some(binary) = lower.strip_prefix("0b") {
+        u64::from_str_radix(binary, 2).ok()
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        u64::from_str_radix(&lower[1..], 8).ok()
+    } else {
+        lower.parse::<u64>().ok()
+    };
+    let whole = || {
+        let f: f64 = plain.parse().ok()?;
+        (f.is_finite() && f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f))
+            .then_some(f as u64)
+    };
+    // A sign or digit after a base prefix's is not Go's syntax (`0x+1`).
+    let clean = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric());
+    let n = match integer {
+        Some(n) if clean(&lower) => Some(n),
+        _ => whole(),
+    }?;
+    u32::try_from(n).ok()
 }
 
 /// A unit name, checked while parsing so a bad one is reported with its line.

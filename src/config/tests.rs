@@ -105,6 +105,125 @@ fn scalar_values_are_text() {
     assert_eq!(matched(&config, &[("code", "429")]).as_deref(), Some("n"));
 }
 
+/// Scalars as their loader (yaml.v2, YAML 1.1) reads them: a value is its
+/// text as written, booleans take yes/no and on/off, counts Go's integer
+/// forms and whole floats.
+#[test]
+fn scalars_read_as_their_yaml_reads_them() {
+    let config = load(
+        r#"
+domain: d
+descriptors:
+  - key: hex
+    value: 0x1F
+    rate_limit: {unit: minute, requests_per_unit: 1_000, name: hex}
+  - key: float
+    value: 1.50
+    shadow_mode: yes
+    rate_limit: {unit: minute, requests_per_unit: 010, name: float}
+  - key: word
+    value: on
+    detailed_metric: On
+    rate_limit: {unit: minute, requests_per_unit: 1e3, unlimited: NO, name: word}
+  - key: plus
+    value: +5
+    rate_limit: {unit: minute, requests_per_unit: 0x10, name: plus}
+"#,
+    )
+    .unwrap();
+    let rules = &config.domain("d").unwrap().rules;
+    for (key, written, parsed, name, rpu) in [
+        ("hex", "0x1F", "31", "hex", 1000),
+        ("float", "1.50", "1.5", "float", 8),
+        ("word", "on", "true", "word", 1000),
+        ("plus", "+5", "5", "plus", 16),
+    ] {
+        let rule = rules.find([(key, written)].into_iter()).unwrap();
+        assert_eq!(rule.rates[0].name.as_deref(), Some(name));
+        assert_eq!(rule.rates[0].requests_per_unit, rpu, "{key}");
+        assert!(rules.find([(key, parsed)].into_iter()).is_none(), "{key}");
+    }
+    let float = rules.find([("float", "1.50")].into_iter()).unwrap();
+    assert!(float.shadow_mode && !float.detailed_metric);
+    assert!(
+        rules
+            .find([("word", "on")].into_iter())
+            .unwrap()
+            .detailed_metric
+    );
+
+    // The line is the enclosing mapping's (serde_yaml's place for it).
+    for (bad, reason, line) in [
+        ("shadow_mode: maybe", "\"maybe\" is not a boolean", 3),
+        ("shadow_mode: 1", "\"1\" is not a boolean", 3),
+        (
+            "rate_limit: {unit: second, requests_per_unit: 1.5}",
+            "\"1.5\" is not a count",
+            4,
+        ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: -1}",
+            "\"-1\" is not a count",
+            4,
+        ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: 4294967296}",
+            "is not a count",
+            4,
+        ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: 0x+1}",
+            "is not a count",
+            4,
+        ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: 09a}",
+            "is not a count",
+            4,
+        ),
+    ] {
+        let e = error(&format!("domain: d\ndescriptors:\n  - key: k\n    {bad}\n"));
+        assert!(e.reason.contains(reason), "{bad}: {e}");
+        assert_eq!(e.line, Some(line), "{bad}: {e}");
+    }
+}
+
+/// YAML merge keys, which their loader applies, load too.
+#[test]
+fn merge_keys_apply_as_in_their_loader() {
+    let config = load(
+        r#"
+domain: d
+descriptors:
+  - key: base
+    rate_limit: &limit {unit: minute, requests_per_unit: 7, name: base}
+  - key: merged
+    shadow_mode: yes
+    rate_limit:
+      <<: *limit
+      requests_per_unit: 9
+      name: merged
+    metadata: {<<: {tier: 2}, plan: gold}
+"#,
+    )
+    .unwrap();
+    let rules = &config.domain("d").unwrap().rules;
+    let merged = rules.find([("merged", "x")].into_iter()).unwrap();
+    let rate = &merged.rates[0];
+    assert_eq!(
+        (rate.unit, rate.requests_per_unit, rate.name.as_deref()),
+        (Unit::Minute, 9, Some("merged"))
+    );
+    assert!(merged.shadow_mode);
+    assert_eq!(
+        rules.find([("base", "x")].into_iter()).unwrap().rates[0].requests_per_unit,
+        7
+    );
+
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {<<: {unit: second}, requests_per_unit: 1, bad: 1}\n");
+    assert!(e.reason.contains("unknown field `bad`"), "{e}");
+}
+
 #[test]
 fn refuses_unknown_keys_with_line() {
     let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limt: {unit: second, requests_per_unit: 1}\n");
@@ -165,7 +284,7 @@ fn refuses_invalid_rules() {
         ),
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
-            "requests_per_unit: invalid type: integer `-1`, expected u32",
+            "\"-1\" is not a count",
         ),
     ];
     for (text, reason) in cases {
@@ -407,7 +526,7 @@ fn refuses_bad_algorithms_and_rates() {
         (rl("unit: second, requests_per_unit: 0, algorithm: sliding_window"), "requests_per_unit must be positive"),
         (rl("unit: second, requests_per_unit: 5, algorithm: leaky_bucket, burst: 0"), "burst must be positive"),
         (rl("unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 4000000000"), "spans more than 2^52"),
-        (rl("unit: second, requests_per_unit: -5, algorithm: token_bucket"), "expected u32"),
+        (rl("unit: second, requests_per_unit: -5, algorithm: token_bucket"), "\"-5\" is not a count"),
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: day, requests_per_unit: 9}]\n".into(),
             "use rate_limit or rate_limits, not both",
