@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit's stats that are read rather than counted: their
-//! Redis pools' (`ratelimit_server.redis_pool.*`, and
-//! `ratelimit_server.redis_per_second_pool.*` for `REDIS_PERSECOND`'s) and
-//! their local cache's (`ratelimit_server.localcache.*`), made from our
+//! Redis pools' (`ratelimit.redis_pool.*`, and
+//! `ratelimit.redis_per_second_pool.*` for `REDIS_PERSECOND`'s) and
+//! their local cache's (`ratelimit.localcache.*`), made from our
 //! connections ([`crate::store::PoolCounts`]) and over-limit caches
 //! ([`crate::service::over_cache::CacheStats`]). Read at each statsd flush
 //! and Prometheus scrape ([`their_stats::read_when_sent`]): the request
@@ -52,7 +52,7 @@ fn register_pool(role: Role, pool: PoolReader) {
     for (stat, reading, read) in stats {
         let pool = pool.clone();
         let reader: Reader = Arc::new(move || read(pool.counts()));
-        their_stats::read_when_sent(&format!("ratelimit_server.{scope}.{stat}"), reading, reader);
+        their_stats::read_when_sent(&format!("ratelimit.{scope}.{stat}"), reading, reader);
     }
 }
 
@@ -71,7 +71,7 @@ fn register_cache(caches: Arc<Vec<Weak<OverCache>>>) {
             let live = caches.iter().filter_map(Weak::upgrade);
             live.map(|cache| read(&cache.stats())).sum()
         });
-        let name = format!("ratelimit_server.localcache.{stat}");
+        let name = format!("ratelimit.localcache.{stat}");
         their_stats::read_when_sent(&name, Reading::Gauge, reader);
     }
 }

@@ -557,8 +557,11 @@ async fn hits(server: &Ratekeeper, n: usize) -> Vec<i32> {
             .unwrap();
         codes.push(answer.into_inner().overall_code);
     }
+    // An unknown domain counts once per descriptor, as theirs looks each
+    // one's limit up.
+    let two = vec![descriptor(&[("user", "a")]), descriptor(&[("user", "b")])];
     client
-        .should_rate_limit(request("nope", vec![descriptor(&[("user", "a")])]))
+        .should_rate_limit(request("nope", two))
         .await
         .unwrap();
     codes
@@ -606,12 +609,12 @@ async fn over_limit_cache_and_unknown_domain_stats_are_theirs() {
                 "ratelimit.service.rate_limit.web.user.over_limit_with_local_cache",
                 2,
             ),
-            ("ratelimit.service.rate_limit.nope.domain_not_found", 1),
+            ("ratelimit.service.rate_limit.nope.domain_not_found", 2),
         ],
         &[
             r#"ratelimit_service_rate_limit_over_limit{domain="web",key1="user"} 3"#,
             "ratelimit_service_rate_limit_web_user_over_limit_with_local_cache 2",
-            "ratelimit_service_rate_limit_nope_domain_not_found 1",
+            "ratelimit_service_rate_limit_nope_domain_not_found 2",
             r#"ratekeeper_rate_limit_over_limit_with_local_cache{domain="web",rule="user"} 2"#,
         ],
     );
@@ -707,21 +710,21 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
         &socket,
         &server,
         &[
-            ("ratelimit_server.redis_pool.cx_active|g", 2),
-            ("ratelimit_server.redis_pool.cx_total", 2),
-            ("ratelimit_server.redis_per_second_pool.cx_active|g", 1),
-            ("ratelimit_server.redis_per_second_pool.cx_total", 1),
-            ("ratelimit_server.localcache.entryCount|g", 1),
-            ("ratelimit_server.localcache.hitCount|g", 2),
-            ("ratelimit_server.localcache.overwriteCount|g", 0),
+            ("ratelimit.redis_pool.cx_active|g", 2),
+            ("ratelimit.redis_pool.cx_total", 2),
+            ("ratelimit.redis_per_second_pool.cx_active|g", 1),
+            ("ratelimit.redis_per_second_pool.cx_total", 1),
+            ("ratelimit.localcache.entryCount|g", 1),
+            ("ratelimit.localcache.hitCount|g", 2),
+            ("ratelimit.localcache.overwriteCount|g", 0),
         ],
         &[
-            "ratelimit_server_redis_pool_cx_active 2",
-            "ratelimit_server_redis_pool_cx_total 2",
-            "ratelimit_server_redis_per_second_pool_cx_active 1",
-            "ratelimit_server_redis_per_second_pool_cx_total 1",
-            "ratelimit_server_localcache_entryCount 1",
-            "ratelimit_server_localcache_hitCount 2",
+            "ratelimit_redis_pool_cx_active 2",
+            "ratelimit_redis_pool_cx_total 2",
+            "ratelimit_redis_per_second_pool_cx_active 1",
+            "ratelimit_redis_per_second_pool_cx_total 1",
+            "ratelimit_localcache_entryCount 1",
+            "ratelimit_localcache_hitCount 2",
         ],
     );
 
@@ -733,7 +736,7 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !server
         .metrics()
-        .contains("ratelimit_server_redis_pool_cx_local_close 2")
+        .contains("ratelimit_redis_pool_cx_local_close 2")
     {
         assert!(Instant::now() < deadline, "{}", server.metrics());
         let one = request("web", vec![descriptor(&[("user", "b")])]);
@@ -746,9 +749,9 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
     until_series(
         &server,
         &[
-            "ratelimit_server_redis_pool_cx_active 2",
-            "ratelimit_server_redis_pool_cx_total 4",
-            "ratelimit_server_redis_per_second_pool_cx_total 1",
+            "ratelimit_redis_pool_cx_active 2",
+            "ratelimit_redis_pool_cx_total 4",
+            "ratelimit_redis_per_second_pool_cx_total 1",
         ],
     )
     .await;
@@ -757,10 +760,10 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
         &server,
         &[
             // Counters: what was added since the first flushes.
-            ("ratelimit_server.redis_pool.cx_local_close", 2),
-            ("ratelimit_server.redis_pool.cx_total", 2),
-            ("ratelimit_server.redis_pool.cx_active|g", 2),
-            ("ratelimit_server.localcache.entryCount|g", 0),
+            ("ratelimit.redis_pool.cx_local_close", 2),
+            ("ratelimit.redis_pool.cx_total", 2),
+            ("ratelimit.redis_pool.cx_active|g", 2),
+            ("ratelimit.localcache.entryCount|g", 0),
         ],
         &[],
     );

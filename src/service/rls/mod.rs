@@ -211,7 +211,8 @@ impl RateLimiter {
         let config = self.config.current();
         let Some(domain) = config.domain(&request.domain) else {
             metrics::counter!("ratekeeper_domain_not_found").increment(1);
-            self.counters.domain_not_found(&request.domain);
+            self.counters
+                .domain_not_found(&request.domain, request.descriptors.len());
             tracing::debug!(domain = %request.domain, "unknown domain");
             if let Some(span) = span {
                 span.answered_by("unknown_domain");

@@ -173,11 +173,13 @@ impl RuleCounters {
         }
     }
 
-    /// Counts a request for a domain no config has: theirs counts
-    /// `ratelimit.service.rate_limit.<domain>.domain_not_found`. The domain
-    /// is the caller's, so it is one segment of the name ([`one_segment`]),
-    /// and distinct ones past the cap share the name `overflow`.
-    pub fn domain_not_found(&self, domain: &str) {
+    /// Counts a request of `descriptors` descriptors for a domain no config
+    /// has: theirs counts
+    /// `ratelimit.service.rate_limit.<domain>.domain_not_found` once per
+    /// descriptor (each looks its limit up). The domain is the caller's, so
+    /// it is one segment of the name ([`one_segment`]), and distinct ones
+    /// past the cap share the name `overflow`.
+    pub fn domain_not_found(&self, domain: &str, descriptors: usize) {
         let key = sanitize(&one_segment(domain));
         let counter = self.unknown_domains.get(
             key,
@@ -188,7 +190,7 @@ impl RuleCounters {
                 ))
             },
         );
-        counter.add(1);
+        counter.add(descriptors as u64);
     }
 
     /// How a descriptor's `hits` split against its tightest limit, `judged`
@@ -492,7 +494,7 @@ mod tests {
     fn unknown_domains_are_one_segment_and_capped() {
         let counters = RuleCounters::new(2, Values::Raw, NearLimitRatio::default(), false);
         for domain in ["a.b", "a_b", "c\nd", "e", "f", "a.b"] {
-            counters.domain_not_found(domain);
+            counters.domain_not_found(domain, 1);
         }
         let seen = counters.unknown_domains.seen.lock().unwrap();
         let mut keys: Vec<&str> = seen.keys().map(String::as_str).collect();
