@@ -97,6 +97,8 @@ struct RawConcurrency {
 /// Parses and compiles one limits file's text: one domain per YAML
 /// document. `file` is only used in errors.
 pub fn parse(file: &Path, text: &str) -> Result<Vec<DomainConfig>, ConfigError> {
+    // A byte-order mark, which their loader's libyaml reads as one.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut domains = Vec::new();
     for (doc, raw) in documents(file, text)? {
         let description = describe(raw).map_err(|e| located(file, text, doc, e))?;

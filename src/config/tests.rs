@@ -188,6 +188,13 @@ descriptors:
     }
 }
 
+/// A file saved with a byte-order mark loads, as there.
+#[test]
+fn a_byte_order_mark_is_read_as_one() {
+    let config = load("\u{feff}domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n").unwrap();
+    assert!(config.domain("d").is_some());
+}
+
 /// YAML merge keys, which their loader applies, load too.
 #[test]
 fn merge_keys_apply_as_in_their_loader() {
