@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use ratekeeper::clock::SystemClock;
-use ratekeeper::config::watch::{record_load, SharedConfig};
+use ratekeeper::config::watch::{fingerprint, record_load, SharedConfig, Watched};
 use ratekeeper::config::xds_client::XdsSettings;
 use ratekeeper::config::{Config, LimitsDir, LoadOptions};
 use ratekeeper::headers::{HeaderNames, HeaderSettings};
@@ -140,12 +140,12 @@ struct Cli {
     expected_replicas: u32,
     /// Multiplexed connections to Redis, in all: spread over the serving
     /// threads, at least one each.
-    #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4)]
+    #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4, value_parser = redis_settings::at_most_1024)]
     redis_pool_size: usize,
     /// Threads serving gRPC, each with its own connections, Redis
     /// connections and batches. Default: one per core available (cgroup
     /// CPU limits included).
-    #[arg(long, env = "SERVING_THREADS")]
+    #[arg(long, env = "SERVING_THREADS", value_parser = serving_threads)]
     serving_threads: Option<NonZeroUsize>,
     /// Deadline of one Redis call, in milliseconds. Default 20, or
     /// REDIS_TIMEOUT when that is set.
@@ -208,11 +208,11 @@ struct Cli {
     handshake_timeout_ms: u64,
     /// Send client connections this old an HTTP/2 GOAWAY (Go syntax, e.g.
     /// `1h30m`), so clients rebalance across replicas (envoyproxy/ratelimit's
-    /// default).
+    /// default); 0: never, as grpc-go reads it.
     #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = duration, default_value = "24h")]
     max_connection_age: Duration,
     /// Time a connection past its maximum age gets to finish its calls;
-    /// then it is closed.
+    /// then it is closed. 0: never closed, as grpc-go reads it.
     #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = duration, default_value = "1h")]
     max_connection_age_grace: Duration,
     /// Log filter: `error`, `warn` (or `warning`), `info`, `debug`,
@@ -323,12 +323,22 @@ impl From<FailureModeArg> for FailureMode {
 }
 
 /// The tracing filter for LOG_LEVEL: logrus's level names (any case,
-/// `warning`, `fatal`, `panic`) as tracing's, a directive as it is.
-fn log_filter(level: &str) -> String {
-    match level.to_ascii_lowercase().as_str() {
-        "warning" => "warn".into(),
-        "fatal" | "panic" => "error".into(),
-        lower => lower.to_owned(),
+/// `warning`, `fatal`, `panic`) as tracing's, a directive as it is. A bare
+/// word that is no level is refused, as there: tracing would take it for
+/// a target and log nothing else, errors included.
+fn log_filter(level: &str) -> Result<String> {
+    let lower = level.to_ascii_lowercase();
+    match lower.as_str() {
+        "warning" => Ok("warn".into()),
+        "fatal" | "panic" => Ok("error".into()),
+        "off" | "error" | "warn" | "info" | "debug" | "trace" => Ok(lower),
+        word if word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => {
+            Err(Error::Startup(format!(
+                "LOG_LEVEL {level:?} is not a level: expected error, warn, info, debug or trace \
+                 (or a tracing directive such as ratekeeper=debug)"
+            )))
+        }
+        _ => Ok(level.to_owned()),
     }
 }
 
@@ -366,7 +376,7 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    telemetry::init_logging(&log_filter(&cli.log_level), log_format(&cli.log_format))?;
+    telemetry::init_logging(&log_filter(&cli.log_level)?, log_format(&cli.log_format))?;
     settings_compat::warn_ignored();
     cli.envoy.check_backend()?;
     if cli.key_prefix.contains(['{', '}']) {
@@ -403,10 +413,16 @@ async fn run(cli: Cli) -> Result<()> {
 
     let config_dir = cli.envoy.limits_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
-        ConfigType::File => (
-            load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?,
-            Some(config_dir),
-        ),
+        ConfigType::File => {
+            // Taken before the load: a file written meanwhile is reloaded.
+            let loaded = fingerprint(&config_dir);
+            let config = load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?;
+            let watched = Watched {
+                dir: config_dir,
+                loaded,
+            };
+            (config, Some(watched))
+        }
         ConfigType::GrpcXdsSotw => (
             subscribe_xds(&cli.envoy, cli.envoy_modes.load_options()).await?,
             None,
@@ -438,8 +454,12 @@ async fn run(cli: Cli) -> Result<()> {
         limits: ConnectionLimits {
             tls,
             handshake_timeout: Duration::from_millis(cli.handshake_timeout_ms),
-            max_connection_age: Some(cli.max_connection_age),
-            max_connection_age_grace: cli.max_connection_age_grace,
+            // 0 is never, for both, as grpc-go reads them.
+            max_connection_age: Some(cli.max_connection_age).filter(|age| !age.is_zero()),
+            max_connection_age_grace: match cli.max_connection_age_grace {
+                Duration::ZERO => Duration::MAX,
+                grace => grace,
+            },
             ..ConnectionLimits::default()
         },
         lanes,
@@ -683,6 +703,12 @@ fn validate(dir: &LimitsDir, options: LoadOptions) -> Result<()> {
         domains.join(", ")
     );
     Ok(())
+}
+
+/// SERVING_THREADS for clap: 1 to 1024.
+fn serving_threads(text: &str) -> std::result::Result<NonZeroUsize, String> {
+    let n = redis_settings::at_most_1024(text)?;
+    NonZeroUsize::new(n).ok_or_else(|| "0: at least one thread serves".to_owned())
 }
 
 /// Parses a Go duration (`500ms`, `1h30m`, `1.5h`; or seconds) for clap.

@@ -17,6 +17,18 @@ use ratekeeper::{Error, Result};
 use crate::envoy_settings::redis_url;
 use crate::read_file as read;
 
+/// Connections to a Redis or serving threads, as clap reads them: at most
+/// 1024, a bound far past any use that stops a typo from opening millions
+/// of connections or threads before anything is served.
+pub fn at_most_1024(text: &str) -> std::result::Result<usize, String> {
+    const MAX: usize = 1024;
+    match text.trim().parse::<usize>() {
+        Ok(n) if n <= MAX => Ok(n),
+        Ok(n) => Err(format!("{n} is more than {MAX}")),
+        Err(_) => Err(format!("{text:?} is not a count from 0 to {MAX}")),
+    }
+}
+
 /// `--redis-type`, `--redis-persecond-type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TopologyArg {
@@ -58,7 +70,7 @@ pub struct PerSecondArgs {
     #[arg(long, env = "REDIS_PERSECOND_TLS", value_parser = BoolishValueParser::new())]
     redis_persecond_tls: bool,
     /// Connections to the per-second Redis, in all. Default: REDIS_POOL_SIZE.
-    #[arg(long, env = "REDIS_PERSECOND_POOL_SIZE")]
+    #[arg(long, env = "REDIS_PERSECOND_POOL_SIZE", value_parser = at_most_1024)]
     redis_persecond_pool_size: Option<usize>,
     /// `tcp` or `unix`, as REDIS_SOCKET_TYPE.
     #[arg(long, env = "REDIS_PERSECOND_SOCKET_TYPE")]

@@ -44,7 +44,7 @@ pub struct Server {
     /// Where gRPC is served (already bound, so port 0 works).
     pub grpc: Listener,
     /// The limits directory, watched for changes when set.
-    pub config_dir: Option<crate::config::LimitsDir>,
+    pub config_dir: Option<watch::Watched>,
     /// How the directory's files make domains on a reload.
     pub load_options: LoadOptions,
     /// The config to start with.
@@ -92,7 +92,7 @@ pub struct ConnectionLimits {
     /// `GRPC_MAX_CONNECTION_AGE`)...
     pub max_connection_age: Option<Duration>,
     /// ...and close them this long after that, calls in flight or not
-    /// (`GRPC_MAX_CONNECTION_AGE_GRACE`).
+    /// (`GRPC_MAX_CONNECTION_AGE_GRACE`; `Duration::MAX`: never).
     pub max_connection_age_grace: Duration,
     /// gRPC over TLS (mutual when the files name a client CA).
     pub tls: Option<ReloadingTls>,
@@ -245,7 +245,7 @@ impl Server {
             values: self.limiter.values,
         };
         let source = match &self.config_dir {
-            Some(dir) => dir.to_string(),
+            Some(watched) => watched.dir.to_string(),
             None => "xds".to_owned(),
         };
         (leases, source)
@@ -253,9 +253,9 @@ impl Server {
 
     /// Watches the limits directory, when limits come from one.
     fn spawn_watcher(&self) -> Option<JoinHandle<()>> {
-        let dir = self.config_dir.clone()?;
+        let watched = self.config_dir.clone()?;
         Some(tokio::spawn(watch::watch(
-            (dir, self.load_options),
+            (watched, self.load_options),
             self.config.clone(),
             self.reload_interval,
         )))
@@ -309,8 +309,9 @@ fn serve_on_lanes<H: Health>(
             Some(age) => builder.clone().max_connection_age(age),
             None => builder.clone(),
         };
-        // The grace's end is ours to enforce (see `grpc_builder`).
-        let lifetime = age.map(|age| age.saturating_add(limits.max_connection_age_grace));
+        // The grace's end is ours to enforce (see `grpc_builder`); an
+        // endless grace (`Duration::MAX`) never closes the connection.
+        let lifetime = age.and_then(|age| age.checked_add(limits.max_connection_age_grace));
         let router = lane_builder
             .add_service(services.health.clone())
             .add_service(reflection_v1.clone())

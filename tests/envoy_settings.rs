@@ -67,6 +67,69 @@ async fn go_durations_and_logrus_log_settings_are_read() {
     assert!(stderr.contains("bad duration \"90x\""), "{stderr}");
 }
 
+/// A value no deployment means is refused before anything starts: a
+/// misspelt level (it would silence every log, errors included), and
+/// connection or thread counts that would exhaust the machine.
+#[test]
+fn settings_past_reason_stop_the_start_with_a_reason() {
+    for (setting, says) in [
+        (("LOG_LEVEL", "warnn"), "LOG_LEVEL \"warnn\" is not a level"),
+        (
+            ("REDIS_POOL_SIZE", "100000000"),
+            "100000000 is more than 1024",
+        ),
+        (
+            ("REDIS_PERSECOND_POOL_SIZE", "2000"),
+            "2000 is more than 1024",
+        ),
+        (("SERVING_THREADS", "100000"), "100000 is more than 1024"),
+        (("SERVING_THREADS", "0"), "at least one thread serves"),
+    ] {
+        let stderr = refused(&[setting]);
+        assert!(stderr.contains(says), "{setting:?}: {stderr}");
+    }
+    // Sentinel connections cannot take TLS beyond the system's roots: a
+    // start-up error, not a connection retried for ever.
+    let root = tempfile::tempdir().unwrap();
+    write(&root.path().join("ratelimit/config/l.yaml"), LIMITS);
+    let runtime_root = root.path().display().to_string();
+    let stderr = refused(&[
+        ("RUNTIME_ROOT", &runtime_root),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", "mymaster,127.0.0.1:1"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ]);
+    assert!(
+        stderr.contains("sentinel: TLS with a custom CA"),
+        "{stderr}"
+    );
+}
+
+/// GRPC_MAX_CONNECTION_AGE=0 and its grace 0 are "never", as grpc-go reads
+/// them: calls on one connection keep being answered.
+#[tokio::test]
+async fn a_connection_age_of_zero_is_never() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "0"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "0"),
+        ],
+    );
+    let mut client = server.client().await;
+    for user in 0..10 {
+        let user = format!("u{user}");
+        let ask = request("web", vec![descriptor(&[("user", &user)])]);
+        client.should_rate_limit(ask).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// LOG_FORMAT=json writes their lines (logrus' JSON with their field map):
 /// `@timestamp` (RFC 3339, UTC), `@message`, a lowercase `level`, and the
 /// event's fields beside them.

@@ -460,6 +460,34 @@ async fn force_start_without_initial_config_serves_until_the_limits_directory_ap
     }
 }
 
+/// The watcher starts from the files as they were loaded: one written
+/// while the server starts (here: as soon as it listens) is reloaded.
+#[tokio::test]
+async fn a_limits_file_changed_as_the_server_starts_is_reloaded() {
+    let dir = limits_dir(LIMITS);
+    let server = Ratekeeper::spawn(dir.path(), &["--reload-interval-ms", "50"]);
+    let changed = LIMITS.replace("requests_per_unit: 50", "requests_per_unit: 7");
+    std::fs::write(dir.path().join("limits.yaml"), changed).unwrap();
+    let mut client = server.client().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = client
+            .should_rate_limit(request("web", vec![descriptor(&[("user", "a")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        let limit = answer.statuses[0].current_limit.as_ref().unwrap();
+        if limit.requests_per_unit == 7 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the change was never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[test]
 fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
     let root = tempfile::tempdir().unwrap();

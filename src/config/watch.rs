@@ -77,25 +77,43 @@ pub fn fingerprint(dir: &LimitsDir) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Reloads `shared` from `dir` (read with `options`) whenever its
+/// A limits directory to watch, and its [`fingerprint`] when the config in
+/// force was loaded from it (`None`: taken at the watcher's first look).
+#[derive(Debug, Clone)]
+pub struct Watched {
+    pub dir: LimitsDir,
+    pub loaded: Option<u64>,
+}
+
+/// Reloads `shared` from the directory (read with `options`) whenever its
 /// fingerprint changes, until the task is dropped. A config that fails to
-/// load is logged and counted, and the running one stays.
+/// load is logged and counted, and the running one stays. Reading and
+/// parsing run on the blocking pool: a huge or slow file must not stall the
+/// HTTP listeners and shutdown that share this task's runtime.
 pub async fn watch(
-    (dir, options): (LimitsDir, LoadOptions),
+    (watched, options): (Watched, LoadOptions),
     shared: SharedConfig,
     interval: Duration,
 ) {
-    let mut last = fingerprint(&dir);
+    let Watched { dir, loaded } = watched;
+    let mut last = match loaded {
+        Some(print) => Some(print),
+        None => off_runtime(dir.clone(), fingerprint).await.flatten(),
+    };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = fingerprint(&dir);
-        if now == last {
+        let seen = last;
+        let changed = off_runtime(dir.clone(), move |dir| {
+            let now = fingerprint(dir);
+            (now != seen).then(|| (now, Config::load(dir, options)))
+        });
+        let Some((now, result)) = changed.await.flatten() else {
             continue;
-        }
+        };
         last = now;
-        match Config::load(&dir, options) {
+        match result {
             Ok(config) => {
                 tracing::info!(%dir, domains = ?config.domain_names(), "limits reloaded");
                 shared.replace(config);
@@ -107,6 +125,14 @@ pub async fn watch(
             }
         }
     }
+}
+
+/// `read(&dir)` on the blocking pool; `None` if it panicked.
+async fn off_runtime<T: Send + 'static>(
+    dir: LimitsDir,
+    read: impl FnOnce(&LimitsDir) -> T + Send + 'static,
+) -> Option<T> {
+    tokio::task::spawn_blocking(move || read(&dir)).await.ok()
 }
 
 /// Counts a config load attempt in metrics, under ratekeeper's names and

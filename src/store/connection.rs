@@ -296,6 +296,17 @@ impl Connections {
                 Vec::new()
             }
         };
+        let custom_tls = settings.tls.as_ref().is_some_and(|tls| {
+            tls.ca.is_some() || tls.client.is_some() || tls.skip_hostname_verification
+        });
+        if settings.topology == Topology::Sentinel && custom_tls {
+            // The Redis client's sentinel connections take no TLS settings.
+            return Err(Error::Startup(
+                "sentinel: TLS with a custom CA, a client certificate or without host name \
+                 verification is not supported"
+                    .into(),
+            ));
+        }
         let opened = AtomicU64::new(initial.len() as u64);
         let connections = Arc::new(Connections {
             settings,
@@ -458,14 +469,9 @@ impl Connections {
                 }
                 let mut node_info =
                     SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
-                if let Some(tls) = &s.tls {
+                if s.tls.is_some() {
+                    // Plain TLS only: `Connections::new` refused the rest.
                     node_info = node_info.set_tls_mode(TlsMode::Secure);
-                    if tls.ca.is_some() || tls.client.is_some() || tls.skip_hostname_verification {
-                        return Err(Error::Startup(
-                            "sentinel: TLS with a custom CA, a client certificate or without host name verification is not supported"
-                                .into(),
-                        ));
-                    }
                 }
                 let mut sentinel = SentinelClient::build(
                     sentinels,

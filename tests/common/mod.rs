@@ -425,7 +425,10 @@ impl TestServer {
         let (tx, rx) = oneshot::channel();
         let server = Server {
             grpc: grpc.into(),
-            config_dir: config_dir.map(ratekeeper::config::LimitsDir::Flat),
+            config_dir: config_dir.map(|dir| ratekeeper::config::watch::Watched {
+                dir: ratekeeper::config::LimitsDir::Flat(dir),
+                loaded: None,
+            }),
             load_options: Default::default(),
             config: config.clone(),
             health_needs_domains: false,
