@@ -123,6 +123,7 @@ pub fn store(redis: Redis<'_>, shared: &Shared<'_>) -> Result<Store> {
 
 fn settings(redis: Redis<'_>, shared: &Shared<'_>) -> Result<RedisSettings> {
     let tls = if redis.tls || redis.url.starts_with("rediss://") {
+        ratekeeper::tls::check_client_files(shared.tls_ca, shared.tls_client)?;
         let client = match shared.tls_client {
             Some((cert, key)) => Some((read(cert)?, read(key)?)),
             None => None,

@@ -117,6 +117,21 @@ pub fn client_config(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Res
     Ok(config)
 }
 
+/// Checks a TLS client's PEM files (a CA, a certificate and its key) as
+/// [`client_config`] reads them, naming the file that is wrong: for a
+/// client that takes the files' bytes and would only fail when it
+/// connects (the Redis client).
+pub fn check_client_files(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Result<()> {
+    if let Some(ca) = ca {
+        read_roots(ca)?;
+    }
+    if let Some((cert, key)) = identity {
+        read_certs(cert)?;
+        read_key(key)?;
+    }
+    Ok(())
+}
+
 fn bad(what: &Path, e: &dyn std::fmt::Display) -> Error {
     Error::Startup(format!("TLS: {}: {e}", what.display()))
 }

@@ -105,6 +105,22 @@ fn settings_past_reason_stop_the_start_with_a_reason() {
         stderr.contains("sentinel: TLS with a custom CA"),
         "{stderr}"
     );
+    // A Redis CA file with no certificate in it is named at start-up, not
+    // met as a failed handshake on every connection.
+    let ca = root.path().join("ca.pem");
+    write(&ca, "not a certificate\n");
+    let ca = ca.display().to_string();
+    let stderr = refused(&[
+        ("RUNTIME_ROOT", &runtime_root),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("REDIS_URL", "127.0.0.1:1"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", &ca),
+    ]);
+    assert!(
+        stderr.contains(&format!("TLS: {ca}: no PEM certificate")),
+        "{stderr}"
+    );
 }
 
 /// GRPC_MAX_CONNECTION_AGE=0 and its grace 0 are "never", as grpc-go reads
