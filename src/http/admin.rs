@@ -288,14 +288,19 @@ impl<S: Send + Sync> FromRequestParts<S> for DescriptorQuery {
 fn descriptor(query: Option<&str>) -> std::result::Result<(String, Vec<(String, String)>), String> {
     let mut domain = None;
     let mut entries = Vec::new();
+    let mut lease = false;
     for (name, value) in pairs(query.unwrap_or(""))? {
         match name.as_str() {
+            // Twice is refused: which one a reset or revoke acts on must
+            // not be a guess.
+            "domain" if domain.is_some() => return Err("domain given twice: one per call".into()),
             "domain" => domain = Some(value),
             "entry" => match value.split_once('=') {
                 Some((k, v)) if !k.is_empty() => entries.push((k.to_owned(), v.to_owned())),
                 _ => return Err(format!("entry {value:?} is not key=value")),
             },
-            "lease" => {}
+            "lease" if lease => return Err("lease given twice: one per call".into()),
+            "lease" => lease = true,
             other => return Err(format!("unknown parameter {other:?}")),
         }
     }
@@ -422,6 +427,15 @@ mod tests {
         assert!(descriptor(Some("domain=d&entry=a=b&x=1"))
             .unwrap_err()
             .contains("unknown parameter"));
+        for (twice, name) in [
+            ("domain=a&domain=b&entry=k=v", "domain"),
+            ("domain=a&entry=k=v&lease=x&lease=y", "lease"),
+        ] {
+            assert_eq!(
+                descriptor(Some(twice)).unwrap_err(),
+                format!("{name} given twice: one per call")
+            );
+        }
         assert_eq!(decode("%zz%4").unwrap(), "%zz%4");
         // Only two hex digits make an escape (`from_str_radix` takes a sign).
         assert_eq!(decode("%+1").unwrap(), "% 1");
