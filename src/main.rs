@@ -847,11 +847,37 @@ fn write_limiter(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// Listens on `addr`. The unspecified IPv4 address (the default hosts'
+/// `0.0.0.0`) listens on IPv6 too, as Go's `net.Listen("tcp", …)` does for
+/// envoyproxy/ratelimit, so an IPv6-only or IPv6-first cluster reaches
+/// the pod: one dual-stack socket on `[::]`, or IPv4 alone where the host
+/// has no IPv6.
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
+    if let Ok(SocketAddr::V4(v4)) = addr.parse::<SocketAddr>() {
+        if v4.ip().is_unspecified() {
+            if let Ok(listener) = dual_stack(v4.port()) {
+                return Ok(listener);
+            }
+        }
+    }
     TcpListener::bind(addr).await.map_err(|source| Error::Io {
         context: format!("cannot listen for {what} on {addr}"),
         source,
     })
+}
+
+/// A listener on `[::]:port` taking IPv4 clients as well (IPV6_V6ONLY off,
+/// whatever the host's default), set up as tokio's own.
+fn dual_stack(port: u16) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    let any = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    socket.bind(&any.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 /// Listens on the Unix socket `path`, replacing a socket file an earlier

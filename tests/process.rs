@@ -488,6 +488,51 @@ async fn a_limits_file_changed_as_the_server_starts_is_reloaded() {
     }
 }
 
+/// A listener on `0.0.0.0` (the default hosts) takes IPv6 clients too, as
+/// envoyproxy/ratelimit's Go listeners do: an IPv6-only cluster's probes
+/// and Envoy reach it. (IPv4 alone on a host without IPv6.)
+#[test]
+fn a_listener_on_every_ipv4_address_takes_ipv6_too() {
+    let dir = limits_dir(LIMITS);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("--config-dir")
+        .arg(dir.path())
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "0.0.0.0:0"])
+        .args([
+            "--metrics-addr",
+            "off",
+            "--debug-addr",
+            "off",
+            "--admin-addr",
+            "off",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("http="))
+        .and_then(|addr| addr.rsplit(':').next())
+        .unwrap_or_else(|| panic!("no http= in {line:?}"))
+        .to_owned();
+    let has_ipv6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+    let mut hosts = vec!["127.0.0.1".to_owned()];
+    if has_ipv6 {
+        hosts.push("[::1]".to_owned());
+    }
+    for host in hosts {
+        let answer = common::http_call(&format!("{host}:{port}"), "GET", "/healthcheck", "");
+        assert_eq!(answer.status, 200, "{host}: {answer:?}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
     let root = tempfile::tempdir().unwrap();
