@@ -248,9 +248,10 @@ async fn metrics_listen_on_prometheus_addr_at_prometheus_path() {
             ("PROMETHEUS_PATH", "/stats/prometheus"),
         ],
     );
-    let port = server
-        .metrics
-        .strip_prefix("0.0.0.0:")
+    // Every interface: IPv6 too (`[::]`), unless the host has none.
+    let port = ["[::]:", "0.0.0.0:"]
+        .iter()
+        .find_map(|any| server.metrics.strip_prefix(any))
         .unwrap_or_else(|| panic!("not on every interface: {}", server.metrics));
     let addr = format!("127.0.0.1:{port}");
     let answer = http_call(&addr, "GET", "/stats/prometheus", "");
