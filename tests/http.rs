@@ -260,6 +260,14 @@ async fn metrics_listen_on_prometheus_addr_at_prometheus_path() {
         answer.body.contains("ratekeeper_config_load_success 1"),
         "{answer:?}"
     );
+    // Envoy Gateway's rate limit dashboard charts these (client_golang's
+    // process collector there).
+    for series in [
+        "process_resident_memory_bytes ",
+        "process_virtual_memory_bytes ",
+    ] {
+        assert!(answer.body.contains(series), "{series}: {answer:?}");
+    }
     assert_eq!(http_call(&addr, "GET", "/metrics", "").status, 404);
 }
 

@@ -1,5 +1,6 @@
 //! Prometheus text at one path (`/metrics` unless `PROMETHEUS_PATH` says
-//! otherwise) on the metrics listener.
+//! otherwise) on the metrics listener: the recorder's series, then the
+//! process's ([`super::process`]).
 
 use std::time::Duration;
 
@@ -30,10 +31,9 @@ pub fn router(path: &str, handle: PrometheusHandle) -> Result<Router> {
     });
     let render = move || async move {
         crate::their_stats::refresh();
-        (
-            [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        )
+        let mut text = handle.render();
+        text.push_str(&super::process::render());
+        ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text)
     };
     Ok(Router::new().route(path, get(render)))
 }

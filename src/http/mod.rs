@@ -1,6 +1,7 @@
 //! The HTTP surface, on one HTTP/1.1 server (axum): the main listener
 //! (`/healthcheck`, `/json`: [`api`]), the debug listener (`/rlconfig`:
-//! [`rlconfig`]), the metrics listener ([`metrics`]) and the admin
+//! [`rlconfig`]), the metrics listener ([`metrics`], with the process's
+//! series: [`process`]) and the admin
 //! listener ([`admin`], maybe over TLS: [`tls_listener`]). gRPC is served
 //! elsewhere ([`crate::server`]).
 
@@ -8,6 +9,7 @@ pub mod admin;
 pub mod api;
 pub mod idle;
 pub mod metrics;
+pub mod process;
 pub mod protojson;
 pub mod rlconfig;
 pub mod tls_listener;
