@@ -14,46 +14,13 @@ const USER_HZ: f64 = 100.0;
 /// The series as Prometheus text, each with its `HELP` and `TYPE`; a value
 /// `/proc` does not give is left out.
 pub fn render() -> String {
-    let mut out = String::new();
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse::<f64>().ok())
-            .map(|n| n * 1024.0)
-    };
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which may hold spaces and ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // proc(5) numbers the fields from 1, the state (3) first after the name.
-    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
-    let cpu = field(14)
-        .zip(field(15))
-        .map(|(user, system)| (user + system) / USER_HZ);
-    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|text| {
-        text.lines()
-            .find_map(|line| line.strip_prefix("btime "))
-            .and_then(|s| s.trim().parse::<f64>().ok())
-    });
-    let start = boot
-        .zip(field(22))
-        .map(|(boot, ticks)| boot + ticks / USER_HZ);
+    let status = read("/proc/self/status");
+    let bytes = |field| number_after(&status, field).map(|kib| kib * 1024.0);
+    let (cpu, start) = times();
+    let limits = read("/proc/self/limits");
     let open = std::fs::read_dir("/proc/self/fd")
         .ok()
         .map(|dir| dir.count() as f64);
-    let max = std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("Max open files"))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|soft| soft.parse::<f64>().ok())
-        });
     let series = [
         (
             "process_cpu_seconds_total",
@@ -71,19 +38,19 @@ pub fn render() -> String {
             "process_max_fds",
             "gauge",
             "Maximum number of open file descriptors.",
-            max,
+            number_after(&limits, "Max open files"),
         ),
         (
             "process_virtual_memory_bytes",
             "gauge",
             "Virtual memory size in bytes.",
-            kib("VmSize:"),
+            bytes("VmSize:"),
         ),
         (
             "process_resident_memory_bytes",
             "gauge",
             "Resident memory size in bytes.",
-            kib("VmRSS:"),
+            bytes("VmRSS:"),
         ),
         (
             "process_start_time_seconds",
@@ -92,6 +59,7 @@ pub fn render() -> String {
             start,
         ),
     ];
+    let mut out = String::new();
     for (name, kind, help, value) in series {
         if let Some(value) = value {
             // Writing to a String cannot fail.
@@ -102,6 +70,41 @@ pub fn render() -> String {
         }
     }
     out
+}
+
+/// CPU seconds used (user and system) and the start time (Unix seconds),
+/// from `/proc/self/stat` and the boot time in `/proc/stat`.
+fn times() -> (Option<f64>, Option<f64>) {
+    let stat = read("/proc/self/stat");
+    // The fields after the command name, which may hold spaces and ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // proc(5) numbers the fields from 1, the state (3) first after the name.
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    let cpu = field(14)
+        .zip(field(15))
+        .map(|(user, system)| (user + system) / USER_HZ);
+    let boot = number_after(&read("/proc/stat"), "btime");
+    let start = boot
+        .zip(field(22))
+        .map(|(boot, ticks)| boot + ticks / USER_HZ);
+    (cpu, start)
+}
+
+/// The first word after `prefix` on the line of `text` that starts with
+/// it, as a number.
+fn number_after(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|word| word.parse().ok())
+}
+
+/// A `/proc` file's text; empty when it cannot be read.
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 #[cfg(test)]
