@@ -171,7 +171,8 @@ impl RuleCounter {
     }
 }
 
-/// One level of the stat path of a rule under a `value_to_metric` node.
+/// One level of the stat path of a rule under a `value_to_metric` node, or
+/// of a `detailed_metric` one under a `share_threshold` wildcard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetricLevel {
     /// The level's label as configured (`key`, `key_value`, `key_pattern`).
@@ -198,8 +199,10 @@ pub struct Rule {
     /// The node's path, e.g. `plan_free.user_id`: the metrics label.
     pub path: String,
     pub metrics: RuleMetrics,
-    /// With `value_to_metric` on a node of the path: its stat path, level
-    /// by level (without `detailed_metric`, which uses every value).
+    /// Its stat path level by level, when that takes request values at
+    /// some levels only: under a `value_to_metric` node, or, with
+    /// `detailed_metric`, under a `share_threshold` wildcard (whose level
+    /// keeps its pattern); see `config::value_metric`.
     pub metric_levels: Option<Arc<[MetricLevel]>>,
 }
 

@@ -269,6 +269,64 @@ descriptors:
     );
 }
 
+/// A `share_threshold` wildcard's level keeps its pattern in their stat
+/// key: over `value_to_metric`, and under a `detailed_metric` rule, whose
+/// other levels keep the request's values (their share_threshold.yaml).
+#[tokio::test]
+async fn share_threshold_levels_keep_their_pattern_in_their_stat_key() {
+    let limits = "domain: d
+descriptors:
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: service
+    value: svc/*
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 80}
+  - key: midroute
+    value: /api*v2
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 80}
+";
+    let dir = tempfile::tempdir().unwrap();
+    let server = Ratekeeper::start(limits, dir.path(), &[]);
+    let mut client = server.client().await;
+    for entries in [
+        vec![("route", "api/v1"), ("method", "GET")],
+        vec![("route", "api/v2"), ("method", "GET")],
+        vec![("service", "svc/user"), ("endpoint", "get")],
+        vec![("midroute", "/api/v2")],
+    ] {
+        client
+            .should_rate_limit(request("d", vec![descriptor(&entries)]))
+            .await
+            .unwrap();
+    }
+    let text = server.metrics();
+    let mut theirs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .collect();
+    theirs.sort();
+    assert_eq!(
+        theirs,
+        [
+            r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="midroute_/api*v2"} 1"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="route_api/*",key2="method"} 2"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="service_svc/*",key2="endpoint_get"} 1"#,
+        ],
+        "{text}"
+    );
+}
+
 /// One store call is one sample of `ratekeeper_store_call_duration_seconds`:
 /// one per decision here (sequential requests, one descriptor each), never
 /// more than the limiter calls Redis ran (a first call on a connection may

@@ -1,8 +1,14 @@
-//! `value_to_metric`: which levels of a rule's stat path take the request's
-//! value instead of the configured one. As in envoyproxy/ratelimit, a node
-//! with the flag puts the request's value in the stats of every rule at or
-//! under it; the other levels keep their configured label (a wildcard its
-//! pattern, a value-less node its key).
+//! Which levels of a rule's stat path take the request's value instead of
+//! the configured one, as envoyproxy/ratelimit builds the key:
+//! - under a `value_to_metric` node, every rule at or under it puts the
+//!   request's value at that node's level; the other levels keep their
+//!   configured label (a wildcard its pattern, a value-less node its key);
+//! - a `detailed_metric` rule puts every request value in its path, but
+//!   when a `share_threshold` wildcard is on its path: then that level is
+//!   the pattern, the others `key_value` (`key` for an empty value).
+//!
+//! A `share_threshold` wildcard's level is always its pattern, flag or not:
+//! every value it matches counts as one there.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +24,9 @@ pub fn label(key: &str, value: Option<&str>) -> String {
     }
 }
 
-/// The stat path levels of every rule under a `value_to_metric` node, by
-/// the rule node's `at`. Empty (and allocation-free) without the flag.
+/// The stat path levels of every rule whose path takes request values
+/// level by level (see the module doc), by the rule node's `at`. Empty
+/// (and allocation-free) without those flags.
 pub fn levels(nodes: &[Descriptor]) -> HashMap<String, Arc<[MetricLevel]>> {
     let mut out = HashMap::new();
     walk(nodes, &mut Vec::new(), &mut out);
@@ -33,20 +40,37 @@ fn walk<'a>(
 ) {
     for node in nodes {
         path.push(node);
-        let flagged = path.iter().any(|n| n.payload.value_to_metric);
-        if flagged && !node.payload.limits.is_empty() {
-            let levels = path
-                .iter()
-                .map(|n| match n.payload.value_to_metric {
-                    true => MetricLevel::Request,
-                    false => MetricLevel::Config(label(&n.key, n.value.as_deref())),
-                })
-                .collect();
-            out.insert(node.at.clone(), levels);
+        if !node.payload.limits.is_empty() {
+            if let Some(levels) = rule_levels(path) {
+                out.insert(node.at.clone(), levels);
+            }
         }
         walk(&node.children, path, out);
         path.pop();
     }
+}
+
+/// The levels of the rule at the end of `path`; `None` when its stat path
+/// is fixed (its configured one) or every value (plain `detailed_metric`).
+fn rule_levels(path: &[&Descriptor]) -> Option<Arc<[MetricLevel]>> {
+    let shares = |n: &Descriptor| n.payload.share_threshold;
+    let detailed = path.last()?.payload.detailed_metric;
+    let takes_value: fn(&Descriptor) -> bool = if detailed {
+        if !path.iter().any(|n| shares(n)) {
+            return None;
+        }
+        |n| !n.payload.share_threshold
+    } else {
+        if !path.iter().any(|n| n.payload.value_to_metric) {
+            return None;
+        }
+        |n| n.payload.value_to_metric && !n.payload.share_threshold
+    };
+    let levels = path.iter().map(|n| match takes_value(n) {
+        true => MetricLevel::Request,
+        false => MetricLevel::Config(label(&n.key, n.value.as_deref())),
+    });
+    Some(levels.collect())
 }
 
 #[cfg(test)]
@@ -94,5 +118,32 @@ mod tests {
         );
         assert!(!levels.contains_key("plain"), "a sibling without the flag");
         assert!(!levels.contains_key("route"), "no limit, no rule");
+    }
+
+    #[test]
+    fn a_shared_wildcard_keeps_its_pattern_also_in_detailed_rules() {
+        let shared = |flag| {
+            let mut n = node("route", Some("api/*"), flag, false);
+            n.payload.share_threshold = true;
+            n
+        };
+        let mut flagged = shared(true);
+        flagged.children = vec![node("method", None, false, true)];
+        let mut detailed = node("endpoint", None, false, true);
+        detailed.at = "endpoint".into();
+        detailed.payload.detailed_metric = true;
+        let mut plain = shared(false);
+        plain.children = vec![detailed];
+        let config = |l: &str| MetricLevel::Config(l.into());
+        let under_flag = levels(&[flagged]);
+        assert_eq!(
+            under_flag.get("method").map(|l| l.to_vec()),
+            Some(vec![config("route_api/*"), config("method")])
+        );
+        let under_plain = levels(&[plain]);
+        assert_eq!(
+            under_plain.get("endpoint").map(|l| l.to_vec()),
+            Some(vec![config("route_api/*"), MetricLevel::Request])
+        );
     }
 }

@@ -247,29 +247,30 @@ impl RuleCounters {
 
     /// The stat path of counted limits whose path takes the request's
     /// values: a `limit` override's (theirs gives it every entry's
-    /// `key_value`, `key` for an empty value), a `detailed_metric` rule's
-    /// (every entry's `key_value`), else those of the rule's
-    /// `value_to_metric` levels. `None` for a rule with a fixed path.
+    /// `key_value`, `key` for an empty value), a rule's levels where it has
+    /// them (`value_to_metric`, or `detailed_metric` under a
+    /// `share_threshold` wildcard), else a `detailed_metric` rule's (every
+    /// entry's `key_value`). `None` for a rule with a fixed path.
     fn dynamic_label(
         &self,
         rule: Option<&Rule>,
         descriptor: &RateLimitDescriptor,
     ) -> Option<String> {
         let entries = descriptor.entries.iter();
-        let levels: Vec<String> = match rule {
-            None => entries.map(|e| self.level(e, false)).collect(),
-            Some(rule) if rule.detailed_metric => entries.map(|e| self.level(e, true)).collect(),
-            Some(rule) => {
-                let levels = rule.metric_levels.as_deref()?;
-                levels
-                    .iter()
-                    .zip(entries)
-                    .map(|(level, e)| match level {
-                        MetricLevel::Config(label) => label.clone(),
-                        MetricLevel::Request => self.level(e, false),
-                    })
-                    .collect()
+        let levels: Vec<String> = match (rule, rule.and_then(|r| r.metric_levels.as_deref())) {
+            (None, _) => entries.map(|e| self.level(e, false)).collect(),
+            (Some(_), Some(levels)) => levels
+                .iter()
+                .zip(entries)
+                .map(|(level, e)| match level {
+                    MetricLevel::Config(label) => label.clone(),
+                    MetricLevel::Request => self.level(e, false),
+                })
+                .collect(),
+            (Some(rule), None) if rule.detailed_metric => {
+                entries.map(|e| self.level(e, true)).collect()
             }
+            (Some(_), None) => return None,
         };
         Some(levels.join("."))
     }
