@@ -414,8 +414,9 @@ async fn run(cli: Cli) -> Result<()> {
     let config_dir = cli.envoy.limits_dir(cli.config_dir.clone());
     let (config, config_dir) = match cli.envoy.config_type()? {
         ConfigType::File => {
-            // Taken before the load: a file written meanwhile is reloaded.
-            let loaded = fingerprint(&config_dir);
+            // Taken before the load: a file written meanwhile is reloaded
+            // (a directory made meanwhile too).
+            let loaded = Some(fingerprint(&config_dir));
             let config = load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?;
             let watched = Watched {
                 dir: config_dir,
@@ -708,7 +709,7 @@ fn validate(dir: &LimitsDir, options: LoadOptions) -> Result<()> {
 /// SERVING_THREADS for clap: 1 to 1024.
 fn serving_threads(text: &str) -> std::result::Result<NonZeroUsize, String> {
     let n = redis_settings::at_most_1024(text)?;
-    NonZeroUsize::new(n).ok_or_else(|| "0: at least one thread serves".to_owned())
+    NonZeroUsize::new(n).ok_or_else(|| "0: at least one thread serves (1 to 1024)".to_owned())
 }
 
 /// Parses a Go duration (`500ms`, `1h30m`, `1.5h`; or seconds) for clap.
@@ -853,17 +854,23 @@ fn write_limiter(cli: &Cli) -> Result<()> {
 /// the pod: one dual-stack socket on `[::]`, or IPv4 alone where the host
 /// has no IPv6.
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
+    let mut no_ipv6 = None;
     if let Ok(SocketAddr::V4(v4)) = addr.parse::<SocketAddr>() {
         if v4.ip().is_unspecified() {
-            if let Ok(listener) = dual_stack(v4.port()) {
-                return Ok(listener);
+            match dual_stack(v4.port()) {
+                Ok(listener) => return Ok(listener),
+                Err(error) => no_ipv6 = Some(error),
             }
         }
     }
-    TcpListener::bind(addr).await.map_err(|source| Error::Io {
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Io {
         context: format!("cannot listen for {what} on {addr}"),
         source,
-    })
+    })?;
+    if let Some(error) = no_ipv6 {
+        tracing::warn!(%error, %addr, "{what}: listening on IPv4 only");
+    }
+    Ok(listener)
 }
 
 /// A listener on `[::]:port` taking IPv4 clients as well (IPV6_V6ONLY off,

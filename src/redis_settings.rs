@@ -25,7 +25,7 @@ pub fn at_most_1024(text: &str) -> std::result::Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if n <= MAX => Ok(n),
         Ok(n) => Err(format!("{n} is more than {MAX}")),
-        Err(_) => Err(format!("{text:?} is not a count from 0 to {MAX}")),
+        Err(_) => Err(format!("{text:?} is not a whole number")),
     }
 }
 

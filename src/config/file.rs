@@ -115,14 +115,21 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
         line: e.location().map(|l| l.line()),
         reason: strip_location(&e.to_string()),
     };
-    // A file with merge keys is read the slower way, and only then.
-    let merges = text.contains("<<");
+    // The documents that hold merge keys, read whole (only when the text
+    // could hold one: the typed reading below is the fast path).
+    let mut merging = Vec::new();
+    if text.contains("<<") {
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let value = serde_yaml::Value::deserialize(doc).map_err(syntax)?;
+            merging.push(has_merge_key(&value).then_some(value));
+        }
+    }
+    let mut merging = merging.into_iter();
     let mut docs = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let raw = if merges {
-            merged(doc)
-        } else {
-            Option::<RawFile>::deserialize(doc)
+        let raw = match merging.next().flatten() {
+            Some(value) => merged(value),
+            None => Option::<RawFile>::deserialize(doc),
         };
         if let Some(raw) = raw.map_err(syntax)? {
             docs.push((i, raw));
@@ -134,16 +141,78 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
     Ok(docs)
 }
 
-/// A document that may hold YAML merge keys (`<<: *anchor`), which their
-/// loader applies and serde_yaml's typed reading does not: read whole,
-/// merged, then read as the file. Its scalars were parsed on the way (in
-/// such a file `value: 0x1F` is "31"), and a parse error has no line (a
-/// compile error still has its node's).
-fn merged(doc: serde_yaml::Deserializer<'_>) -> Result<Option<RawFile>, serde_yaml::Error> {
-    let mut value = serde_yaml::Value::deserialize(doc)?;
-    value.apply_merge()?;
+/// A compile error in document `doc` of `text`, with the line of the node it names.
+fn located(file: &Path, text: &str, doc: usize, error: CompileError) -> ConfigError {
+    ConfigError {
+        file: file.to_owned(),
+        line: line_of(text, doc, &error.at),
+        reason: error.to_string(),
+    }
+}
+
+/// Whether a mapping anywhere in `value` has a merge key (`<<`).
+fn has_merge_key(value: &serde_yaml::Value) -> bool {
+    use serde_yaml::Value as Y;
+    match value {
+        Y::Mapping(map) => map
+            .iter()
+            .any(|(key, item)| key.as_str() == Some("<<") || has_merge_key(item)),
+        Y::Sequence(items) => items.iter().any(has_merge_key),
+        Y::Tagged(tagged) => has_merge_key(&tagged.value),
+        _ => false,
+    }
+}
+
+/// A document with merge keys (`<<: *anchor`), which their loader applies
+/// and serde_yaml's typed reading does not: merged as there, then read as
+/// the file. Its scalars were parsed on the way (in such a document
+/// `value: 0x1F` is "31"), and a parse error has no line (a compile error
+/// still has its node's).
+fn merged(mut value: serde_yaml::Value) -> Result<Option<RawFile>, serde_yaml::Error> {
+    merge_in_order(&mut value)?;
     scalars_as_text(&mut value);
     Option::<RawFile>::deserialize(value)
+}
+
+/// Applies merge keys as their loader (yaml.v2) does, where each stands
+/// in its mapping: a key after a `<<` overrides what it merged, a `<<`
+/// after a key overrides that key, and of a list of merged mappings the
+/// first wins.
+fn merge_in_order(value: &mut serde_yaml::Value) -> Result<(), serde_yaml::Error> {
+    use serde_yaml::Value as Y;
+    match value {
+        Y::Mapping(map) => {
+            for (key, mut item) in std::mem::take(map) {
+                merge_in_order(&mut item)?;
+                if key.as_str() != Some("<<") {
+                    map.insert(key, item);
+                    continue;
+                }
+                let sources = match item {
+                    Y::Sequence(items) => items.into_iter().rev().collect(),
+                    one => vec![one],
+                };
+                for source in sources {
+                    let Y::Mapping(source) = source else {
+                        return Err(de::Error::custom(
+                            "a merge key (<<) takes a mapping or a list of mappings",
+                        ));
+                    };
+                    for (key, item) in source {
+                        map.insert(key, item);
+                    }
+                }
+            }
+        }
+        Y::Sequence(items) => {
+            for item in items {
+                merge_in_order(item)?;
+            }
+        }
+        Y::Tagged(tagged) => merge_in_order(&mut tagged.value)?,
+        Y::Null | Y::Bool(_) | Y::Number(_) | Y::String(_) => {}
+    }
+    Ok(())
 }
 
 /// Makes every number and boolean of a parsed document text again, as the
@@ -179,15 +248,6 @@ fn parsed_text(value: &serde_yaml::Value) -> Option<String> {
         Y::Number(n) => Some(n.to_string()),
         Y::Bool(b) => Some(b.to_string()),
         _ => None,
-    }
-}
-
-/// A compile error in document `doc` of `text`, with the line of the node it names.
-fn located(file: &Path, text: &str, doc: usize, error: CompileError) -> ConfigError {
-    ConfigError {
-        file: file.to_owned(),
-        line: line_of(text, doc, &error.at),
-        reason: error.to_string(),
     }
 }
 
@@ -346,6 +406,32 @@ fn metadata_value(value: serde_yaml::Value) -> Result<prost_types::Value, String
     Ok(prost_types::Value { kind: Some(kind) })
 }
 
+/// A scalar's text made a `T` by `parse`, inside the deserializer's visit
+/// of it, so that an error names the scalar's own line and path.
+struct ScalarAs<T> {
+    expecting: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+}
+
+impl<T> Visitor<'_> for ScalarAs<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.parse)(v).map_err(E::custom)
+    }
+}
+
+/// Reads one scalar as its text, as written, through `parse`.
+fn scalar<'de, D: Deserializer<'de>, T>(
+    d: D,
+    expecting: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    d.deserialize_str(ScalarAs { expecting, parse })
+}
+
 /// A YAML scalar read as its text, as their loader (yaml.v2) reads one into
 /// a string: `value: 0x1F` is "0x1F" and `value: 1.50` is "1.50", never a
 /// number written back.
@@ -354,17 +440,9 @@ struct Scalar(String);
 
 impl<'de> Deserialize<'de> for Scalar {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ScalarVisitor;
-        impl Visitor<'_> for ScalarVisitor {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string, number or boolean")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_owned()))
-            }
-        }
-        d.deserialize_str(ScalarVisitor)
+        scalar(d, "a string, number or boolean", |text| {
+            Ok(Scalar(text.to_owned()))
+        })
     }
 }
 
@@ -376,17 +454,16 @@ struct Flag(bool);
 
 impl<'de> Deserialize<'de> for Flag {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(text) = Scalar::deserialize(d)?;
-        match text.as_str() {
+        scalar(d, "a boolean", |text| match text {
             "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "y" | "Y" => {
                 Ok(Flag(true))
             }
             "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "n"
             | "N" => Ok(Flag(false)),
-            _ => Err(de::Error::custom(format!(
+            _ => Err(format!(
                 "{text:?} is not a boolean: expected true or false (or yes/no, on/off)"
-            ))),
-        }
+            )),
+        })
     }
 }
 
@@ -402,12 +479,13 @@ struct Count(u32);
 
 impl<'de> Deserialize<'de> for Count {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(text) = Scalar::deserialize(d)?;
-        parse_count(&text).map(Count).ok_or_else(|| {
-            de::Error::custom(format!(
-                "{text:?} is not a count: expected a whole number from 0 to {}",
-                u32::MAX
-            ))
+        scalar(d, "a count", |text| {
+            parse_count(text).map(Count).ok_or_else(|| {
+                format!(
+                    "{text:?} is not a count: expected a whole number from 0 to {}",
+                    u32::MAX
+                )
+            })
         })
     }
 }
@@ -454,11 +532,12 @@ struct UnitName(Unit);
 
 impl<'de> Deserialize<'de> for UnitName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(name) = Scalar::deserialize(d)?;
-        Unit::parse(&name).map(UnitName).ok_or_else(|| {
-            de::Error::custom(format!(
-                "unknown unit {name:?}: expected second, minute, hour, day, week, month or year"
-            ))
+        scalar(d, "a unit", |name| {
+            Unit::parse(name).map(UnitName).ok_or_else(|| {
+                format!(
+                    "unknown unit {name:?}: expected second, minute, hour, day, week, month or year"
+                )
+            })
         })
     }
 }
@@ -469,13 +548,14 @@ struct AlgorithmName(Algorithm);
 
 impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(name) = Scalar::deserialize(d)?;
-        Algorithm::parse(&name).map(AlgorithmName).ok_or_else(|| {
-            let known: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-            de::Error::custom(format!(
-                "unknown algorithm {name:?}: expected one of {}",
-                known.join(", ")
-            ))
+        scalar(d, "an algorithm", |name| {
+            Algorithm::parse(name).map(AlgorithmName).ok_or_else(|| {
+                let known: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                format!(
+                    "unknown algorithm {name:?}: expected one of {}",
+                    known.join(", ")
+                )
+            })
         })
     }
 }
@@ -486,14 +566,15 @@ struct FailureModeName(FailureMode);
 
 impl<'de> Deserialize<'de> for FailureModeName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(name) = Scalar::deserialize(d)?;
-        FailureMode::parse(&name)
-            .map(FailureModeName)
-            .ok_or_else(|| {
-                de::Error::custom(format!(
+        scalar(d, "a failure mode", |name| {
+            FailureMode::parse(name)
+                .map(FailureModeName)
+                .ok_or_else(|| {
+                    format!(
                     "unknown failure_mode {name:?}: expected open, closed, unavailable or local"
-                ))
-            })
+                )
+                })
+        })
     }
 }
 
@@ -504,14 +585,11 @@ struct ChargesName(bool);
 
 impl<'de> Deserialize<'de> for ChargesName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(name) = Scalar::deserialize(d)?;
-        match name.as_str() {
+        scalar(d, "record or drop", |name| match name {
             "record" => Ok(ChargesName(true)),
             "drop" => Ok(ChargesName(false)),
-            _ => Err(de::Error::custom(format!(
-                "unknown charges {name:?}: expected record or drop"
-            ))),
-        }
+            _ => Err(format!("unknown charges {name:?}: expected record or drop")),
+        })
     }
 }
 
@@ -522,11 +600,10 @@ struct DurationText(std::time::Duration);
 
 impl<'de> Deserialize<'de> for DurationText {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Scalar(text) = Scalar::deserialize(d)?;
-        parse_duration(&text).map(DurationText).ok_or_else(|| {
-            de::Error::custom(format!(
-                "bad duration {text:?}: expected e.g. 500ms, 30s, 2m or 1h"
-            ))
+        scalar(d, "a duration", |text| {
+            parse_duration(text)
+                .map(DurationText)
+                .ok_or_else(|| format!("bad duration {text:?}: expected e.g. 500ms, 30s, 2m or 1h"))
         })
     }
 }

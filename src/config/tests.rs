@@ -152,40 +152,42 @@ descriptors:
             .detailed_metric
     );
 
-    // The line is the enclosing mapping's (serde_yaml's place for it).
-    for (bad, reason, line) in [
-        ("shadow_mode: maybe", "\"maybe\" is not a boolean", 3),
-        ("shadow_mode: 1", "\"1\" is not a boolean", 3),
+    // Each error names the scalar's own line and path.
+    for (bad, reason) in [
+        ("shadow_mode: maybe", "\"maybe\" is not a boolean"),
+        ("shadow_mode: 1", "\"1\" is not a boolean"),
         (
             "rate_limit: {unit: second, requests_per_unit: 1.5}",
             "\"1.5\" is not a count",
-            4,
         ),
         (
             "rate_limit: {unit: second, requests_per_unit: -1}",
             "\"-1\" is not a count",
-            4,
         ),
         (
             "rate_limit: {unit: second, requests_per_unit: 4294967296}",
             "is not a count",
-            4,
         ),
         (
             "rate_limit: {unit: second, requests_per_unit: 0x+1}",
             "is not a count",
-            4,
         ),
         (
             "rate_limit: {unit: second, requests_per_unit: 09a}",
             "is not a count",
-            4,
         ),
     ] {
         let e = error(&format!("domain: d\ndescriptors:\n  - key: k\n    {bad}\n"));
         assert!(e.reason.contains(reason), "{bad}: {e}");
-        assert_eq!(e.line, Some(line), "{bad}: {e}");
+        assert_eq!(e.line, Some(4), "{bad}: {e}");
     }
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      name: n\n      requests_per_unit: -1\n");
+    assert_eq!(e.line, Some(7), "{e}");
+    assert!(
+        e.reason
+            .starts_with("descriptors[0].rate_limit.requests_per_unit: "),
+        "{e}"
+    );
 }
 
 /// A file saved with a byte-order mark loads, as there.
@@ -229,6 +231,29 @@ descriptors:
 
     let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {<<: {unit: second}, requests_per_unit: 1, bad: 1}\n");
     assert!(e.reason.contains("unknown field `bad`"), "{e}");
+
+    // Where a `<<` stands decides, as in yaml.v2: after a key, it wins.
+    let config = load("domain: d\ndescriptors:\n  - key: base\n    rate_limit: &l {unit: minute, requests_per_unit: 7}\n  - key: m\n    rate_limit:\n      requests_per_unit: 9\n      <<: *l\n").unwrap();
+    let m = config
+        .domain("d")
+        .unwrap()
+        .rules
+        .find([("m", "x")].into_iter())
+        .unwrap();
+    assert_eq!(m.rates[0].requests_per_unit, 7);
+
+    // `<<` elsewhere (a comment, a value) is no merge key: scalars stay
+    // their text, and errors keep their line.
+    let text = "# generated << do not edit\ndomain: d\ndescriptors:\n  - key: hex\n    value: 0x1F\n    rate_limit: {unit: minute, requests_per_unit: 5, name: \"a<<b\"}\n";
+    let config = load(text).unwrap();
+    assert!(config
+        .domain("d")
+        .unwrap()
+        .rules
+        .find([("hex", "0x1F")].into_iter())
+        .is_some());
+    let e = error(&format!("{text}    bad: 1\n"));
+    assert_eq!(e.line, Some(7), "{e}");
 }
 
 #[test]
@@ -519,8 +544,8 @@ descriptors:
 fn refuses_bad_algorithms_and_rates() {
     let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: gcra\n");
     assert!(e.reason.contains("unknown algorithm \"gcra\""), "{e}");
-    // serde_yaml places errors inside a mapping at the mapping's first line.
-    assert_eq!(e.line, Some(5), "{e}");
+    // The scalar's own line.
+    assert_eq!(e.line, Some(7), "{e}");
     let rl =
         |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
     let cases = [

@@ -78,11 +78,13 @@ pub fn fingerprint(dir: &LimitsDir) -> Option<u64> {
 }
 
 /// A limits directory to watch, and its [`fingerprint`] when the config in
-/// force was loaded from it (`None`: taken at the watcher's first look).
+/// force was loaded from it: `Some(None)` when it could not be read then
+/// (it may appear later), `None` when none was taken (the watcher takes
+/// it at its first look).
 #[derive(Debug, Clone)]
 pub struct Watched {
     pub dir: LimitsDir,
-    pub loaded: Option<u64>,
+    pub loaded: Option<Option<u64>>,
 }
 
 /// Reloads `shared` from the directory (read with `options`) whenever its
@@ -97,7 +99,7 @@ pub async fn watch(
 ) {
     let Watched { dir, loaded } = watched;
     let mut last = match loaded {
-        Some(print) => Some(print),
+        Some(print) => print,
         None => off_runtime(dir.clone(), fingerprint).await.flatten(),
     };
     let mut tick = tokio::time::interval(interval);
@@ -145,4 +147,37 @@ pub fn record_load(result: Result<(), &ConfigError>) {
     metrics::counter!(format!("ratekeeper_config_load_{outcome}")).increment(1);
     crate::their_stats::TheirCounter::new(&format!("ratelimit.service.config_load_{outcome}"))
         .add(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory that could not be read when the server loaded (it did
+    /// not exist yet) is loaded once it appears, even before the watcher's
+    /// first look.
+    #[tokio::test]
+    async fn a_directory_missing_at_the_load_is_loaded_when_it_appears() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("limits");
+        let dir = LimitsDir::Flat(path.clone());
+        let loaded = Some(fingerprint(&dir));
+        assert_eq!(loaded, Some(None), "nothing to read yet");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("l.yaml"), "domain: d\n").unwrap();
+        let shared = SharedConfig::awaiting_first();
+        let watched = Watched { dir, loaded };
+        let interval = Duration::from_millis(20);
+        let task = tokio::spawn(watch(
+            (watched, LoadOptions::default()),
+            shared.clone(),
+            interval,
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !shared.is_loaded() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(interval).await;
+        }
+        task.abort();
+        assert!(shared.is_loaded(), "the directory was never loaded");
+    }
 }
