@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -293,10 +293,7 @@ fn grpc_host_and_port_name_the_grpc_listener() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = common::readiness_line(&mut child);
     let _ = child.kill();
     let _ = child.wait();
     assert!(line.contains(&format!("grpc=127.0.0.1:{port} ")), "{line}");

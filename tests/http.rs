@@ -426,7 +426,7 @@ impl Drop for Started {
 /// Starts the binary with `env` (and no HTTP flags); its readiness line,
 /// or its stderr if it exited.
 fn start_with_env(dir: &std::path::Path, env: &[(&str, &str)]) -> (Started, String) {
-    use std::io::{BufRead, Read};
+    use std::io::Read;
     use std::process::{Command, Stdio};
     let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
         .arg("--config-dir")
@@ -438,10 +438,7 @@ fn start_with_env(dir: &std::path::Path, env: &[(&str, &str)]) -> (Started, Stri
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut line = common::readiness_line(&mut child);
     if line.is_empty() {
         child.wait().unwrap();
         child
@@ -489,7 +486,6 @@ fn host_port_and_debug_host_port_place_the_listeners() {
 /// start: a warning, and no metrics listener.
 #[test]
 fn a_taken_default_metrics_port_does_not_stop_the_start() {
-    use std::io::BufRead;
     use std::process::{Command, Stdio};
     // Held here, unless something else already holds it: taken either way.
     let _held = std::net::TcpListener::bind("0.0.0.0:9090");
@@ -507,9 +503,6 @@ fn a_taken_default_metrics_port_does_not_stop_the_start() {
         .spawn()
         .unwrap();
     let mut child = Started(child);
-    let mut line = String::new();
-    std::io::BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = common::readiness_line(&mut child.0);
     assert!(line.contains(" metrics=off "), "{line:?}");
 }

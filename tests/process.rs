@@ -509,11 +509,7 @@ fn a_listener_on_every_ipv4_address_takes_ipv6_too() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = common::readiness_line(&mut child);
     let port = line
         .split_whitespace()
         .find_map(|f| f.strip_prefix("http="))

@@ -204,6 +204,16 @@ async fn statsd_stays_off_when_use_statsd_is_false() {
     assert!(sums.is_empty(), "{sums:#?}");
 }
 
+/// Their `total_hits` series in `/metrics` text, sorted.
+fn their_total_hits(text: &str) -> Vec<&str> {
+    let mut theirs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .collect();
+    theirs.sort();
+    theirs
+}
+
 /// `value_to_metric` puts the request's value in their stat key where the
 /// config gives none (a value-less node, a wildcard), level by level; the
 /// distinct keys are capped like `detailed_metric`'s.
@@ -248,13 +258,8 @@ descriptors:
         .await
         .unwrap();
     let text = server.metrics();
-    let mut theirs: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
-        .collect();
-    theirs.sort();
     assert_eq!(
-        theirs,
+        their_total_hits(&text),
         [
             r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="overflow"} 1"#,
             r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="plain",key2="user"} 1"#,
@@ -311,13 +316,8 @@ descriptors:
             .unwrap();
     }
     let text = server.metrics();
-    let mut theirs: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
-        .collect();
-    theirs.sort();
     assert_eq!(
-        theirs,
+        their_total_hits(&text),
         [
             r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="midroute_/api*v2"} 1"#,
             r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="route_api/*",key2="method"} 2"#,

@@ -745,11 +745,7 @@ impl Ratekeeper {
             .stderr(std::fs::File::create(&log).expect("log file"));
         setup(&mut command);
         let mut child = command.spawn().expect("spawn ratekeeper");
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("readiness line");
+        let line = readiness_line(&mut child);
         let field = |name: &str| {
             line.split_whitespace()
                 .find_map(|f| f.strip_prefix(name))
@@ -830,6 +826,17 @@ impl Drop for Ratekeeper {
 pub fn http_exchange(addr: &str, method: &str, path: &str, body: &str) -> String {
     try_http_exchange(addr, method, path, body)
         .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// The first line a started binary prints on its piped stdout, its
+/// readiness line (`listening grpc=… http=…`); empty when it exited first.
+pub fn readiness_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("readiness line");
+    line
 }
 
 /// As [`http_exchange`], failing with the I/O error.
