@@ -36,10 +36,10 @@
 //!
 //! ```sh
 //! ratekeeper --config-dir LIMITS_DIR &
-//! cargo run --example ws_gate -- --listen 127.0.0.1:8080 --ratekeeper http://127.0.0.1:8081
+//! cargo run --example ws_gate -- --listen 127.0.0.1:8090 --ratekeeper http://127.0.0.1:8081
 //! ```
 //!
-//! and connect to `ws://127.0.0.1:8080/?user=alice` three times: the third
+//! and connect to `ws://127.0.0.1:8090/?user=alice` three times: the third
 //! is closed with 1008. Once listening it prints `listening ws=ADDR` on
 //! stdout (`--listen 127.0.0.1:0` picks a free port); logs go to stderr.
 
@@ -78,7 +78,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 #[command(about = "WebSocket echo server gated by ratekeeper's ConcurrencyService/Hold")]
 struct Args {
     /// Address to serve WebSockets on (port 0 picks a free one).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8090")]
     listen: SocketAddr,
     /// ratekeeper's gRPC endpoint.
     #[arg(long, default_value = "http://127.0.0.1:8081")]

@@ -2,6 +2,7 @@
 //! for `kubectl exec` and scripts. Prints the server's JSON answer on
 //! stdout; a refusal (4xx, 5xx) is an error with the server's reason.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -119,11 +120,22 @@ pub async fn run(args: &AdminArgs) -> Result<()> {
             .unwrap_or_else(|| text.trim().to_owned());
         return Err(Error::Startup(format!("{status}: {reason}")));
     }
-    match serde_json::from_slice::<serde_json::Value>(&body) {
-        Ok(json) => println!("{json:#}"),
-        Err(_) => print!("{text}"),
+    let out = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(json) => format!("{json:#}\n"),
+        Err(_) => text.into_owned(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // A reader that stopped early (`| head`) took what it wanted.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::Io {
+            context: "writing the answer to stdout".into(),
+            source: e,
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn descriptor_path(domain: &str, entries: &[String]) -> String {

@@ -468,6 +468,19 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
     assert_eq!(code, 0);
     assert!(stdout.contains("\"path\": \"user\""), "{stdout}");
 
+    // A reader that stops early (`| head`): the answer is cut, no panic.
+    let mut cut = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("admin")
+        .args([&with[..], &["config"]].concat())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ratekeeper admin");
+    drop(cut.stdout.take());
+    let out = cut.wait_with_output().expect("ratekeeper admin ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
+
     let lease = ConcurrencyServiceClient::new(server.channel().await)
         .acquire_connection(held_by("eve", "pod-b/conn 12"))
         .await

@@ -57,7 +57,7 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
     let domain = description.domain;
     let charges = description.charges;
     if domain.is_empty() {
-        return Err(CompileError::new("", "the domain must not be empty"));
+        return Err(CompileError::new("domain", "the domain must not be empty"));
     }
     let mut rules = Vec::new();
     let metric_levels = value_metric::levels(&description.descriptors);
@@ -71,7 +71,6 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
         }
         Ok((index, share))
     })?;
-    check_replaces(&rules)?;
     for rate in rules.iter_mut().flat_map(|rule| rule.rates.iter_mut()) {
         rate.charges = rate.charges.or(charges);
     }
@@ -178,6 +177,8 @@ fn rate_rule(
     let stacked = node.limits.len() > 1;
     let mut rates: Vec<Rate> = Vec::with_capacity(node.limits.len());
     let mut replaces = Vec::new();
+    // Where each `replaces` list stands, for the error of one naming its own rule.
+    let mut replaces_at = Vec::new();
     for limit in node.limits {
         let at = limit.at.as_str();
         for name in &limit.replaces {
@@ -188,6 +189,7 @@ fn rate_rule(
                 ));
             }
             replaces.push(name.clone());
+            replaces_at.push(format!("{at}.replaces"));
         }
         if limit.unlimited {
             if limit.unit.is_some() {
@@ -215,6 +217,13 @@ fn rate_rule(
             ));
         }
         rates.push(rate);
+    }
+    let named = |name: &str| rates.iter().any(|r| r.name.as_deref() == Some(name));
+    if let Some(i) = replaces.iter().position(|name| named(name)) {
+        return Err(CompileError::new(
+            &replaces_at[i],
+            format!("rule {path:?} ({:?}) replaces itself", replaces[i]),
+        ));
     }
     rules.push(Rule {
         rates,
@@ -312,18 +321,6 @@ fn check_rate(rate: &Rate) -> Result<(), String> {
                 rate.effective_burst(),
                 rate.requests_per_unit,
                 rate.unit
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn check_replaces(rules: &[Rule]) -> Compiled<()> {
-    for rule in rules {
-        if let Some(name) = rule.replaces.iter().find(|n| rule.is_named(n)) {
-            return Err(CompileError::new(
-                "",
-                format!("rule {:?} ({name:?}) replaces itself", rule.path),
             ));
         }
     }

@@ -746,3 +746,20 @@ fn a_file_holds_one_domain_per_document() {
     let e = error("# only a comment\n---\n");
     assert!(e.reason.contains("domain must not be empty"), "{e}");
 }
+
+#[test]
+fn an_empty_domain_and_a_rule_replacing_itself_name_their_line() {
+    let e = error("descriptors: []\ndomain: ''\n");
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.reason.starts_with("domain: "), "{e}");
+    let e = error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: 1\n      name: a\n      replaces: [{name: a}]\n",
+    );
+    assert_eq!(e.line, Some(8), "{e}");
+    assert!(
+        e.reason
+            .starts_with("descriptors[0].rate_limit.replaces: rule \"k\" (\"a\") replaces itself"),
+        "{e}"
+    );
+}

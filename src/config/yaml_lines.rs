@@ -45,6 +45,15 @@ struct Seek<'s, 'a> {
     steps: &'s [Step<'a>],
 }
 
+impl Seek<'_, '_> {
+    fn scalar<E: de::Error>(&self) -> Result<(), E> {
+        match self.steps {
+            [] => Err(E::custom(FOUND)),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl<'de> DeserializeSeed<'de> for Seek<'_, '_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
@@ -68,6 +77,26 @@ impl<'de> Visitor<'de> for Seek<'_, '_> {
             map.next_value::<IgnoredAny>()?;
         }
         Ok(())
+    }
+    // A scalar is the node when the path ends at it (`domain`), else the
+    // path goes on past a leaf: not in the document.
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.scalar()
     }
     fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<(), S::Error> {
         let Some((Step::Index(index), rest)) = self.steps.split_first() else {

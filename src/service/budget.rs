@@ -335,10 +335,17 @@ fn statuses(reservation: &ReservationId, outcomes: &[Outcome]) -> Vec<BudgetStat
 /// How long until the estimate would fit: the longest wait of a refusing
 /// limit (every one must admit it). None when a refusing limit never
 /// admits that much at once (the estimate is over its capacity): waiting
-/// would not help, and a caller told to retry would retry forever.
+/// would not help, and a caller told to retry would retry forever. What a
+/// counter must admit at once is every check's estimate on its key: a
+/// descriptor given twice takes the estimate twice from one counter.
 fn retry_after_ms(checks: &[Check], outcomes: &[Outcome]) -> Option<u64> {
     let refusing = || checks.iter().zip(outcomes).filter(|(_, o)| o.over);
-    if refusing().any(|(check, _)| check.hits > check.capacity()) {
+    let mut on_key: HashMap<&str, u64> = HashMap::new();
+    for check in checks {
+        let sum = on_key.entry(&check.key).or_default();
+        *sum = sum.saturating_add(check.hits);
+    }
+    if refusing().any(|(check, _)| on_key[check.key.as_str()] > check.capacity()) {
         return None;
     }
     Some(refusing().map(|(_, o)| o.reset_ms).max().unwrap_or(0))
@@ -569,14 +576,25 @@ descriptors:
         assert_eq!(retry_after_ms(&[bucket], &[over]), None);
         // Only refusing limits count: one that admitted it has no say.
         let fine = outcome(0, 9_000, false);
+        let other = Check::for_test("v", Algorithm::FixedWindow, 100, 60_000, 5);
         assert_eq!(
-            retry_after_ms(&[window(101), window(5)], &[fine, over]),
+            retry_after_ms(&[window(101), other], &[fine, over]),
             Some(9_000)
         );
         // A limit of 0 admits nothing.
         let mut closed = window(1);
         closed.limit = 0;
         assert_eq!(retry_after_ms(&[closed], &[over]), None);
+        // One counter twice (a descriptor given twice): 60 + 60 never fit
+        // in 100, though each would.
+        assert_eq!(
+            retry_after_ms(&[window(60), window(60)], &[over, over]),
+            None
+        );
+        assert_eq!(
+            retry_after_ms(&[window(50), window(50)], &[over, over]),
+            Some(9_000)
+        );
     }
 
     #[test]
