@@ -8,7 +8,9 @@ It "writes" one token per word and bills like a model would:
   and the framing a chat template adds);
 - completion_tokens: if the last user message asks for a length ("... in 5
   words"), that many, otherwise it rambles on until `max_tokens` cuts it off
-  (finish_reason "length"); never more than `max_tokens`;
+  (finish_reason "length"); never more than `max_tokens` (4,096 when the
+  request sets none, its own limit, as a real model's); each of `n` choices
+  writes and bills as much;
 - model `fake-down` always answers 503 (an overloaded upstream), and
   `fake-slow` answers after 3 s (longer than a client's timeout), for
   trying the gateway's failure paths.
@@ -30,7 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKENS_PER_MESSAGE = 3
 SLOW_SECONDS = 3
-DEFAULT_MAX_TOKENS = 256
+# With no max_tokens it writes up to its own limit, as real models do (the
+# gateway must not rely on a small default here).
+DEFAULT_MAX_TOKENS = 4096
 MAX_BODY_BYTES = 1 << 20
 ASKED_LENGTH = re.compile(r"\bin (\d+) words?\b", re.IGNORECASE)
 
@@ -69,8 +73,9 @@ class Handler(BaseHTTPRequestHandler):
             messages = request["messages"]
             max_tokens = int(request.get("max_completion_tokens") or request.get("max_tokens")
                              or DEFAULT_MAX_TOKENS)
-            if not isinstance(messages, list) or max_tokens < 1:
-                raise ValueError("messages must be a list and max_tokens >= 1")
+            choices = int(request.get("n") or 1)
+            if not isinstance(messages, list) or max_tokens < 1 or choices < 1:
+                raise ValueError("messages must be a list, max_tokens and n >= 1")
         except (ValueError, KeyError, TypeError) as e:
             return self.answer(400, error_body(f"bad request: {e}", "invalid_request_error"))
         model = str(request.get("model", "fake-1"))
@@ -80,17 +85,19 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(SLOW_SECONDS)
         text, tokens, finish = completion(messages, max_tokens)
         prompt = prompt_tokens(messages)
+        # Each choice is written, and billed, in full.
         self.answer(200, {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
             "choices": [{
-                "index": 0,
+                "index": i,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": finish,
-            }],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens},
+            } for i in range(choices)],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": tokens * choices,
+                      "total_tokens": prompt + tokens * choices},
         })
 
     def answer(self, status: int, body: dict) -> None:

@@ -7,16 +7,22 @@ before it starts: the prompt (estimated here) plus `max_tokens`. So, per
 `POST /v1/chat/completions`:
 
 1. the user is identified: `Authorization: Bearer <API key>` looked up in
-   the --api-keys file, else the `x-user-id` header (set by an auth proxy
-   in front; drop it if there is none). Neither: 401.
-2. the gateway reserves prompt estimate + `max_completion_tokens` (or the
-   older `max_tokens`) on the descriptor [user_id=<user>] of --domain,
-   whose rule holds two limits (tokens per minute and per day:
-   limits/llm-gateway.yaml). Refused: 429 with Retry-After and an
-   OpenAI-style error body; the model is not called. An estimate more than
-   a limit admits at once can never be granted: 400.
-3. it forwards the request and settles the reservation at the answer's
-   `usage.total_tokens`, which gives the unused part of the estimate back.
+   the --api-keys file, or, only with --trust-x-user-id (an auth proxy in
+   front sets it, and strips a client's own), the `x-user-id` header.
+   Neither: 401.
+2. the gateway reserves the most the call can cost on the descriptor
+   [user_id=<user>] of --domain, whose rule holds two limits (tokens per
+   minute and per day: limits/llm-gateway.yaml): the prompt's estimate plus
+   `max_completion_tokens` (or the older `max_tokens`; DEFAULT_MAX_TOKENS
+   when the request sets neither) for each of its `n` choices. Refused: 429
+   with Retry-After and an OpenAI-style error body; the model is not
+   called. An estimate more than a limit admits at once can never be
+   granted: 400.
+3. it forwards the request, with `max_tokens` written in when the client
+   set no cap (so the model is held to what was reserved), and settles the
+   reservation at the answer's `usage.total_tokens` (or its prompt plus
+   completion tokens), which gives the unused part of the estimate back. A
+   prompt that cost more than its estimate is charged the excess.
    The model refused or failed the request (a 4xx or 5xx), or was never
    reached (nothing listening, no such host): it is settled at 0. The
    request was sent but no whole answer came back (a timeout, a reset
@@ -55,20 +61,24 @@ import grpc  # noqa: E402
 import ratekeeper_client as rk  # noqa: E402
 
 DEFAULT_MAX_TOKENS = 256
+# The most choices (`n`) a request may ask for, as OpenAI's API allows.
+MAX_CHOICES = 128
 # The largest request body read.
 MAX_BODY_BYTES = 1 << 20
 # The most a request may ask for: a cap on one reservation.
 MAX_TOKENS_CAP = 32_768
 # The longest TTL ratekeeper gives a reservation (1 h).
 MAX_RESERVATION_TTL = 3600
-# OpenAI's rule of thumb: a token is about 4 characters of English; each
-# message costs a few more for its role and framing.
-CHARS_PER_TOKEN = 4
+# A token per 3 bytes of UTF-8: generous for English (about 4 characters a
+# token), about right for CJK text (3 bytes a character, about a token
+# each) and code; each message costs a few more for its role and framing.
+# An estimate: the settle charges what the model reports.
+BYTES_PER_TOKEN = 3
 TOKENS_PER_MESSAGE = 4
 
 
 def estimate_prompt_tokens(messages: list) -> int:
-    return sum(math.ceil(len(str(m.get("content", ""))) / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE
+    return sum(math.ceil(len(str(m.get("content", "")).encode()) / BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE
                for m in messages)
 
 
@@ -114,6 +124,7 @@ class Gateway:
         self.upstream_timeout = args.upstream_timeout
         self.domain = args.domain
         self.api_keys = read_api_keys(args.api_keys)
+        self.trust_x_user_id = args.trust_x_user_id
         # Settle within the reservation's TTL: the longest an upstream call
         # may take, and a margin, within what ratekeeper gives (a call that
         # outlives it stays charged at its estimate).
@@ -127,9 +138,10 @@ class Gateway:
             if user is None:
                 raise BadRequest(401, "Incorrect API key provided.", code="invalid_api_key")
             return user
-        user = headers.get("x-user-id", "").strip()
+        user = headers.get("x-user-id", "").strip() if self.trust_x_user_id else ""
         if not user:
-            raise BadRequest(401, "No API key provided (Authorization: Bearer <key>) and no x-user-id.")
+            also = " and no x-user-id" if self.trust_x_user_id else ""
+            raise BadRequest(401, f"No API key provided (Authorization: Bearer <key>){also}.")
         return user
 
     def forward(self, body: bytes) -> tuple[int, bytes]:
@@ -151,8 +163,9 @@ class Gateway:
             raise
 
 
-def parse_chat_request(raw: bytes) -> tuple[list, int]:
-    """The messages and max_tokens of a chat completion request."""
+def parse_chat_request(raw: bytes) -> tuple[int, bytes]:
+    """The most a chat completion request can cost (its estimate), and the
+    body to forward: the request, holding the model to that estimate."""
     try:
         request = json.loads(raw)
     except ValueError as e:
@@ -164,21 +177,38 @@ def parse_chat_request(raw: bytes) -> tuple[list, int]:
     if request.get("stream"):
         raise BadRequest(400, "Streaming is not supported by this gateway.")
     # max_completion_tokens is what OpenAI's API names it now; max_tokens
-    # the older name, still sent by many clients.
-    name = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
-    max_tokens = request.get(name, DEFAULT_MAX_TOKENS)
-    if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_CAP:
-        raise BadRequest(400, f"'{name}' must be an integer from 1 to {MAX_TOKENS_CAP}.")
-    return request["messages"], max_tokens
+    # the older name, still sent by many clients. null is unset, as there.
+    caps = {name: request[name] for name in ("max_completion_tokens", "max_tokens")
+            if request.get(name) is not None}
+    for name, value in caps.items():
+        if type(value) is not int or not 1 <= value <= MAX_TOKENS_CAP:
+            raise BadRequest(400, f"'{name}' must be an integer from 1 to {MAX_TOKENS_CAP}.")
+    if not caps:
+        # Without a cap the model would write up to its own limit, past
+        # what is reserved: send it the one reserved for.
+        request["max_tokens"] = caps["max_tokens"] = DEFAULT_MAX_TOKENS
+    choices = request.get("n")
+    if choices is None:
+        choices = 1
+    if type(choices) is not int or not 1 <= choices <= MAX_CHOICES:
+        raise BadRequest(400, f"'n' must be an integer from 1 to {MAX_CHOICES}.")
+    # Each choice is written, and billed, up to the cap.
+    completion = max(caps.values()) * choices
+    return estimate_prompt_tokens(request["messages"]) + completion, json.dumps(request).encode()
 
 
 def total_tokens(body: bytes) -> Optional[int]:
-    """usage.total_tokens of a model's answer, if it has one."""
+    """usage.total_tokens of a model's answer, else its prompt_tokens plus
+    completion_tokens, if it has them."""
     try:
-        used = json.loads(body)["usage"]["total_tokens"]
+        usage = json.loads(body)["usage"]
+        parts = [usage["total_tokens"]] if "total_tokens" in usage else \
+            [usage["prompt_tokens"], usage["completion_tokens"]]
     except (ValueError, KeyError, TypeError):
         return None
-    return used if type(used) is int and used >= 0 else None
+    if not all(type(n) is int and n >= 0 for n in parts):
+        return None
+    return sum(parts)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -199,8 +229,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(404, openai_error(f"Unknown route {self.path}.", "invalid_request_error"))
         try:
             user = self.gateway.user(self.headers)
-            messages, max_tokens = parse_chat_request(raw)
-            self.complete(user, raw, estimate_prompt_tokens(messages) + max_tokens)
+            estimate, body = parse_chat_request(raw)
+            self.complete(user, body, estimate)
         except BadRequest as e:
             self.answer(e.status, e.body)
         except rk.BudgetExceeded as e:
@@ -210,33 +240,27 @@ class Handler(BaseHTTPRequestHandler):
             # domain it does not know): fail closed, nothing was forwarded.
             self.answer(503, openai_error(f"Rate limiter failed ({e.code().name}: {e.details()}).", "server_error"))
 
-    def complete(self, user: str, raw: bytes, estimate: int) -> None:
+    def complete(self, user: str, request: bytes, estimate: int) -> None:
         gw = self.gateway
-        status, body, settlement, reserved = 502, b"", None, False
-        try:
-            with gw.limiter.budget(gw.domain, [{"user_id": user}], estimate, ttl=gw.reservation_ttl) as budget:
-                reserved = True
-                try:
-                    status, body = gw.forward(raw)
-                except Unreached as e:
-                    budget.spend(0)  # never reached the model: nothing to pay for
-                    body = json.dumps(openai_error(f"Upstream failed: {e}", "server_error")).encode()
-                except (OSError, http.client.HTTPException) as e:
-                    # Sent, but no whole answer: it may have cost up to the
-                    # estimate, which is what an unreported budget settles at.
-                    body = json.dumps(openai_error(f"Upstream failed: {e}", "server_error")).encode()
-                else:
-                    used = total_tokens(body) if status == 200 else 0
-                    if used is not None:  # none in a 200: settled at the estimate
-                        budget.spend(used)
-            settlement = budget.settlement
-        except (grpc.RpcError, rk.ReservationNotFound) as e:
-            if not reserved:
-                raise  # the reserve failed: do_POST answers 503
-            # The work is done; only its settle failed (the reservation stays
-            # charged at its estimate until its TTL): answer anyway.
-            self.log_error("settle failed for %s: %s", user, e)
-        self.answer(status, body, self.budget_headers(settlement))
+        status, body = 502, b""
+        # A failed reserve raises (do_POST answers 503); a failed settle
+        # does not: the reservation stays charged at its estimate until its
+        # TTL, the client logs it, and the answer is sent all the same.
+        with gw.limiter.budget(gw.domain, [{"user_id": user}], estimate, ttl=gw.reservation_ttl) as budget:
+            try:
+                status, body = gw.forward(request)
+            except Unreached as e:
+                budget.spend(0)  # never reached the model: nothing to pay for
+                body = json.dumps(openai_error(f"Upstream failed: {e}", "server_error")).encode()
+            except (OSError, http.client.HTTPException) as e:
+                # Sent, but no whole answer: it may have cost up to the
+                # estimate, which is what an unreported budget settles at.
+                body = json.dumps(openai_error(f"Upstream failed: {e}", "server_error")).encode()
+            else:
+                used = total_tokens(body) if status == 200 else 0
+                if used is not None:  # none in a 200: settled at the estimate
+                    budget.spend(used)
+        self.answer(status, body, self.budget_headers(budget.settlement))
 
     def refuse(self, e: rk.BudgetExceeded) -> None:
         status = e.statuses[0] if e.statuses else None
@@ -282,6 +306,9 @@ def main() -> None:
     parser.add_argument("--ratekeeper-timeout", type=float, default=1.0, help="seconds per call")
     parser.add_argument("--domain", default="llm-gateway", help="the limits file's domain")
     parser.add_argument("--api-keys", help="file of `<API key> <user id>` lines")
+    parser.add_argument("--trust-x-user-id", action="store_true",
+                        help="take the x-user-id header as the user when no API key is sent "
+                             "(only behind an auth proxy that sets it)")
     args = parser.parse_args()
 
     rk.generate_stubs(tempfile.mkdtemp(prefix="llm-gateway-stubs-"))

@@ -75,7 +75,7 @@ def run_stack(limits, logs, *server_args, gateway_args=()):
             run_python("fake_model.py", logs / "fake_model.log") as model, \
             run_python("gateway.py", logs / "gateway.log", "--upstream", f"http://{model}",
                        "--ratekeeper", server.grpc_addr, "--domain", domain,
-                       "--api-keys", str(EXAMPLE / "keys.txt"), *gateway_args) as gw:
+                       "--api-keys", str(EXAMPLE / "keys.txt"), "--trust-x-user-id", *gateway_args) as gw:
         yield f"http://{gw}"
 
 
@@ -183,7 +183,7 @@ def test_an_unreachable_upstream_is_settled_at_zero(limits, tmp_path):
     domain, limits_dir = limits
     with run_server(limits_dir, tmp_path / "ratekeeper.log") as server, \
             run_python("gateway.py", tmp_path / "gateway.log", "--upstream", "http://127.0.0.1:1",
-                       "--ratekeeper", server.grpc_addr, "--domain", domain) as gw:
+                       "--ratekeeper", server.grpc_addr, "--domain", domain, "--trust-x-user-id") as gw:
         wait_for_fresh_window(60, margin_s=10)
         user = new_user()
         for _ in range(2 * PER_MINUTE // MAX_TOKENS):
@@ -236,9 +236,18 @@ def test_without_ratekeeper_nothing_is_forwarded(limits, tmp_path):
     """Fail closed: no reservation, no model call (a forwarded request would
     have met the unreachable upstream: 502)."""
     with run_python("gateway.py", tmp_path / "gateway.log", "--upstream", "http://127.0.0.1:1",
-                    "--ratekeeper", "127.0.0.1:1", "--ratekeeper-timeout", "0.5") as gw:
+                    "--ratekeeper", "127.0.0.1:1", "--ratekeeper-timeout", "0.5", "--trust-x-user-id") as gw:
         status, _, body = chat(f"http://{gw}", LONG, new_user())
     assert status == 503 and body["error"]["message"].startswith("Rate limiter failed (UNAVAILABLE")
+
+
+def test_x_user_id_names_the_user_only_when_trusted(tmp_path):
+    """Without --trust-x-user-id a client cannot name a user (and so dodge
+    its budget) with a header: only an API key identifies it."""
+    with run_python("gateway.py", tmp_path / "gateway.log", "--upstream", "http://127.0.0.1:1",
+                    "--ratekeeper", "127.0.0.1:1", "--api-keys", str(EXAMPLE / "keys.txt")) as gw:
+        status, _, body = chat(f"http://{gw}", LONG, new_user())
+    assert status == 401 and "x-user-id" not in body["error"]["message"], body
 
 
 def test_the_daily_limit_refuses_across_minutes(memory_gateway):
@@ -256,6 +265,37 @@ def test_the_daily_limit_refuses_across_minutes(memory_gateway):
     assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
     assert int(headers["retry-after"]) > 60, "refused by the day's limit, not the minute's"
     assert int(headers["x-ratelimit-remaining-tokens"]) == PER_DAY - first_minute - second_minute
+
+
+def test_the_request_is_held_to_what_was_reserved(gateway):
+    """No max_tokens (or null): the gateway reserves its default and writes
+    it into the request, so the model (whose own limit is 4,096) stops
+    there; n choices reserve, and are billed, n times."""
+    wait_for_fresh_window(60, margin_s=15)
+    module, user = load_gateway_module(), new_user()
+    for cap in ({}, {"max_tokens": None}):
+        request = {"model": "fake-1", "messages": [{"role": "user", "content": LONG}], **cap}
+        status, headers, body = chat(gateway, None, user, body=json.dumps(request).encode())
+        assert status == 200 and body["usage"]["completion_tokens"] == module.DEFAULT_MAX_TOKENS, body
+    user = new_user()
+    request = {"model": "fake-1", "messages": [{"role": "user", "content": LONG}], "max_tokens": 100, "n": 3}
+    status, headers, body = chat(gateway, None, user, body=json.dumps(request).encode())
+    assert status == 200 and len(body["choices"]) == 3 and body["usage"]["completion_tokens"] == 300
+    assert int(headers["x-ratelimit-remaining-tokens"]) == PER_MINUTE - body["usage"]["total_tokens"]
+    request["n"] = PER_MINUTE // 100  # 10 x 100 and the prompt: more than the minute admits
+    status, _, body = chat(gateway, None, user, body=json.dumps(request).encode())
+    assert status == 400 and body["error"]["code"] == "tokens_exceed_limit", body
+    request["n"] = 0
+    status, _, body = chat(gateway, None, user, body=json.dumps(request).encode())
+    assert status == 400 and "'n'" in body["error"]["message"]
+
+
+def test_usage_without_total_tokens_is_its_prompt_and_completion_tokens():
+    total_tokens = load_gateway_module().total_tokens
+    assert total_tokens(b'{"usage": {"total_tokens": 7, "prompt_tokens": 1}}') == 7
+    assert total_tokens(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == 7
+    for body in (b'{"usage": {"prompt_tokens": 3}}', b'{"usage": {"total_tokens": -1}}', b'{}', b'not json'):
+        assert total_tokens(body) is None, body
 
 
 def test_users_are_identified_by_api_key_or_header(gateway):

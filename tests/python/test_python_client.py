@@ -7,6 +7,7 @@ also checks that our trimmed protos interoperate with the server.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from conftest import CLIENT_DIR, DOMAIN
+from conftest import CLIENT_DIR, DOMAIN, REPO
 from rls_client import CHANNEL_OPTIONS, wait_for_fresh_window
 
 FREE_PER_MINUTE = 3  # conftest's LIMITS_YAML: plan=free, user_id -> 3/minute, named "free"
@@ -124,3 +125,23 @@ def test_command_line(rls_server):
     )
     assert out.returncode == 0, out.stderr
     assert "allowed=True" in out.stdout and "remaining=4294967295" in out.stdout, out.stdout
+
+
+def test_the_client_copied_out_of_the_repository_imports_and_asks_for_the_protos(tmp_path):
+    """A user copies the one file: it imports, generates its stubs from a
+    proto/ it is given, and without one says what it needs."""
+    shutil.copy(CLIENT_DIR / "ratekeeper_client.py", tmp_path)
+    script = (
+        "import sys, ratekeeper_client as rk\n"
+        "try:\n"
+        "    rk.generate_stubs('gen')\n"
+        "except FileNotFoundError as e:\n"
+        "    print('refused:', e)\n"
+        "rk.generate_stubs('gen', proto_dir=sys.argv[1])\n"
+        "from ratekeeper.v1 import budget_pb2\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(REPO / "proto")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: " in out.stdout and "proto_dir" in out.stdout and out.stdout.endswith("ok\n"), out.stdout

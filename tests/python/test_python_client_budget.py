@@ -126,20 +126,36 @@ def test_budget_settles_at_the_estimate_when_the_block_fails_unreported(client, 
     assert reported.settlement.statuses[0].remaining == BUDGET - 300
 
 
-def test_a_bad_spend_fails_in_the_block_and_no_settle_error_hides_the_blocks(client, user):
-    """spend() refuses what is not a whole number of hits where it is
-    called; and whatever a settle on exit fails with, the block's own
-    exception is the one that propagates (the settle's is kept)."""
+def test_a_bad_spend_fails_in_the_block(client, user):
+    """spend() refuses what is not a whole number of hits, or more than a
+    settle takes, where it is called."""
     with pytest.raises(TypeError, match="whole number"):
         with client.budget(DOMAIN, user, estimate=100) as fractional:
             fractional.spend(12.0)
     assert fractional.settlement.settled == 100, "nothing reported: the estimate"
 
-    with pytest.raises(RuntimeError, match="the block's"):
+    with pytest.raises(ValueError, match=r"2\^32"):
         with client.budget(DOMAIN, user, estimate=100) as huge:
-            huge.spend(2**70)  # no uint64 holds it: the settle itself fails
+            huge.spend(2**32 + 1)
+    assert huge.settlement.settled == 100 and huge.settle_error is None
+
+
+def test_a_failed_settle_on_exit_raises_nothing_and_is_kept(rk, client, user, caplog):
+    """Work that outlived its reservation's TTL: the settle on exit fails
+    (NOT_FOUND), which neither raises from a block that succeeded nor hides
+    the exception of one that failed; the error is kept and logged."""
+    with pytest.raises(RuntimeError, match="the block's"):
+        with client.budget(DOMAIN, user, estimate=100, ttl=1) as failed:
+            with client.budget(DOMAIN, user, estimate=100, ttl=1) as done:
+                time.sleep(1.6)
+                done.spend(10)
             raise RuntimeError("the block's own failure")
-    assert isinstance(huge.settle_error, ValueError) and huge.settlement is None
+    for b in (done, failed):
+        assert isinstance(b.settle_error, rk.ReservationNotFound) and b.settlement is None
+    assert str(done.settle_error).count("reservation not found") == 1, str(done.settle_error)
+    assert "stays charged at its estimate" in caplog.text
+    # Both stay charged at their estimates.
+    assert client.reserve(DOMAIN, user, estimate=1).statuses[0].remaining == BUDGET - 200 - 1
 
 
 def test_an_estimate_no_limit_admits_is_refused_for_good(rk, client, user):
@@ -218,7 +234,9 @@ def test_fail_open_grants_when_unreachable(rk):
         assert r.granted and r.reservation_id == "" and r.error.startswith("UNAVAILABLE")
         with down.budget(DOMAIN, [{"user_id": "anyone"}], estimate=10) as b:
             b.spend(3)
-        assert b.settlement.settled == 3
+        # Nothing was reserved, so nothing is settled: said so, without a call.
+        assert b.settlement.settled == 0 and b.settlement.error.startswith("UNAVAILABLE")
+        assert b.settle_error is None
     with rk.RateLimitClient("127.0.0.1:1", timeout=0.5) as down:
         with pytest.raises(grpc.RpcError) as e:
             down.reserve(DOMAIN, [{"user_id": "anyone"}], estimate=10)

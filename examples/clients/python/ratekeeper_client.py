@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import sys
 import threading
 import time
@@ -72,8 +73,10 @@ __all__ = [
     "generate_stubs",
 ]
 
-# examples/clients/python/ -> the repository's proto/.
-DEFAULT_PROTO_DIR = Path(__file__).resolve().parents[3] / "proto"
+# The most hits one call may carry: a Reserve's estimate, a Settle's actual.
+MAX_HITS = 2**32
+
+_log = logging.getLogger("ratekeeper_client")
 
 Descriptor = Union[Mapping[str, str], Sequence[Tuple[str, str]]]
 
@@ -82,12 +85,26 @@ Descriptor = Union[Mapping[str, str], Sequence[Tuple[str, str]]]
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def generate_stubs(out_dir: Union[str, Path], proto_dir: Union[str, Path] = DEFAULT_PROTO_DIR) -> Path:
+def _repository_protos() -> Path:
+    """The repository's proto/, when this file is still in
+    examples/clients/python/ of a checkout."""
+    here = Path(__file__).resolve()
+    proto_dir = here.parents[3] / "proto" if len(here.parents) > 3 else None
+    if proto_dir is None or not (proto_dir / "ratekeeper" / "v1" / "budget.proto").is_file():
+        raise FileNotFoundError(
+            "this file is not in a ratekeeper checkout: pass generate_stubs(DIR, proto_dir=...) "
+            "the repository's proto/ directory"
+        )
+    return proto_dir
+
+
+def generate_stubs(out_dir: Union[str, Path], proto_dir: Union[str, Path, None] = None) -> Path:
     """Generates the Python messages and gRPC stubs for every .proto under
-    proto_dir into out_dir with grpcio-tools, and puts out_dir on sys.path."""
+    proto_dir (default: the repository's proto/, when this file is in a
+    checkout) into out_dir with grpcio-tools, and puts out_dir on sys.path."""
     from grpc_tools import protoc  # grpcio-tools, needed only here
 
-    proto_dir = Path(proto_dir).resolve()
+    proto_dir = Path(proto_dir).resolve() if proto_dir is not None else _repository_protos()
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     well_known = Path(protoc.__file__).resolve().parent / "_proto"  # google/protobuf/*.proto
@@ -264,6 +281,9 @@ class Settlement:
     settled: int
     already_settled: bool = False
     statuses: Tuple[BudgetStatus, ...] = ()
+    # Set only when budget() ran on a reservation fail_open granted without
+    # the service: nothing was reserved, and nothing is settled (settled 0).
+    error: Optional[str] = None
 
 
 class BudgetExceeded(Exception):
@@ -289,7 +309,9 @@ class ReservationNotFound(LookupError):
 
     def __init__(self, reservation_id: str, details: str):
         self.reservation_id = reservation_id
-        super().__init__(f"reservation not found: {details}")
+        # The service's message already says "reservation not found: ...".
+        prefix = "" if details.startswith("reservation not found") else "reservation not found: "
+        super().__init__(f"{prefix}{details}")
 
 
 class Budget:
@@ -312,7 +334,10 @@ class Budget:
             raise TypeError(f"spend(n) needs a whole number of hits, not {n!r}")
         if n < 0:
             raise ValueError("spend(n) needs n >= 0")
-        self.spent = (self.spent or 0) + n
+        total = (self.spent or 0) + n
+        if total > MAX_HITS:
+            raise ValueError(f"spend(n): {total} hits in all, more than a settle takes (2^32)")
+        self.spent = total
 
 
 @dataclass(frozen=True)
@@ -526,8 +551,8 @@ class RateLimitClient:
         limit of the descriptors' rate limit rules, or none (refused). ttl
         (seconds or a timedelta, 1 s to 1 h; the service's default is 5
         minutes): how long the reservation can be settled."""
-        if estimate <= 0:
-            raise ValueError("estimate must be > 0")
+        if not 0 < estimate <= MAX_HITS:
+            raise ValueError("estimate must be > 0 and at most 2^32")
         pb2, stub = self._budget_api()
         request = pb2.ReserveRequest(domain=domain, estimate=estimate)
         _add_descriptors(request.descriptors, descriptors)
@@ -556,8 +581,8 @@ class RateLimitClient:
         `settled`. An empty id (nothing was limited) settles at once without
         a call. Raises ReservationNotFound when the service does not know the
         id, grpc.RpcError otherwise, whatever fail_open says."""
-        if actual < 0:
-            raise ValueError("actual must be >= 0")
+        if not 0 <= actual <= MAX_HITS:
+            raise ValueError("actual must be >= 0 and at most 2^32")
         if not reservation_id:
             return Settlement(settled=actual)
         pb2, stub = self._budget_api()
@@ -593,26 +618,32 @@ class RateLimitClient:
         at the estimate: the work may have cost anything up to it, and
         charging the most it could have cost keeps the budget safe (call
         spend(0) first if a failure is known to have cost nothing). A block
-        that ends without spend() is settled at the estimate as well. When
-        the block raised, a failed settle does not hide its exception,
-        whatever the failure (the reservation then stays charged at its
-        estimate until its TTL; the error is kept in budget.settle_error)."""
+        that ends without spend() is settled at the estimate as well.
+
+        A settle that fails on exit (the reservation outlived its TTL, the
+        service stayed unreachable) raises nothing: the work is done, and
+        the reservation stays charged at its estimate until its TTL, the
+        side that keeps the budget. The error is kept in
+        budget.settle_error (budget.settlement is then None) and logged as
+        a warning. With fail_open, a reservation granted without the
+        service is settled without it: Settlement(settled=0, error=...)."""
         reservation = self.reserve(domain, descriptors, estimate, ttl)
         if not reservation.granted:
             raise BudgetExceeded(reservation)
         spending = Budget(reservation, estimate)
-        failed = True
         try:
             yield spending
-            failed = False
         finally:
             actual = estimate if spending.spent is None else spending.spent
-            try:
-                spending.settlement = self.settle(reservation.reservation_id, actual)
-            except Exception as e:
-                if not failed:
-                    raise
-                spending.settle_error = e
+            if reservation.error is not None:
+                spending.settlement = Settlement(settled=0, error=reservation.error)
+            else:
+                try:
+                    spending.settlement = self.settle(reservation.reservation_id, actual)
+                except Exception as e:  # noqa: BLE001 (kept and logged, see above)
+                    spending.settle_error = e
+                    _log.warning("settling %s at %d failed; it stays charged at its estimate (%d): %s",
+                                 reservation.reservation_id, actual, estimate, e)
 
     def close(self) -> None:
         if self._own_channel:
