@@ -899,3 +899,58 @@ async fn a_settle_cut_short_between_slots_is_completed_by_a_retry_after_the_ttl(
     assert_eq!(bob_remaining(&server).await, 15);
     server.stop().await;
 }
+
+/// A Reserve answered UNAVAILABLE because Redis was too slow for the call
+/// deadline is made when Redis wakes; its caller holds no id to settle it
+/// with, so the replica gives it back itself (a settle at 0 a second later).
+#[tokio::test]
+async fn a_reserve_made_after_its_deadline_is_given_back() {
+    let redis = RedisServer::spawn_free(&["--enable-debug-command", "yes"]);
+    let dir = limits_dir();
+    let url = redis.url();
+    let server = Ratekeeper::spawn(
+        dir.path(),
+        &["--redis-url", &url, "--redis-timeout-ms", "100"],
+    );
+    let mut client = connect(&server.grpc).await;
+    assert_eq!(
+        reserve(&mut client, "daily", "late", 1).await.statuses[0].remaining,
+        999
+    );
+
+    let slow = redis.client();
+    let sleeper = std::thread::spawn(move || {
+        let slept: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.8")
+            .query(&mut slow.get_connection().expect("redis connection"));
+        slept.expect("DEBUG SLEEP");
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lost = client
+        .reserve(reserve_request("daily", "late", 100, None))
+        .await
+        .expect_err("no answer within the deadline");
+    assert_eq!(lost.code(), Code::Unavailable, "{lost:?}");
+    sleeper.join().expect("DEBUG SLEEP");
+
+    // Made when Redis woke (999 - 100 left), then given back: 999 again.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut left = 0;
+    while Instant::now() < deadline {
+        let probe = client
+            .reserve(reserve_request("daily", "late", 1, None))
+            .await
+            .map(Response::into_inner);
+        if let Ok(r) = probe {
+            left = r.statuses[0].remaining;
+            let id = r.reservation_id;
+            settle(&mut client, &id, 0).await;
+            if left == 998 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(left, 998, "the lost reserve's 100 was not given back");
+}

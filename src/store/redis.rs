@@ -28,6 +28,11 @@ use crate::limiter::{Check, Outcome};
 use crate::vocab::Topology;
 use crate::{Error, Result};
 
+/// When a reserve whose call failed is settled at 0, in case Redis made it
+/// late (`RedisStore::give_back_if_made_late`): soon after, and once more
+/// for a Redis that stalled longer.
+const LATE_RESERVE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
+
 /// Counters and leases kept in Redis, as seen from one serving lane.
 pub struct RedisStore {
     /// One per serving lane (see [`crate::lanes`]), so that a request's
@@ -345,6 +350,9 @@ impl RedisStore {
                 Err(error) => {
                     self.give_back_reserved(checks, &reserved, nonce, &mut outcomes)
                         .await;
+                    if op == "reserve" {
+                        self.give_back_if_made_late(checks, group, nonce);
+                    }
                     return Err(error);
                 }
             };
@@ -418,6 +426,33 @@ impl RedisStore {
                 ),
             }
         }
+    }
+
+    /// A reserve whose call failed may have been made all the same, its
+    /// answer lost: the deadline passed while Redis was slow, or the
+    /// connection broke after sending. Its caller, told UNAVAILABLE, holds
+    /// no id to settle it with, so what it took would stay charged until
+    /// its window passed. Settles it at 0 in the background, after
+    /// [`LATE_RESERVE_GIVE_BACK`]'s delays until one finds it: a settle
+    /// that finds no marker (the reserve was never made, or not yet: the
+    /// pool's connections reach Redis in any order) touches nothing.
+    fn give_back_if_made_late(&self, checks: &[Check], group: Vec<usize>, nonce: &str) {
+        let store = self.for_lane(self.lane);
+        let keys: Vec<String> = checks.iter().map(|c| c.key.clone()).collect();
+        let nonce = nonce.to_owned();
+        tokio::spawn(async move {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            for delay in LATE_RESERVE_GIVE_BACK {
+                tokio::time::sleep(delay).await;
+                match store.settle_slot(&keys, &group, &nonce, 0, 0).await {
+                    Ok(SlotSettled::Unknown) | Err(_) => continue,
+                    Ok(_) => {
+                        tracing::info!("gave back a reservation made after its call had failed");
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// On a cluster, how long a multi-slot reservation's first marker lives
