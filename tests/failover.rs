@@ -767,10 +767,13 @@ async fn the_local_failure_mode_follows_the_stores_clock() {
 
 /// A TCP forwarder in front of Redis, as a cloud primary endpoint, a
 /// Kubernetes Service or a proxy: each new connection is piped to the
-/// current target; connections already open stay where they were.
+/// current target; connections already open stay where they were (or,
+/// once [`Forwarder::black_hole_open`], stay open and carry nothing).
 struct Forwarder {
     port: u16,
     target: Arc<AtomicU16>,
+    /// Connections accepted before this many black holes carry nothing.
+    holes: Arc<AtomicU16>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -779,25 +782,59 @@ impl Forwarder {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let target = Arc::new(AtomicU16::new(target));
-        let to = Arc::clone(&target);
+        let holes = Arc::new(AtomicU16::new(0));
+        let (to, holes_seen) = (Arc::clone(&target), Arc::clone(&holes));
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 let port = to.load(Ordering::SeqCst);
+                let (holes, born) = (Arc::clone(&holes_seen), holes_seen.load(Ordering::SeqCst));
                 tokio::spawn(async move {
-                    if let Ok(mut upstream) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    if let Ok(upstream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
                     {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                        let (from_client, to_client) = inbound.into_split();
+                        let (from_server, to_server) = upstream.into_split();
+                        let live = move || holes.load(Ordering::SeqCst) == born;
+                        let live_too = live.clone();
+                        tokio::join!(
+                            pump(from_client, to_server, live),
+                            pump(from_server, to_client, live_too)
+                        );
                     }
                 });
             }
         });
-        Forwarder { port, target, task }
+        Forwarder {
+            port,
+            target,
+            holes,
+            task,
+        }
     }
 
     /// Sends new connections to `port` from now on.
     fn point_at(&self, port: u16) {
         self.target.store(port, Ordering::SeqCst);
+    }
+
+    /// Connections open now stay open but carry nothing either way, as
+    /// through a proxy whose upstream vanished without a word.
+    fn black_hole_open(&self) {
+        self.holes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` while `live()`, then swallows what `from` sends.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    live: impl Fn() -> bool,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 || (live() && to.write_all(&buf[..n]).await.is_err()) {
+            return;
+        }
     }
 }
 
@@ -1018,6 +1055,49 @@ async fn failover_behind_one_address_reconnects_to_the_new_primary() {
         from_redis,
         "counts on the new primary"
     );
+    server.stop().await;
+}
+
+/// A primary that goes silent behind one address (its connections stay
+/// open and carry nothing, as through a proxy whose upstream vanished)
+/// while the address leads to a healthy one: no error ever says the
+/// connections are stale, so the silence does, and new connections reach
+/// the healthy primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_silent_peer_are_replaced() {
+    let a = RedisServer::start();
+    let b = RedisServer::start();
+    let forwarder = Forwarder::start(a.port).await;
+    let url = format!("redis://127.0.0.1:{}", forwarder.port);
+    let settings = failover_settings(&a, Topology::Single, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let server = TestServer::start(&[LIMITS_OPEN], store).await;
+    server.serving().await;
+
+    let loops = Loops::start(&server, 4).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    forwarder.point_at(b.port);
+    forwarder.black_hole_open();
+    let moved = loops.moved();
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    let answers = loops.finish().await;
+
+    let after: Vec<&Answer> = answers.iter().filter(|a| a.after).collect();
+    let first_from_redis = after
+        .iter()
+        .filter(|a| a.from_redis)
+        .map(|a| a.sent - moved)
+        .min();
+    assert!(
+        first_from_redis.is_some_and(|t| t < Duration::from_secs(3)),
+        "back on Redis {first_from_redis:?} after the silence began"
+    );
+    let slowest = answers.iter().map(|a| a.took).max().unwrap();
+    assert!(
+        slowest < FAILOVER_DEADLINE + Duration::from_millis(150),
+        "an answer took {slowest:?}"
+    );
+    assert!(counted_after(b.port) > 0, "nothing counted on the new primary");
     server.stop().await;
 }
 

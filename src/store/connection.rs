@@ -9,10 +9,11 @@
 //!
 //! Single and sentinel share one rule for a connection gone stale: a reply
 //! that says the server behind it is no longer a usable primary
-//! (`READONLY`: demoted by a failover; `MASTERDOWN`; `LOADING`) or a
-//! connection lost, on any call, replaces the lane's connections in the
-//! background with new ones (sentinel: to the master the sentinels name
-//! now). Behind one address that moved (a cloud primary endpoint, a
+//! (`READONLY`: demoted by a failover; `MASTERDOWN`; `LOADING`), a
+//! connection lost, on any call, or no answer at all for
+//! [`SILENCE_BEFORE_REPLACING`] (a peer gone without a word), replaces the
+//! lane's connections in the background with new ones (sentinel: to the
+//! master the sentinels name now). Behind one address that moved (a cloud primary endpoint, a
 //! Kubernetes Service, a proxy) only new connections reach the new primary,
 //! while the open ones stay with the demoted server and would answer
 //! `READONLY` for ever.
@@ -24,7 +25,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 use tokio::sync::watch;
@@ -204,6 +205,10 @@ pub struct Connections {
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
     failures: AtomicUsize,
+    /// When a call was last answered (or the connections last replaced),
+    /// in ms since `epoch`.
+    answered_ms: AtomicU64,
+    epoch: Instant,
     /// Bumped when replaced connections reach another server than before.
     generation: Generation,
     /// The `run_id` of the server the connections reached last (single and
@@ -266,6 +271,15 @@ impl std::ops::Add for PoolCounts {
 /// only a fresh topology shows the promoted replica.
 const CLUSTER_REBUILD_AFTER: usize = 3;
 
+/// How long calls may go unanswered (deadlines, no error) before single's
+/// and sentinel's connections are replaced. A peer gone without a word (a
+/// dead host, a partition, a proxy that swallows the traffic of a primary
+/// it no longer reaches) leaves a TCP connection open for many minutes, or
+/// for ever, while a new one may reach a server that answers. A Redis that
+/// is only slow meets new connections no worse off: they replace the old
+/// ones once connected, and until then the old ones serve.
+const SILENCE_BEFORE_REPLACING: Duration = Duration::from_secs(1);
+
 impl Connections {
     /// Prepares the connections; they are made on first use. Never waits
     /// for Redis. `generation` is bumped when a replacement reaches a server
@@ -315,6 +329,8 @@ impl Connections {
             connecting: AtomicBool::new(false),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
+            answered_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
             generation,
             run_id: Mutex::new(None),
             opened,
@@ -366,22 +382,44 @@ impl Connections {
     /// Records a successful call.
     pub fn succeeded(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        self.answered_now();
+    }
+
+    fn answered_now(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.answered_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// How long since a call was last answered (or the connections replaced).
+    fn silent_for(&self) -> Duration {
+        let answered = Duration::from_millis(self.answered_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(answered)
     }
 
     /// Reacts to a failed call (`error` is `None` for a deadline): single
     /// and sentinel replace their connections when the error shows them
-    /// stale ([`is_stale`]); a cluster is rebuilt from the seeds after
-    /// failures in a row.
+    /// stale ([`is_stale`]), or when no call has been answered for
+    /// [`SILENCE_BEFORE_REPLACING`]; a cluster is rebuilt from the seeds
+    /// after failures in a row.
     pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         match self.settings.topology {
-            Topology::Single | Topology::Sentinel => {
-                if let Some(error) = error.filter(|e| is_stale(e)) {
+            Topology::Single | Topology::Sentinel => match error {
+                Some(error) if is_stale(error) => {
                     if self.reconnect() {
                         tracing::info!(%error, "Redis connections stale: replacing them");
                     }
                 }
-            }
+                None if self.silent_for() >= SILENCE_BEFORE_REPLACING => {
+                    if self.reconnect() {
+                        tracing::info!(
+                            silent = ?self.silent_for(),
+                            "no answer from Redis: replacing its connections"
+                        );
+                    }
+                }
+                _ => {}
+            },
             Topology::Cluster => {
                 if failures >= CLUSTER_REBUILD_AFTER {
                     self.failures.store(0, Ordering::Relaxed);
@@ -407,6 +445,8 @@ impl Connections {
                     drop(current);
                     this.closed
                         .fetch_add(replaced.len() as u64, Ordering::Relaxed);
+                    // New connections get their own time to answer.
+                    this.answered_now();
                     this.connected.send_modify(|n| *n += 1);
                     tracing::info!(topology = ?this.settings.topology, "connected to Redis");
                 }
@@ -535,9 +575,9 @@ impl Connections {
 /// useful any more, so that it must be replaced: the server was demoted to
 /// a replica (`READONLY`), lost its master (`MASTERDOWN`), is loading its
 /// data after a restart (`LOADING`), or the connection broke. (The three
-/// replies come before a script runs: nothing was counted.) A timeout is
+/// replies come before a script runs: nothing was counted.) One timeout is
 /// not one: the server may just be slow, and new connections would only
-/// add to its load.
+/// add to its load; [`SILENCE_BEFORE_REPLACING`] of them is.
 fn is_stale(error: &RedisError) -> bool {
     use redis::ServerErrorKind::{BusyLoading, MasterDown, ReadOnly};
     matches!(

@@ -756,15 +756,20 @@ impl RedisStore {
 
     /// Runs a call of the warm-up or the health probe under the probe
     /// timeout; an error that shows the connection stale (say `READONLY` on
-    /// loading the limiter into a demoted primary) replaces it, as on the
-    /// request path.
+    /// loading the limiter into a demoted primary), or a timeout after a
+    /// silence, replaces it, as on the request path.
     async fn probe<T>(
         &self,
         what: &str,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         match tokio::time::timeout(self.probe_timeout(), call).await {
-            Err(_) => Err(Error::Store(format!("{what} timed out"))),
+            Err(_) => {
+                // While the breaker keeps requests away, the probe's
+                // silence is what replaces connections to a peer gone.
+                self.caller().connections.failed(None);
+                Err(Error::Store(format!("{what} timed out")))
+            }
             Ok(Err(error)) => {
                 self.caller().connections.failed(Some(&error));
                 Err(error.into())
