@@ -49,7 +49,8 @@
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
 //!   `/healthcheck` both report.
 //! - [`telemetry`] sets up logs (in JSON as envoyproxy/ratelimit writes
-//!   them: [`log_json`]) and the Prometheus recorder;
+//!   them: [`log_json`]; a line a failure repeats per request paced by
+//!   [`log_pace`]) and the Prometheus recorder;
 //!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
 //!   [`stat_key`]) in [`statsd`] (plain, or DogStatsD through
 //!   [`dogstatsd`]'s mogrifiers) and in the Prometheus series
@@ -81,6 +82,7 @@ pub mod keys;
 pub mod lanes;
 pub mod limiter;
 pub mod log_json;
+pub mod log_pace;
 pub mod otel;
 pub mod pb;
 pub mod random;

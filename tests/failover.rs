@@ -1097,7 +1097,10 @@ async fn connections_to_a_silent_peer_are_replaced() {
         slowest < FAILOVER_DEADLINE + Duration::from_millis(150),
         "an answer took {slowest:?}"
     );
-    assert!(counted_after(b.port) > 0, "nothing counted on the new primary");
+    assert!(
+        counted_after(b.port) > 0,
+        "nothing counted on the new primary"
+    );
     server.stop().await;
 }
 

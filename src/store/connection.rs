@@ -404,22 +404,18 @@ impl Connections {
     pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         match self.settings.topology {
-            Topology::Single | Topology::Sentinel => match error {
-                Some(error) if is_stale(error) => {
-                    if self.reconnect() {
-                        tracing::info!(%error, "Redis connections stale: replacing them");
+            Topology::Single | Topology::Sentinel => {
+                let why = match error {
+                    Some(error) if is_stale(error) => error.to_string(),
+                    None if self.silent_for() >= SILENCE_BEFORE_REPLACING => {
+                        format!("no answer for {:?}", self.silent_for())
                     }
+                    _ => return,
+                };
+                if self.reconnect() {
+                    tracing::info!(%why, "Redis connections stale: replacing them");
                 }
-                None if self.silent_for() >= SILENCE_BEFORE_REPLACING => {
-                    if self.reconnect() {
-                        tracing::info!(
-                            silent = ?self.silent_for(),
-                            "no answer from Redis: replacing its connections"
-                        );
-                    }
-                }
-                _ => {}
-            },
+            }
             Topology::Cluster => {
                 if failures >= CLUSTER_REBUILD_AFTER {
                     self.failures.store(0, Ordering::Relaxed);

@@ -48,6 +48,7 @@ use crate::config::watch::SharedConfig;
 use crate::headers::HeaderSettings;
 use crate::keys::Values;
 use crate::limiter::{Algorithm, Charges};
+use crate::log_pace::Paced;
 use crate::otel::{DecisionSpan, Tracer};
 use crate::store::Stores;
 use crate::vocab::FailureMode;
@@ -242,7 +243,10 @@ impl RateLimiter {
                     .failure_mode
                     .unwrap_or(self.settings.failure_mode);
                 let (error, store) = (&failed.error, failed.store.name());
-                tracing::warn!(%error, store, %mode, "store failed");
+                static LOG: Paced = Paced::new();
+                if let Some(left_out) = LOG.admit() {
+                    tracing::warn!(%error, store, %mode, left_out, "store failed");
+                }
                 if let Some(span) = span {
                     span.answered_by(mode.name());
                 }
