@@ -5,7 +5,8 @@
 //! - **cluster**: one `ClusterConnection`, which routes each command by its
 //!   first key's slot and follows MOVED/ASK and topology changes.
 //! - **sentinel**: the master named by the sentinels, through
-//!   `ConnectionManager`s.
+//!   `ConnectionManager`s, replaced as soon as a sentinel announces another
+//!   (`+switch-master`).
 //!
 //! Single and sentinel share one rule for a connection gone stale: a reply
 //! that says the server behind it is no longer a usable primary
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
+use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -201,6 +203,8 @@ pub struct Connections {
     current: RwLock<Vec<Conn>>,
     next: AtomicUsize,
     connecting: AtomicBool,
+    /// Whether a task follows the sentinels' announcements (sentinel only).
+    following: AtomicBool,
     /// Bumped after every successful (re)connect.
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
@@ -327,6 +331,7 @@ impl Connections {
             current: RwLock::new(initial),
             next: AtomicUsize::new(0),
             connecting: AtomicBool::new(false),
+            following: AtomicBool::new(false),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
             answered_ms: AtomicU64::new(0),
@@ -445,6 +450,11 @@ impl Connections {
                     this.answered_now();
                     this.connected.send_modify(|n| *n += 1);
                     tracing::info!(topology = ?this.settings.topology, "connected to Redis");
+                    if this.settings.topology == Topology::Sentinel
+                        && !this.following.swap(true, Ordering::AcqRel)
+                    {
+                        tokio::spawn(follow_switches(Arc::downgrade(&this)));
+                    }
                 }
                 Ok(Err(error)) => tracing::warn!(%error, "cannot connect to Redis; will retry"),
                 Err(_) => tracing::warn!("connecting to Redis timed out; will retry"),
@@ -564,6 +574,69 @@ impl Connections {
             .into_iter()
             .map(Conn::Managed)
             .collect())
+    }
+}
+
+/// Replaces the connections of a sentinel topology as soon as a sentinel
+/// announces another master for its name (`+switch-master`). A failover
+/// the sentinels make names the new master while the old one can stay a
+/// writable master for seconds, until they reconfigure it (10 s measured);
+/// what it counts meanwhile is lost when it syncs from the new one, and
+/// nothing it answers says it is stale. Listens to one sentinel at a time,
+/// the next when it goes away; ends when the connections are dropped.
+async fn follow_switches(connections: Weak<Connections>) {
+    let Some(this) = connections.upgrade() else {
+        return;
+    };
+    let Ok(addresses) = this.settings.addresses() else {
+        return;
+    };
+    let Some((master, sentinels)) = addresses.split_first() else {
+        return;
+    };
+    let sentinels: Vec<redis::ConnectionInfo> = sentinels
+        .iter()
+        .filter_map(|a| this.settings.node_without_auth(a).ok())
+        .collect();
+    let (master, wait) = (master.clone(), this.settings.connect_timeout);
+    drop(this);
+    loop {
+        for sentinel in &sentinels {
+            let Ok(client) = redis::Client::open(sentinel.clone()) else {
+                continue;
+            };
+            let subscribed = tokio::time::timeout(wait, async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe("+switch-master").await?;
+                redis::RedisResult::Ok(pubsub)
+            });
+            let Ok(Ok(mut pubsub)) = subscribed.await else {
+                continue;
+            };
+            let mut messages = pubsub.on_message();
+            loop {
+                // Wakes now and then to end with the connections.
+                let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+                let Some(this) = connections.upgrade() else {
+                    return;
+                };
+                match message {
+                    Ok(Some(message)) => {
+                        // "<master name> <old ip> <old port> <new ip> <new port>"
+                        let payload: String = message.get_payload().unwrap_or_default();
+                        if payload.split(' ').next() == Some(master.as_str()) && this.reconnect() {
+                            tracing::info!(%payload, "the sentinels named a new master: reconnecting");
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(_) => {}
+                }
+            }
+        }
+        if connections.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
