@@ -14,10 +14,10 @@
 //! connection lost, on any call, or no answer at all for
 //! [`SILENCE_BEFORE_REPLACING`] (a peer gone without a word), replaces the
 //! lane's connections in the background with new ones (sentinel: to the
-//! master the sentinels name now). Behind one address that moved (a cloud primary endpoint, a
-//! Kubernetes Service, a proxy) only new connections reach the new primary,
-//! while the open ones stay with the demoted server and would answer
-//! `READONLY` for ever.
+//! master the sentinels name now). Behind one address that moved (a cloud
+//! primary endpoint, a Kubernetes Service, a proxy) only new connections
+//! reach the new primary, while the open ones stay with the demoted server
+//! and would answer `READONLY` for ever.
 //!
 //! Every topology connects on first use (the warm-up, see `server`), in the
 //! background, so ratekeeper starts (and fails open) while Redis is
@@ -209,9 +209,9 @@ pub struct Connections {
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
     failures: AtomicUsize,
-    /// When a call was last answered (or the connections last replaced),
-    /// in ms since `epoch`.
-    answered_ms: AtomicU64,
+    /// When the failures in a row began (or the connections were last
+    /// replaced, if later), in ms since `epoch`.
+    failing_since_ms: AtomicU64,
     epoch: Instant,
     /// Bumped when replaced connections reach another server than before.
     generation: Generation,
@@ -275,8 +275,8 @@ impl std::ops::Add for PoolCounts {
 /// only a fresh topology shows the promoted replica.
 const CLUSTER_REBUILD_AFTER: usize = 3;
 
-/// How long calls may go unanswered (deadlines, no error) before single's
-/// and sentinel's connections are replaced. A peer gone without a word (a
+/// How long calls may keep failing, none answered, the last on a deadline
+/// (no error), before single's and sentinel's connections are replaced. A peer gone without a word (a
 /// dead host, a partition, a proxy that swallows the traffic of a primary
 /// it no longer reaches) leaves a TCP connection open for many minutes, or
 /// for ever, while a new one may reach a server that answers. A Redis that
@@ -334,7 +334,7 @@ impl Connections {
             following: AtomicBool::new(false),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
-            answered_ms: AtomicU64::new(0),
+            failing_since_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             generation,
             run_id: Mutex::new(None),
@@ -387,33 +387,37 @@ impl Connections {
     /// Records a successful call.
     pub fn succeeded(&self) {
         self.failures.store(0, Ordering::Relaxed);
-        self.answered_now();
     }
 
-    fn answered_now(&self) {
+    /// Starts the clock of [`Self::failing_for`] now.
+    fn failing_from_now(&self) {
         let now = self.epoch.elapsed().as_millis() as u64;
-        self.answered_ms.store(now, Ordering::Relaxed);
+        self.failing_since_ms.store(now, Ordering::Relaxed);
     }
 
-    /// How long since a call was last answered (or the connections replaced).
-    fn silent_for(&self) -> Duration {
-        let answered = Duration::from_millis(self.answered_ms.load(Ordering::Relaxed));
-        self.epoch.elapsed().saturating_sub(answered)
+    /// How long calls have been failing with none answered (since the
+    /// connections were replaced, if later).
+    fn failing_for(&self) -> Duration {
+        let since = Duration::from_millis(self.failing_since_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(since)
     }
 
     /// Reacts to a failed call (`error` is `None` for a deadline): single
     /// and sentinel replace their connections when the error shows them
-    /// stale ([`is_stale`]), or when no call has been answered for
+    /// stale ([`is_stale`]), or when calls have failed, none answered, for
     /// [`SILENCE_BEFORE_REPLACING`]; a cluster is rebuilt from the seeds
     /// after failures in a row.
     pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures == 1 {
+            self.failing_from_now();
+        }
         match self.settings.topology {
             Topology::Single | Topology::Sentinel => {
                 let why = match error {
                     Some(error) if is_stale(error) => error.to_string(),
-                    None if self.silent_for() >= SILENCE_BEFORE_REPLACING => {
-                        format!("no answer for {:?}", self.silent_for())
+                    None if self.failing_for() >= SILENCE_BEFORE_REPLACING => {
+                        format!("no answer for {:?}", self.failing_for())
                     }
                     _ => return,
                 };
@@ -447,7 +451,7 @@ impl Connections {
                     this.closed
                         .fetch_add(replaced.len() as u64, Ordering::Relaxed);
                     // New connections get their own time to answer.
-                    this.answered_now();
+                    this.failing_from_now();
                     this.connected.send_modify(|n| *n += 1);
                     tracing::info!(topology = ?this.settings.topology, "connected to Redis");
                     if this.settings.topology == Topology::Sentinel
