@@ -11,6 +11,11 @@ pub enum Error {
     /// The counter store failed or did not answer in time.
     #[error("store: {0}")]
     Store(String),
+    /// The store was not called: its circuit is open, it is not connected
+    /// yet, or the call's deadline passed while it queued. Nothing was sent,
+    /// so nothing was counted.
+    #[error("store: {0}")]
+    StoreNotCalled(String),
     /// A setting the server cannot start with.
     #[error("{0}")]
     Startup(String),

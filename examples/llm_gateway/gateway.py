@@ -18,8 +18,8 @@ before it starts: the prompt (estimated here) plus `max_tokens`. So, per
    with Retry-After and an OpenAI-style error body; the model is not
    called. An estimate more than a limit admits at once can never be
    granted: 400.
-3. it forwards the request, with `max_tokens` written in when the client
-   set no cap (so the model is held to what was reserved), and settles the
+3. it forwards the request, with `max_completion_tokens` written in when
+   the client set no cap (so the model is held to what was reserved), and settles the
    reservation at the answer's `usage.total_tokens` (or its prompt plus
    completion tokens), which gives the unused part of the estimate back. A
    prompt that cost more than its estimate is charged the excess.
@@ -185,8 +185,9 @@ def parse_chat_request(raw: bytes) -> tuple[int, bytes]:
             raise BadRequest(400, f"'{name}' must be an integer from 1 to {MAX_TOKENS_CAP}.")
     if not caps:
         # Without a cap the model would write up to its own limit, past
-        # what is reserved: send it the one reserved for.
-        request["max_tokens"] = caps["max_tokens"] = DEFAULT_MAX_TOKENS
+        # what is reserved: send it the one reserved for, by the name every
+        # current model takes (some refuse the older max_tokens).
+        request["max_completion_tokens"] = caps["max_completion_tokens"] = DEFAULT_MAX_TOKENS
     choices = request.get("n")
     if choices is None:
         choices = 1
@@ -259,7 +260,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 used = total_tokens(body) if status == 200 else 0
                 if used is not None:  # none in a 200: settled at the estimate
-                    budget.spend(used)
+                    budget.spend(min(used, rk.MAX_HITS))  # more is no usage a settle takes
         self.answer(status, body, self.budget_headers(budget.settlement))
 
     def refuse(self, e: rk.BudgetExceeded) -> None:

@@ -38,11 +38,11 @@ use super::reservation_id::{
 };
 use super::rls::{tightest, Applied, LimiterSettings, Plan};
 use super::wire::{duration, requested_ttl, Entries};
+
 use crate::config::watch::SharedConfig;
 use crate::config::Config;
 use crate::headers::LimitState;
 use crate::limiter::{Charges, Check, Outcome, MAX_HITS};
-use crate::log_pace::Paced;
 use crate::pb::v1::budget_service_server::BudgetService;
 use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
 use crate::store::{Role, Settled, Stores};
@@ -353,11 +353,7 @@ fn retry_after_ms(checks: &[Check], outcomes: &[Outcome]) -> Option<u64> {
 }
 
 fn store_failed(error: crate::Error) -> Status {
-    static LOG: Paced = Paced::new();
-    if let Some(left_out) = LOG.admit() {
-        tracing::warn!(%error, left_out, "budget store call failed");
-    }
-    Status::unavailable(format!("the budget store failed: {error}"))
+    super::wire::store_failed("budget", error)
 }
 
 /// What a Reserve answered: `ratekeeper_budget_reserves`'s `result`.

@@ -194,8 +194,7 @@ fn refs(leases: &[LeaseId]) -> Vec<LeaseRef<'_>> {
 }
 
 fn store_failed(error: crate::Error) -> Status {
-    tracing::warn!(%error, "lease store call failed");
-    Status::unavailable(format!("the lease store failed: {error}"))
+    super::wire::store_failed("lease", error)
 }
 
 #[tonic::async_trait]

@@ -1,6 +1,7 @@
 //! The wire types both services share a way of reading or writing: the two
 //! descriptor messages (Envoy's `RateLimitDescriptor` and
-//! `ratekeeper.v1.Descriptor`) as `(key, value)` entries, and durations.
+//! `ratekeeper.v1.Descriptor`) as `(key, value)` entries, durations, and
+//! ratekeeper's own services' answer when their store fails.
 
 use std::time::Duration;
 
@@ -8,7 +9,19 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 
 use tonic::Status;
 
+use crate::log_pace::Paced;
 use crate::pb::v1;
+
+/// `UNAVAILABLE` for a call of ratekeeper's own services (`what`: the
+/// lease or the budget store) whose store failed, logged at most once a
+/// second: no failure mode applies there, so the caller decides.
+pub fn store_failed(what: &str, error: crate::Error) -> Status {
+    static LOG: Paced = Paced::new();
+    if let Some(left_out) = LOG.admit() {
+        tracing::warn!(%error, left_out, "{what} store call failed");
+    }
+    Status::unavailable(format!("the {what} store failed: {error}"))
+}
 
 /// A descriptor message, read as its `(key, value)` entries.
 pub trait Entries {

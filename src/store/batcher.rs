@@ -220,7 +220,9 @@ impl<K: Batched> Batcher<K> {
                 let waited = self.caller.call_timeout;
                 deliver(
                     late,
-                    Err(Error::Store(format!("no answer within {waited:?}"))),
+                    Err(Error::StoreNotCalled(format!(
+                        "no answer within {waited:?}"
+                    ))),
                     None,
                 );
             }
@@ -313,13 +315,18 @@ fn deliver<K: Batched>(
             }
         }
         Err(error) => {
-            let message = match error {
-                Error::Store(message) => message,
-                other => other.to_string(),
+            let (message, called) = match error {
+                Error::Store(message) => (message, true),
+                Error::StoreNotCalled(message) => (message, false),
+                other => (other.to_string(), true),
             };
             for w in call {
                 let shared = carried(&w);
-                let _ = w.answer.send((Err(Error::Store(message.clone())), shared));
+                let error = match called {
+                    true => Error::Store(message.clone()),
+                    false => Error::StoreNotCalled(message.clone()),
+                };
+                let _ = w.answer.send((Err(error), shared));
             }
         }
     }

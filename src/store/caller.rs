@@ -102,7 +102,9 @@ impl Caller {
         Fut: Future<Output = RedisResult<T>>,
     {
         if !self.breaker.as_deref().map_or(true, Breaker::allow) {
-            return Err(Error::Store("circuit open: Redis is failing".into()));
+            return Err(Error::StoreNotCalled(
+                "circuit open: Redis is failing".into(),
+            ));
         }
         let started = Instant::now();
         let result = self.by(deadline, call).await;

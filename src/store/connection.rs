@@ -25,7 +25,7 @@
 //! their readers run on its thread (`crate::lanes`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
@@ -205,6 +205,14 @@ pub struct Connections {
     connecting: AtomicBool,
     /// Whether a task follows the sentinels' announcements (sentinel only).
     following: AtomicBool,
+    /// A sentinel named a new master that no reconnect begun since has
+    /// reached yet: reconnecting goes on until one does.
+    switch_pending: AtomicBool,
+    /// The runtime of the lane these connections serve, where their
+    /// replacements are made (a connection's reader runs where it was
+    /// opened), whoever noticed they were stale (the health probe runs
+    /// elsewhere). Set by the first connect, which the lane's warm-up makes.
+    runtime: OnceLock<tokio::runtime::Handle>,
     /// Bumped after every successful (re)connect.
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
@@ -332,6 +340,8 @@ impl Connections {
             next: AtomicUsize::new(0),
             connecting: AtomicBool::new(false),
             following: AtomicBool::new(false),
+            switch_pending: AtomicBool::new(false),
+            runtime: OnceLock::new(),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
             failing_since_ms: AtomicU64::new(0),
@@ -354,7 +364,7 @@ impl Connections {
         self.reconnect();
         let _ = tokio::time::timeout(wait, connected.changed()).await;
         self.pick()
-            .ok_or_else(|| Error::Store("not connected to Redis yet".into()))
+            .ok_or_else(|| Error::StoreNotCalled("not connected to Redis yet".into()))
     }
 
     /// Every connection in use now (none before the first connect).
@@ -402,11 +412,12 @@ impl Connections {
         self.epoch.elapsed().saturating_sub(since)
     }
 
-    /// Reacts to a failed call (`error` is `None` for a deadline): single
-    /// and sentinel replace their connections when the error shows them
-    /// stale ([`is_stale`]), or when calls have failed, none answered, for
-    /// [`SILENCE_BEFORE_REPLACING`]; a cluster is rebuilt from the seeds
-    /// after failures in a row.
+    /// Reacts to a failed call (`error` is `None` for our deadline; the
+    /// client's own response timeout is a timeout too): single and sentinel
+    /// replace their connections when the error shows them stale
+    /// ([`is_stale`]), or when calls have failed, none answered, for
+    /// [`SILENCE_BEFORE_REPLACING`], the last on a timeout; a cluster is
+    /// rebuilt from the seeds after failures in a row.
     pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures == 1 {
@@ -416,7 +427,8 @@ impl Connections {
             Topology::Single | Topology::Sentinel => {
                 let why = match error {
                     Some(error) if is_stale(error) => error.to_string(),
-                    None if self.failing_for() >= SILENCE_BEFORE_REPLACING => {
+                    Some(error) if !error.is_timeout() => return,
+                    _ if self.failing_for() >= SILENCE_BEFORE_REPLACING => {
                         format!("no answer for {:?}", self.failing_for())
                     }
                     _ => return,
@@ -434,14 +446,26 @@ impl Connections {
         }
     }
 
-    /// (Re)connects in the background, once at a time; returns whether this
-    /// call started it.
+    /// Reconnects because a sentinel named a new master: now, or once the
+    /// reconnect under way ends; and again until one succeeds.
+    fn switch_master(self: &Arc<Self>) {
+        self.switch_pending.store(true, Ordering::Release);
+        self.reconnect();
+    }
+
+    /// (Re)connects in the background, once at a time, on the lane's
+    /// runtime; returns whether this call started it.
     fn reconnect(self: &Arc<Self>) -> bool {
         if self.connecting.swap(true, Ordering::AcqRel) {
             return false;
         }
         let this = self.clone();
-        tokio::spawn(async move {
+        let runtime = self
+            .runtime
+            .get_or_init(tokio::runtime::Handle::current)
+            .clone();
+        runtime.spawn(async move {
+            let switching = this.switch_pending.swap(false, Ordering::AcqRel);
             match tokio::time::timeout(this.settings.connect_timeout * 2, this.connect()).await {
                 Ok(Ok(conns)) => {
                     this.opened.fetch_add(conns.len() as u64, Ordering::Relaxed);
@@ -460,12 +484,21 @@ impl Connections {
                         tokio::spawn(follow_switches(Arc::downgrade(&this)));
                     }
                 }
-                Ok(Err(error)) => tracing::warn!(%error, "cannot connect to Redis; will retry"),
-                Err(_) => tracing::warn!("connecting to Redis timed out; will retry"),
+                Ok(Err(error)) => {
+                    this.switch_pending.fetch_or(switching, Ordering::AcqRel);
+                    tracing::warn!(%error, "cannot connect to Redis; will retry");
+                }
+                Err(_) => {
+                    this.switch_pending.fetch_or(switching, Ordering::AcqRel);
+                    tracing::warn!("connecting to Redis timed out; will retry");
+                }
             }
             // Pace retries: at most one attempt per 200 ms.
             tokio::time::sleep(Duration::from_millis(200)).await;
             this.connecting.store(false, Ordering::Release);
+            if this.switch_pending.load(Ordering::Acquire) {
+                this.reconnect();
+            }
         });
         true
     }
@@ -614,12 +647,14 @@ async fn follow_switches(connections: Weak<Connections>) {
                 pubsub.subscribe("+switch-master").await?;
                 redis::RedisResult::Ok(pubsub)
             });
-            let Ok(Ok(mut pubsub)) = subscribed.await else {
+            let Ok(Ok(pubsub)) = subscribed.await else {
                 continue;
             };
-            let mut messages = pubsub.on_message();
+            let (mut sink, mut messages) = pubsub.split();
             loop {
-                // Wakes now and then to end with the connections.
+                // Wakes now and then to end with the connections, and to
+                // check that the sentinel still answers (a peer gone
+                // without a word would leave this waiting for ever).
                 let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
                 let Some(this) = connections.upgrade() else {
                     return;
@@ -628,12 +663,18 @@ async fn follow_switches(connections: Weak<Connections>) {
                     Ok(Some(message)) => {
                         // "<master name> <old ip> <old port> <new ip> <new port>"
                         let payload: String = message.get_payload().unwrap_or_default();
-                        if payload.split(' ').next() == Some(master.as_str()) && this.reconnect() {
+                        if payload.split(' ').next() == Some(master.as_str()) {
                             tracing::info!(%payload, "the sentinels named a new master: reconnecting");
+                            this.switch_master();
                         }
                     }
                     Ok(None) => break,
-                    Err(_) => {}
+                    Err(_) => {
+                        let pong = tokio::time::timeout(wait, sink.ping::<redis::Value>()).await;
+                        if !matches!(pong, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
                 }
             }
         }

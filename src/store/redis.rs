@@ -350,7 +350,7 @@ impl RedisStore {
                 Err(error) => {
                     self.give_back_reserved(checks, &reserved, nonce, &mut outcomes)
                         .await;
-                    if op == "reserve" {
+                    if op == "reserve" && !matches!(error, Error::StoreNotCalled(_)) {
                         self.give_back_if_made_late(checks, group, nonce);
                     }
                     return Err(error);
@@ -428,9 +428,9 @@ impl RedisStore {
         }
     }
 
-    /// A reserve whose call failed may have been made all the same, its
-    /// answer lost: the deadline passed while Redis was slow, or the
-    /// connection broke after sending. Its caller, told UNAVAILABLE, holds
+    /// A reserve whose call failed after it was sent may have been made
+    /// all the same, its answer lost: the deadline passed while Redis was
+    /// slow, or the connection broke after sending. Its caller, told UNAVAILABLE, holds
     /// no id to settle it with, so what it took would stay charged until
     /// its window passed. Settles it at 0 in the background, after
     /// [`LATE_RESERVE_GIVE_BACK`]'s delays until one finds it: a settle
@@ -774,7 +774,10 @@ impl RedisStore {
                 self.caller().connections.failed(Some(&error));
                 Err(error.into())
             }
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                self.caller().connections.succeeded();
+                Ok(value)
+            }
         }
     }
 

@@ -50,7 +50,7 @@ use crate::keys::Values;
 use crate::limiter::{Algorithm, Charges};
 use crate::log_pace::Paced;
 use crate::otel::{DecisionSpan, Tracer};
-use crate::store::Stores;
+use crate::store::{Role, Stores};
 use crate::vocab::FailureMode;
 
 /// Settings of the rate limit service beyond the config and the store.
@@ -243,8 +243,10 @@ impl RateLimiter {
                     .failure_mode
                     .unwrap_or(self.settings.failure_mode);
                 let (error, store) = (&failed.error, failed.store.name());
-                static LOG: Paced = Paced::new();
-                if let Some(left_out) = LOG.admit() {
+                // Paced per store: one failing often hides none of the other's.
+                static LOG: [Paced; 2] = [Paced::new(), Paced::new()];
+                let log = &LOG[usize::from(failed.store == Role::PerSecond)];
+                if let Some(left_out) = log.admit() {
                     tracing::warn!(%error, store, %mode, left_out, "store failed");
                 }
                 if let Some(span) = span {
