@@ -211,7 +211,7 @@ pub struct Connections {
     /// The runtime of the lane these connections serve, where their
     /// replacements are made (a connection's reader runs where it was
     /// opened), whoever noticed they were stale (the health probe runs
-    /// elsewhere). Set by the first connect, which the lane's warm-up makes.
+    /// elsewhere). Set by the lane's warm-up ([`Self::belong_here`]).
     runtime: OnceLock<tokio::runtime::Handle>,
     /// Bumped after every successful (re)connect.
     connected: watch::Sender<u64>,
@@ -367,6 +367,12 @@ impl Connections {
             .ok_or_else(|| Error::StoreNotCalled("not connected to Redis yet".into()))
     }
 
+    /// Makes this runtime (the lane's, at its warm-up) the one replacements
+    /// are made on, unless one already is.
+    pub fn belong_here(&self) {
+        self.runtime.get_or_init(tokio::runtime::Handle::current);
+    }
+
     /// Every connection in use now (none before the first connect).
     pub fn all(&self) -> Vec<Conn> {
         self.current
@@ -454,7 +460,8 @@ impl Connections {
     }
 
     /// (Re)connects in the background, once at a time, on the lane's
-    /// runtime; returns whether this call started it.
+    /// runtime (this one's, if none was named by [`Self::belong_here`]);
+    /// returns whether this call started it.
     fn reconnect(self: &Arc<Self>) -> bool {
         if self.connecting.swap(true, Ordering::AcqRel) {
             return false;

@@ -743,6 +743,7 @@ impl RedisStore {
     /// reports SERVING.
     pub async fn warm_up(&self) -> Result<()> {
         let caller = self.caller();
+        caller.connections.belong_here();
         // Cluster and sentinel make their connections on first use.
         caller.connections.get(caller.call_timeout).await?;
         for mut conn in caller.connections.all() {
