@@ -998,6 +998,16 @@ fn counted_after(port: u16) -> u64 {
         .unwrap()
 }
 
+/// A server on `url` (of `topology`) with the failover tests' settings,
+/// serving.
+async fn failover_server(base: &RedisServer, topology: Topology, url: String) -> TestServer {
+    let settings = failover_settings(base, topology, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let server = TestServer::start(&[LIMITS_OPEN], store).await;
+    server.serving().await;
+    server
+}
+
 /// The Redis settings of the failover tests: a 200 ms deadline.
 fn failover_settings(base: &RedisServer, topology: Topology, url: String) -> RedisSettings {
     RedisSettings {
@@ -1023,10 +1033,7 @@ async fn failover_behind_one_address_reconnects_to_the_new_primary() {
     wait_synced(b.port);
     let forwarder = Forwarder::start(a.port).await;
     let url = format!("redis://127.0.0.1:{}", forwarder.port);
-    let settings = failover_settings(&a, Topology::Single, url);
-    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let server = TestServer::start(&[LIMITS_OPEN], store).await;
-    server.serving().await;
+    let server = failover_server(&a, Topology::Single, url).await;
 
     let loops = Loops::start(&server, 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -1069,10 +1076,7 @@ async fn connections_to_a_silent_peer_are_replaced() {
     let b = RedisServer::start();
     let forwarder = Forwarder::start(a.port).await;
     let url = format!("redis://127.0.0.1:{}", forwarder.port);
-    let settings = failover_settings(&a, Topology::Single, url);
-    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let server = TestServer::start(&[LIMITS_OPEN], store).await;
-    server.serving().await;
+    let server = failover_server(&a, Topology::Single, url).await;
 
     let loops = Loops::start(&server, 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -1117,10 +1121,7 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     let dir = tempfile::tempdir().unwrap();
     let sentinel = Sentinel::start(a.port, dir.path());
     let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
-    let settings = failover_settings(&a, Topology::Sentinel, url);
-    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let server = TestServer::start(&[LIMITS_OPEN], store).await;
-    server.serving().await;
+    let server = failover_server(&a, Topology::Sentinel, url).await;
 
     let loops = Loops::start(&server, 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
