@@ -1163,6 +1163,66 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     server.stop().await;
 }
 
+/// The sentinel whose announcements ratekeeper follows goes silent (paused,
+/// not gone) and another makes the failover: its `+switch-master` never
+/// reaches ratekeeper. When ratekeeper finds the silent one (its subscription
+/// is pinged every 5 s) it moves to the next sentinel and asks it for the
+/// master, and reconnects; the silent one, first in the list, no longer
+/// holds a reconnect up either (the first sentinel to answer is taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_missed_while_a_sentinel_was_silent_is_caught_up_with() {
+    let a = RedisServer::start();
+    let b = RedisServer::spawn_free(&["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    let b_port = b.port;
+    wait_synced(b_port);
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let silent = Sentinel::start(a.port, dir.path());
+    let other = Sentinel::start(a.port, other_dir.path());
+    let url = format!(
+        "mymaster,127.0.0.1:{},127.0.0.1:{}",
+        silent.port, other.port
+    );
+    let server = failover_server(&a, Topology::Sentinel, url).await;
+
+    let loops = Loops::start(&server, 4).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    silent.pause();
+    let mut to_other = redis_at(other.port);
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg("mymaster")
+        .query(&mut to_other)
+        .unwrap();
+    let waited = Instant::now();
+    let moved = loop {
+        let master: Vec<String> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg("mymaster")
+            .query(&mut to_other)
+            .unwrap();
+        if master.get(1) == Some(&b_port.to_string()) {
+            break loops.moved();
+        }
+        assert!(waited.elapsed() < Duration::from_secs(20), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(9_000)).await;
+    let answers = loops.finish().await;
+    // The silent sentinel is found within 5 s and a bit; every answer from
+    // Redis sent 7 s after the switch was counted on B.
+    let settled = answers
+        .iter()
+        .filter(|a| a.after && a.from_redis && a.sent - moved > Duration::from_secs(7))
+        .count() as u64;
+    assert!(settled > 0, "no answer from Redis 7 s after the switch");
+    let on_b = counted_after(b_port);
+    assert!(
+        on_b >= settled,
+        "{on_b} counted on the new master, {settled} answered from Redis 7 s after the switch"
+    );
+    server.stop().await;
+}
+
 /// The over-limit cache answers a full counter without asking Redis. When
 /// Redis restarts empty the counter is gone and other replicas admit again,
 /// so this one must stop refusing too, long before the window ends.

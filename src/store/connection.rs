@@ -35,7 +35,6 @@ use tokio::sync::watch;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     ClientTlsConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisFuture, TlsCertificates,
     TlsMode, Value,
@@ -205,6 +204,8 @@ pub struct Connections {
     connecting: AtomicBool,
     /// Whether a task follows the sentinels' announcements (sentinel only).
     following: AtomicBool,
+    /// `host:port` of the master the connections reach (sentinel only).
+    master: Mutex<Option<String>>,
     /// A sentinel named a new master that no reconnect begun since has
     /// reached yet: reconnecting goes on until one does.
     switch_pending: AtomicBool,
@@ -340,6 +341,7 @@ impl Connections {
             next: AtomicUsize::new(0),
             connecting: AtomicBool::new(false),
             following: AtomicBool::new(false),
+            master: Mutex::new(None),
             switch_pending: AtomicBool::new(false),
             runtime: OnceLock::new(),
             connected: watch::Sender::new(0),
@@ -541,38 +543,33 @@ impl Connections {
                 Ok(vec![Conn::Cluster(client.get_async_connection().await?)])
             }
             Topology::Sentinel => {
-                let addresses = s.addresses()?;
-                let (master, sentinels) = addresses.split_first().ok_or_else(|| {
-                    Error::Startup("sentinel: expected mastername,host:port,...".into())
+                let (name, sentinels) = s.sentinels()?;
+                let wait = s.connect_timeout;
+                let asks = sentinels
+                    .into_iter()
+                    .map(|sentinel| Box::pin(named_master(sentinel, &name, wait)));
+                let (master, _) = futures_util::future::select_ok(asks).await.map_err(|_| {
+                    Error::Store(format!("no sentinel named a master for {name:?}"))
                 })?;
-                let sentinels = sentinels
-                    .iter()
-                    .map(|a| s.node_without_auth(a))
-                    .collect::<Result<Vec<_>>>()?;
-                let (user, password) = s.credentials();
-                let mut node = redis::RedisConnectionInfo::default();
-                if let Some(user) = user {
-                    node = node.set_username(user);
-                }
-                if let Some(password) = password {
-                    node = node.set_password(password);
-                }
-                let mut node_info =
-                    SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
-                if s.tls.is_some() {
-                    // Plain TLS only: `Connections::new` refused the rest.
-                    node_info = node_info.set_tls_mode(TlsMode::Secure);
-                }
-                let mut sentinel = SentinelClient::build(
-                    sentinels,
-                    master.clone(),
-                    Some(node_info),
-                    SentinelServerType::Master,
-                )?;
-                let mut conns = self.managers(sentinel.async_get_client().await?).await?;
+                let mut conns = self.managers(s.client(s.node(&master)?)?).await?;
                 if let Some(first) = conns.first_mut() {
+                    // One sentinel's word (the first to answer) is checked
+                    // with the server: a sentinel behind the others may name
+                    // a demoted master. (A server that denies ROLE is taken
+                    // at the sentinel's word.)
+                    let role = redis::cmd("ROLE").query_async::<Vec<Value>>(first).await;
+                    let named_role = role.ok().and_then(|role| {
+                        role.first()
+                            .and_then(|r| redis::from_redis_value::<String>(r.clone()).ok())
+                    });
+                    if named_role.is_some_and(|role| role != "master") {
+                        return Err(Error::Store(format!(
+                            "{master}, named master by a sentinel, is not one (yet)"
+                        )));
+                    }
                     self.note_server(first).await;
                 }
+                *self.master.lock().unwrap_or_else(|p| p.into_inner()) = Some(master);
                 Ok(conns)
             }
         }
@@ -632,17 +629,10 @@ async fn follow_switches(connections: Weak<Connections>) {
     let Some(this) = connections.upgrade() else {
         return;
     };
-    let Ok(addresses) = this.settings.addresses() else {
+    let Ok((master, sentinels)) = this.settings.sentinels() else {
         return;
     };
-    let Some((master, sentinels)) = addresses.split_first() else {
-        return;
-    };
-    let sentinels: Vec<redis::ConnectionInfo> = sentinels
-        .iter()
-        .filter_map(|a| this.settings.node_without_auth(a).ok())
-        .collect();
-    let (master, wait) = (master.clone(), this.settings.connect_timeout);
+    let wait = this.settings.connect_timeout;
     drop(this);
     loop {
         for sentinel in &sentinels {
@@ -657,6 +647,24 @@ async fn follow_switches(connections: Weak<Connections>) {
             let Ok(Ok(pubsub)) = subscribed.await else {
                 continue;
             };
+            // A switch announced before this subscription (another sentinel
+            // went silent meanwhile) is caught up with here.
+            let named = named_master(sentinel.clone(), &master, wait).await;
+            let Some(this) = connections.upgrade() else {
+                return;
+            };
+            let reached = this
+                .master
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let (Ok(named), Some(reached)) = (named, reached) {
+                if named != reached {
+                    tracing::info!(%named, %reached, "a sentinel names another master: reconnecting");
+                    this.switch_master();
+                }
+            }
+            drop(this);
             let (mut sink, mut messages) = pubsub.split();
             loop {
                 // Wakes now and then to end with the connections, and to
@@ -689,6 +697,33 @@ async fn follow_switches(connections: Weak<Connections>) {
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `host:port` of the master `sentinel` names for `name`, asked within
+/// `wait` (a sentinel silent or gone fails, it does not hold the others up).
+async fn named_master(
+    sentinel: redis::ConnectionInfo,
+    name: &str,
+    wait: Duration,
+) -> Result<String> {
+    let ask = async {
+        let client = redis::Client::open(sentinel)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query_async::<Option<(String, u16)>>(&mut conn)
+            .await
+    };
+    match tokio::time::timeout(wait, ask).await {
+        Ok(Ok(Some((host, port)))) if host.contains(':') => Ok(format!("[{host}]:{port}")),
+        Ok(Ok(Some((host, port)))) => Ok(format!("{host}:{port}")),
+        Ok(Ok(None)) => Err(Error::Store(format!(
+            "the sentinel knows no master {name:?}"
+        ))),
+        Ok(Err(error)) => Err(error.into()),
+        Err(_) => Err(Error::Store("the sentinel did not answer in time".into())),
     }
 }
 
@@ -750,6 +785,19 @@ impl RedisSettings {
             }));
         }
         Ok(parts)
+    }
+
+    /// Sentinel's master name and its sentinels' addresses.
+    fn sentinels(&self) -> Result<(String, Vec<redis::ConnectionInfo>)> {
+        let addresses = self.addresses()?;
+        let (name, sentinels) = addresses
+            .split_first()
+            .ok_or_else(|| Error::Startup("sentinel: expected mastername,host:port,...".into()))?;
+        let sentinels = sentinels
+            .iter()
+            .map(|a| self.node_without_auth(a))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((name.clone(), sentinels))
     }
 
     /// A sentinel's address: sentinels here take no password.

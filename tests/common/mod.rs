@@ -935,6 +935,18 @@ impl Sentinel {
     }
 }
 
+impl Sentinel {
+    /// Stops the sentinel without a word (SIGSTOP): its connections stay
+    /// open and it answers nothing, as a paused or partitioned process.
+    pub fn pause(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-STOP", &self.child.id().to_string()])
+            .status()
+            .expect("kill -STOP");
+        assert!(status.success(), "kill -STOP");
+    }
+}
+
 impl Drop for Sentinel {
     fn drop(&mut self) {
         let _ = self.child.kill();
