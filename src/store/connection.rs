@@ -284,11 +284,12 @@ impl std::ops::Add for PoolCounts {
 /// only a fresh topology shows the promoted replica.
 const CLUSTER_REBUILD_AFTER: usize = 3;
 
-/// How long calls may keep failing, none answered, the last on a deadline
-/// (no error), before single's and sentinel's connections are replaced. A peer gone without a word (a
-/// dead host, a partition, a proxy that swallows the traffic of a primary
-/// it no longer reaches) leaves a TCP connection open for many minutes, or
-/// for ever, while a new one may reach a server that answers. A Redis that
+/// How long calls may keep failing, none answered, the last on a timeout,
+/// before single's and sentinel's connections are replaced. A peer gone
+/// without a word (a dead host, a partition, a proxy that swallows the
+/// traffic of a primary it no longer reaches) leaves a TCP connection open
+/// for many minutes, or for ever, while a new one may reach a server that
+/// answers. A Redis that
 /// is only slow meets new connections no worse off: they replace the old
 /// ones once connected, and until then the old ones serve.
 const SILENCE_BEFORE_REPLACING: Duration = Duration::from_secs(1);
@@ -636,67 +637,84 @@ async fn follow_switches(connections: Weak<Connections>) {
     drop(this);
     loop {
         for sentinel in &sentinels {
-            let Ok(client) = redis::Client::open(sentinel.clone()) else {
+            let Some(pubsub) = subscribe(sentinel, &master, wait, &connections).await else {
                 continue;
             };
-            let subscribed = tokio::time::timeout(wait, async {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe("+switch-master").await?;
-                redis::RedisResult::Ok(pubsub)
-            });
-            let Ok(Ok(pubsub)) = subscribed.await else {
-                continue;
-            };
-            // A switch announced before this subscription (another sentinel
-            // went silent meanwhile) is caught up with here.
-            let named = named_master(sentinel.clone(), &master, wait).await;
-            let Some(this) = connections.upgrade() else {
+            if !listen(pubsub, &master, wait, &connections).await {
                 return;
-            };
-            let reached = this
-                .master
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            if let (Ok(named), Some(reached)) = (named, reached) {
-                if named != reached {
-                    tracing::info!(%named, %reached, "a sentinel names another master: reconnecting");
-                    this.switch_master();
-                }
-            }
-            drop(this);
-            let (mut sink, mut messages) = pubsub.split();
-            loop {
-                // Wakes now and then to end with the connections, and to
-                // check that the sentinel still answers (a peer gone
-                // without a word would leave this waiting for ever).
-                let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
-                let Some(this) = connections.upgrade() else {
-                    return;
-                };
-                match message {
-                    Ok(Some(message)) => {
-                        // "<master name> <old ip> <old port> <new ip> <new port>"
-                        let payload: String = message.get_payload().unwrap_or_default();
-                        if payload.split(' ').next() == Some(master.as_str()) {
-                            tracing::info!(%payload, "the sentinels named a new master: reconnecting");
-                            this.switch_master();
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        let pong = tokio::time::timeout(wait, sink.ping::<redis::Value>()).await;
-                        if !matches!(pong, Ok(Ok(_))) {
-                            break;
-                        }
-                    }
-                }
             }
         }
         if connections.strong_count() == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Subscribes to `sentinel`'s `+switch-master`, then asks it for the
+/// master: a switch announced before (while another sentinel, followed
+/// until now, was silent) is caught up with here.
+async fn subscribe(
+    sentinel: &redis::ConnectionInfo,
+    master: &str,
+    wait: Duration,
+    connections: &Weak<Connections>,
+) -> Option<redis::aio::PubSub> {
+    let client = redis::Client::open(sentinel.clone()).ok()?;
+    let subscribed = tokio::time::timeout(wait, async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe("+switch-master").await?;
+        redis::RedisResult::Ok(pubsub)
+    });
+    let pubsub = subscribed.await.ok()?.ok()?;
+    let named = named_master(sentinel.clone(), master, wait).await;
+    let this = connections.upgrade()?;
+    let reached = this
+        .master
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if let (Ok(named), Some(reached)) = (named, reached) {
+        if named != reached {
+            tracing::info!(%named, %reached, "a sentinel names another master: reconnecting");
+            this.switch_master();
+        }
+    }
+    Some(pubsub)
+}
+
+/// Follows one sentinel's announcements until it goes away or falls silent
+/// (pinged after 5 s without a message); false once the connections are
+/// dropped.
+async fn listen(
+    pubsub: redis::aio::PubSub,
+    master: &str,
+    wait: Duration,
+    connections: &Weak<Connections>,
+) -> bool {
+    let (mut sink, mut messages) = pubsub.split();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+        let Some(this) = connections.upgrade() else {
+            return false;
+        };
+        match message {
+            Ok(Some(message)) => {
+                // "<master name> <old ip> <old port> <new ip> <new port>"
+                let payload: String = message.get_payload().unwrap_or_default();
+                if payload.split(' ').next() == Some(master) {
+                    tracing::info!(%payload, "the sentinels named a new master: reconnecting");
+                    this.switch_master();
+                }
+            }
+            Ok(None) => return true,
+            Err(_) => {
+                let pong = tokio::time::timeout(wait, sink.ping::<redis::Value>()).await;
+                if !matches!(pong, Ok(Ok(_))) {
+                    return true;
+                }
+            }
+        }
     }
 }
 
