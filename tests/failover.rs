@@ -1163,14 +1163,14 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     server.stop().await;
 }
 
-/// The sentinel whose announcements ratekeeper follows goes silent (paused,
-/// not gone) and another makes the failover: its `+switch-master` never
-/// reaches ratekeeper. When ratekeeper finds the silent one (its subscription
-/// is pinged every 5 s) it moves to the next sentinel and asks it for the
-/// master, and reconnects; the silent one, first in the list, no longer
-/// holds a reconnect up either (the first sentinel to answer is taken).
+/// The first sentinel of the list goes silent (paused, not gone) and
+/// another makes the failover: ratekeeper follows every sentinel's
+/// `+switch-master`, so the other's announcement is enough, and the silent
+/// one holds no reconnect up (the first sentinel to answer is taken).
+/// Following one sentinel at a time, the switch waited for that one's
+/// ping to fail, some 6 s, while the old master kept counting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_switch_missed_while_a_sentinel_was_silent_is_caught_up_with() {
+async fn a_silent_sentinel_hides_no_switch() {
     let a = RedisServer::start();
     let b = RedisServer::spawn_free(&["--replicaof", "127.0.0.1", &a.port.to_string()]);
     let b_port = b.port;
@@ -1206,19 +1206,21 @@ async fn a_switch_missed_while_a_sentinel_was_silent_is_caught_up_with() {
         assert!(waited.elapsed() < Duration::from_secs(20), "no failover");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    tokio::time::sleep(Duration::from_millis(9_000)).await;
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
     let answers = loops.finish().await;
-    // The silent sentinel is found within 5 s and a bit; every answer from
-    // Redis sent 7 s after the switch was counted on B.
+    // Every answer from Redis sent a second after the switch was counted on B.
     let settled = answers
         .iter()
-        .filter(|a| a.after && a.from_redis && a.sent - moved > Duration::from_secs(7))
+        .filter(|a| a.after && a.from_redis && a.sent - moved > Duration::from_secs(1))
         .count() as u64;
-    assert!(settled > 0, "no answer from Redis 7 s after the switch");
+    assert!(
+        settled > 0,
+        "no answer from Redis a second after the switch"
+    );
     let on_b = counted_after(b_port);
     assert!(
         on_b >= settled,
-        "{on_b} counted on the new master, {settled} answered from Redis 7 s after the switch"
+        "{on_b} counted on the new master, {settled} answered from Redis a second after the switch"
     );
     server.stop().await;
 }

@@ -624,8 +624,9 @@ impl Connections {
 /// the sentinels make names the new master while the old one can stay a
 /// writable master for seconds, until they reconfigure it (10 s measured);
 /// what it counts meanwhile is lost when it syncs from the new one, and
-/// nothing it answers says it is stale. Listens to one sentinel at a time,
-/// the next when it goes away; ends when the connections are dropped.
+/// nothing it answers says it is stale. Listens to every sentinel at once,
+/// so that one silent (paused, cut off) hides nothing the others announce;
+/// ends when the connections are dropped.
 async fn follow_switches(connections: Weak<Connections>) {
     let Some(this) = connections.upgrade() else {
         return;
@@ -635,12 +636,23 @@ async fn follow_switches(connections: Weak<Connections>) {
     };
     let wait = this.settings.connect_timeout;
     drop(this);
+    let followers = sentinels
+        .iter()
+        .map(|sentinel| follow_one(sentinel, &master, wait, &connections));
+    futures_util::future::join_all(followers).await;
+}
+
+/// Follows one sentinel's announcements, subscribing again a second after
+/// it goes away or falls silent, until the connections are dropped.
+async fn follow_one(
+    sentinel: &redis::ConnectionInfo,
+    master: &str,
+    wait: Duration,
+    connections: &Weak<Connections>,
+) {
     loop {
-        for sentinel in &sentinels {
-            let Some(pubsub) = subscribe(sentinel, &master, wait, &connections).await else {
-                continue;
-            };
-            if !listen(pubsub, &master, wait, &connections).await {
+        if let Some(pubsub) = subscribe(sentinel, master, wait, connections).await {
+            if !listen(pubsub, master, wait, connections).await {
                 return;
             }
         }
@@ -652,8 +664,8 @@ async fn follow_switches(connections: Weak<Connections>) {
 }
 
 /// Subscribes to `sentinel`'s `+switch-master`, then asks it for the
-/// master: a switch announced before (while another sentinel, followed
-/// until now, was silent) is caught up with here.
+/// master: a switch announced before (while this sentinel was away or
+/// this subscription down) is caught up with here.
 async fn subscribe(
     sentinel: &redis::ConnectionInfo,
     master: &str,
