@@ -33,6 +33,11 @@ pub struct Rate {
 }
 
 impl Rate {
+    /// Whether this limit is called `name`.
+    pub fn is_named(&self, name: &str) -> bool {
+        self.name.as_deref() == Some(name)
+    }
+
     /// A fixed-window rate without a name (Envoy's override).
     pub fn fixed(requests_per_unit: u32, unit: Unit) -> Self {
         Rate {
@@ -213,7 +218,7 @@ impl Rule {
 
     /// Whether any of the rule's limits is called `name`.
     pub fn is_named(&self, name: &str) -> bool {
-        self.rates.iter().any(|r| r.name.as_deref() == Some(name))
+        self.rates.iter().any(|r| r.is_named(name))
     }
 }
 

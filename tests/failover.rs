@@ -1125,25 +1125,7 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
 
     let loops = Loops::start(&server, 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let mut to_sentinel = redis_at(sentinel.port);
-    let _: () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg("mymaster")
-        .query(&mut to_sentinel)
-        .unwrap();
-    let waited = Instant::now();
-    let moved = loop {
-        let master: Vec<String> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg("mymaster")
-            .query(&mut to_sentinel)
-            .unwrap();
-        if master.get(1) == Some(&b_port.to_string()) {
-            break loops.moved();
-        }
-        assert!(waited.elapsed() < Duration::from_secs(20), "no failover");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let moved = fail_over(sentinel.port, b_port, &loops).await;
     tokio::time::sleep(Duration::from_millis(4_000)).await;
     let answers = loops.finish().await;
     assert_recovered("sentinel", &answers, moved, FAILOVER_DEADLINE);
@@ -1151,16 +1133,46 @@ async fn sentinel_failover_with_the_old_master_demoted_reconnects_to_the_new_one
     // A still a master at its next look) Sentinel leaves two masters, and
     // what A counted then is lost with A's data. Those counted from a
     // second after the sentinel named B on were counted on B.
-    let settled = answers
-        .iter()
-        .filter(|a| a.after && a.from_redis && a.sent - moved > Duration::from_secs(1))
-        .count() as u64;
+    let settled = from_redis_a_second_after(&answers, moved);
     let on_b = counted_after(b_port);
     assert!(
         on_b >= settled,
         "{on_b} counted on the new master, {settled} answered from Redis after the switch"
     );
     server.stop().await;
+}
+
+/// Asks the sentinel at `port` to fail over, and waits until it names the
+/// server at `new_master`: then `loops` are told the switch happened (its
+/// time is returned).
+async fn fail_over(port: u16, new_master: u16, loops: &Loops) -> Instant {
+    let mut to_sentinel = redis_at(port);
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg("mymaster")
+        .query(&mut to_sentinel)
+        .unwrap();
+    let waited = Instant::now();
+    loop {
+        let master: Vec<String> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg("mymaster")
+            .query(&mut to_sentinel)
+            .unwrap();
+        if master.get(1) == Some(&new_master.to_string()) {
+            return loops.moved();
+        }
+        assert!(waited.elapsed() < Duration::from_secs(20), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The answers from Redis to requests sent a second after `moved` or later.
+fn from_redis_a_second_after(answers: &[Answer], moved: Instant) -> u64 {
+    answers
+        .iter()
+        .filter(|a| a.after && a.from_redis && a.sent - moved > Duration::from_secs(1))
+        .count() as u64
 }
 
 /// The first sentinel of the list goes silent (paused, not gone) and
@@ -1187,32 +1199,11 @@ async fn a_silent_sentinel_hides_no_switch() {
     let loops = Loops::start(&server, 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     silent.pause();
-    let mut to_other = redis_at(other.port);
-    let _: () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg("mymaster")
-        .query(&mut to_other)
-        .unwrap();
-    let waited = Instant::now();
-    let moved = loop {
-        let master: Vec<String> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg("mymaster")
-            .query(&mut to_other)
-            .unwrap();
-        if master.get(1) == Some(&b_port.to_string()) {
-            break loops.moved();
-        }
-        assert!(waited.elapsed() < Duration::from_secs(20), "no failover");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let moved = fail_over(other.port, b_port, &loops).await;
     tokio::time::sleep(Duration::from_millis(4_000)).await;
     let answers = loops.finish().await;
     // Every answer from Redis sent a second after the switch was counted on B.
-    let settled = answers
-        .iter()
-        .filter(|a| a.after && a.from_redis && a.sent - moved > Duration::from_secs(1))
-        .count() as u64;
+    let settled = from_redis_a_second_after(&answers, moved);
     assert!(
         settled > 0,
         "no answer from Redis a second after the switch"

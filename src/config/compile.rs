@@ -218,7 +218,7 @@ fn rate_rule(
         }
         rates.push(rate);
     }
-    let named = |name: &str| rates.iter().any(|r| r.name.as_deref() == Some(name));
+    let named = |name: &str| rates.iter().any(|r| r.is_named(name));
     if let Some(i) = replaces.iter().position(|name| named(name)) {
         return Err(CompileError::new(
             &replaces_at[i],
