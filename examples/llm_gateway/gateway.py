@@ -49,7 +49,6 @@ import json
 import math
 import socket
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -312,7 +311,7 @@ def main() -> None:
                              "(only behind an auth proxy that sets it)")
     args = parser.parse_args()
 
-    rk.generate_stubs(tempfile.mkdtemp(prefix="llm-gateway-stubs-"))
+    rk.load_stubs()
     Handler.gateway = Gateway(args)
     host, _, port = args.listen.rpartition(":")
     server = ThreadingHTTPServer((host, int(port)), Handler)

@@ -115,9 +115,11 @@ def test_bad_request_is_raised_even_when_failing_open(rk, rls_server):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_command_line(rls_server):
+def test_command_line(rls_server, tmp_path):
+    """The script compiles its stubs at start (load_stubs) and leaves none behind."""
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "grpc_proxy")}
     env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1,localhost"
+    env["TMPDIR"] = str(tmp_path)
     out = subprocess.run(
         [sys.executable, str(CLIENT_DIR / "ratekeeper_client.py"), rls_server.grpc_addr, DOMAIN,
          "plan=internal", "user_id=cli"],
@@ -125,6 +127,7 @@ def test_command_line(rls_server):
     )
     assert out.returncode == 0, out.stderr
     assert "allowed=True" in out.stdout and "remaining=4294967295" in out.stdout, out.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_client_copied_out_of_the_repository_imports_and_asks_for_the_protos(tmp_path):

@@ -71,6 +71,7 @@ __all__ = [
     "ReservationNotFound",
     "Settlement",
     "generate_stubs",
+    "load_stubs",
 ]
 
 # The most hits one call may carry: a Reserve's estimate, a Settle's actual.
@@ -125,6 +126,25 @@ def generate_stubs(out_dir: Union[str, Path], proto_dir: Union[str, Path, None] 
         sys.path.insert(0, str(out_dir))
     importlib.invalidate_caches()
     return out_dir
+
+
+def load_stubs(proto_dir: Union[str, Path, None] = None) -> None:
+    """Generates the stubs (as generate_stubs) into a temporary directory,
+    imports every module this client uses, and removes the directory: for a
+    program that compiles them at start and leaves nothing behind."""
+    import shutil
+    import tempfile
+
+    out_dir = Path(tempfile.mkdtemp(prefix="ratekeeper-stubs-"))
+    try:
+        generate_stubs(out_dir, proto_dir)
+        _stubs()
+        for name in ("concurrency", "budget"):
+            _v1_stubs(name)
+    finally:
+        if str(out_dir) in sys.path:
+            sys.path.remove(str(out_dir))
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def _stubs():
@@ -658,11 +678,9 @@ class RateLimitClient:
 
 if __name__ == "__main__":
     # python ratekeeper_client.py [TARGET] [DOMAIN] [key=value ...]
-    import tempfile
-
     target = sys.argv[1] if len(sys.argv) > 1 else "localhost:8081"
     domain = sys.argv[2] if len(sys.argv) > 2 else "api"
     pairs = [tuple(a.split("=", 1)) for a in sys.argv[3:]] or [("remote_address", "127.0.0.1")]
-    generate_stubs(tempfile.mkdtemp(prefix="ratekeeper-stubs-"))
+    load_stubs()
     with RateLimitClient(target) as client:
         print(client.should_rate_limit(domain, [pairs]))
