@@ -1108,6 +1108,43 @@ async fn connections_to_a_silent_peer_are_replaced() {
     server.stop().await;
 }
 
+/// Connections replaced on the same server (here after a silence) keep
+/// what was learnt from it: the store's generation, which empties the
+/// over-limit cache, moves only for another server. Single's connections
+/// are made lazily, so the warm-up asks which server they reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_replaced_on_the_same_server_keep_the_generation() {
+    let a = RedisServer::start();
+    let forwarder = Forwarder::start(a.port).await;
+    let url = format!("redis://127.0.0.1:{}", forwarder.port);
+    let settings = failover_settings(&a, Topology::Single, url);
+    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
+    let (generation, pool) = (store.generation(), store.pool().unwrap());
+    let server = TestServer::start(&[LIMITS_OPEN], store).await;
+    server.serving().await;
+    let learnt = generation.current();
+
+    let loops = Loops::start(&server, 2).await;
+    forwarder.black_hole_open();
+    let silent = Instant::now();
+    while pool.counts().closed == 0 {
+        assert!(silent.elapsed() < Duration::from_secs(5), "never replaced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answers = loops.finish().await;
+    assert!(
+        answers.iter().any(|a| a.from_redis && a.sent > silent),
+        "no answer from Redis after the replacement"
+    );
+    assert_eq!(
+        generation.current(),
+        learnt,
+        "the same server taken for another"
+    );
+    server.stop().await;
+}
+
 /// A Sentinel failover (`SENTINEL FAILOVER`, the old master kept running
 /// and demoted seconds later): the sentinels' `+switch-master` replaces
 /// the connections, through the sentinels, as soon as they name the new

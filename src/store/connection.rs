@@ -576,6 +576,24 @@ impl Connections {
         }
     }
 
+    /// Learns which server single's connections reach (its `run_id`),
+    /// unless known: they are made lazily, without [`Self::note_server`],
+    /// so that the first replacement, back on the same server, would take
+    /// it for another. Sentinel's connections learn it when made.
+    pub async fn learn_server(&self) {
+        let known = self
+            .run_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if known || self.settings.topology != Topology::Single {
+            return;
+        }
+        if let Some(mut conn) = self.pick() {
+            self.note_server(&mut conn).await;
+        }
+    }
+
     /// Asks the server that replacement connections reached for its
     /// `run_id`, and bumps the generation when it is not the one the
     /// connections reached before (or that is unknown): a restart or

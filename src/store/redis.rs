@@ -752,6 +752,9 @@ impl RedisStore {
             self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
                 .await?;
         }
+        // Best effort: left unknown, the first replacement takes the
+        // server for another and only drops the over-limit cache.
+        let _ = tokio::time::timeout(self.probe_timeout(), caller.connections.learn_server()).await;
         self.ping().await
     }
 
