@@ -3,9 +3,13 @@
 //! envoyproxy/ratelimit registers) and HTTP `GET /healthcheck`. gRPC
 //! health's `Check` is counted in their per-method stats ([`CountedHealth`]).
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::watch;
 
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_server::{Health, HealthServer};
@@ -65,21 +69,27 @@ impl Readiness {
 /// gRPC health, whose `Check` counts as envoyproxy/ratelimit's interceptor
 /// counts every unary method it serves: `ratelimit_server.Check.total_requests`
 /// and `ratelimit_server.Check.response_time` (`Watch`, a stream, is not
-/// counted, as there).
+/// counted, as there). Its `Watch` streams end with `NOT_SERVING` once the
+/// server stops: left open, each would hold the drain for its whole grace.
 pub struct CountedHealth {
     inner: HealthService,
     total: TheirCounter,
     response_time: TheirTimer,
+    stopping: watch::Receiver<bool>,
 }
 
-/// The reporter that sets the statuses, and the gRPC service serving them.
-pub fn health_reporter() -> (HealthReporter, HealthServer<CountedHealth>) {
+/// The reporter that sets the statuses, and the gRPC service serving them;
+/// `stopping` turns true when the server stops.
+pub fn health_reporter(
+    stopping: watch::Receiver<bool>,
+) -> (HealthReporter, HealthServer<CountedHealth>) {
     const METHOD: &str = "Check";
     let reporter = HealthReporter::new();
     let counted = CountedHealth {
         inner: HealthService::from_health_reporter(reporter.clone()),
         total: TheirCounter::new(&format!("ratelimit_server.{METHOD}.total_requests")),
         response_time: TheirTimer::new(&their_stats::response_time(METHOD)),
+        stopping,
     };
     (reporter, HealthServer::new(counted))
 }
@@ -97,12 +107,23 @@ impl Health for CountedHealth {
         answer
     }
 
-    type WatchStream = <HealthService as Health>::WatchStream;
+    type WatchStream =
+        Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send + 'static>>;
 
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.inner.watch(request).await
+        let statuses = self.inner.watch(request).await?.into_inner();
+        let mut stopping = self.stopping.clone();
+        // A sender dropped is a server gone too.
+        let stopped = async move { drop(stopping.wait_for(|stopped| *stopped).await) };
+        let last = HealthCheckResponse {
+            status: ServingStatus::NotServing as i32,
+        };
+        let watched = statuses
+            .take_until(stopped)
+            .chain(futures_util::stream::iter([Ok(last)]));
+        Ok(Response::new(Box::pin(watched)))
     }
 }

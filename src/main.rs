@@ -916,23 +916,29 @@ fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {
     })
 }
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on SIGINT, SIGTERM or SIGHUP.
 async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot watch SIGTERM");
-                    let _ = interrupt.await;
-                    return;
-                }
-            };
+        // SIGHUP too, as theirs (it does not mean "reload" there either).
+        use tokio::signal::unix::{signal, SignalKind};
+        let (term, hangup) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) {
+            (Ok(term), Ok(hangup)) => (term, hangup),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::warn!(%error, "cannot watch SIGTERM and SIGHUP");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        let (mut term, mut hangup) = (term, hangup);
         tokio::select! {
             _ = interrupt => {}
             _ = term.recv() => {}
+            _ = hangup.recv() => {}
         }
     }
     #[cfg(not(unix))]

@@ -154,7 +154,8 @@ impl Server {
         let admin_api = self.admin_api();
         let watcher = self.spawn_watcher();
 
-        let (reporter, health) = crate::health::health_reporter();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let (reporter, health) = crate::health::health_reporter(stopping.clone());
         let readiness = Readiness::new(reporter);
 
         let lanes = Lanes::start(self.lanes)?;
@@ -162,7 +163,6 @@ impl Server {
         tracing::info!(%addr, store = self.store.main().kind(), per_second, lanes = lanes.len(), "serving gRPC");
         let limits = &self.limits;
         let builder = grpc_builder(limits);
-        let (stop, stopping) = tokio::sync::watch::channel(false);
         let mut http_servers = spawn_http(
             self.http,
             &limiter,
@@ -192,6 +192,10 @@ impl Server {
 
         let asked = async {
             shutdown.await;
+            // Not ready from now on, as theirs on SIGTERM: probers that
+            // still reach this replica (a health Watch) stop sending.
+            probe.abort();
+            readiness.set(false).await;
             // Hold streams never end on their own: end them, or the drain
             // would always last the whole grace.
             holds.close();
@@ -465,8 +469,24 @@ async fn probe_store(
             readiness.set(ready).await;
             shown = ready;
         }
-        let pause = if all_up && ready { 5_000 } else { 500 };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+        // Every 5 s while all is well; every second when readiness hangs on
+        // the store (their REDIS_HEALTH_CHECK_ACTIVE_CONNECTION fails health
+        // as soon as the connections close); at once when the limits change.
+        let pause = match (all_up && ready, needs_store) {
+            (true, false) => 5_000,
+            (true, true) => 1_000,
+            (false, _) => 500,
+        };
+        let config_changed = async {
+            match &needs_domains {
+                Some(config) => config.changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(pause)) => {}
+            () = config_changed => {}
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{descriptor, request, Ratekeeper, RedisServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -66,6 +66,41 @@ async fn serves_health_metrics_and_stops_on_sigterm() {
     }
     let status = server.terminate();
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// SIGHUP stops the server as SIGTERM does (as theirs); a health `Watch`
+/// hears NOT_SERVING and ends, so that it does not hold the drain for the
+/// whole grace.
+#[tokio::test]
+async fn sighup_turns_health_not_serving_and_ends_watch_streams() {
+    let dir = limits_dir(LIMITS);
+    let server = Ratekeeper::spawn(dir.path(), &["--shutdown-grace-ms", "30000"]);
+    let mut health = HealthClient::new(server.channel().await);
+    let ratelimit = HealthCheckRequest {
+        service: "ratelimit".into(),
+    };
+    let mut watch = health.watch(ratelimit).await.unwrap().into_inner();
+    let serving = ServingStatus::Serving as i32;
+    while watch.message().await.unwrap().unwrap().status != serving {}
+
+    let started = Instant::now();
+    let stopping = tokio::task::spawn_blocking(move || server.stop_with("HUP"));
+    let mut heard = Vec::new();
+    while let Ok(Some(message)) = watch.message().await {
+        heard.push(message.status);
+    }
+    let status = stopping.await.unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        heard.last(),
+        Some(&(ServingStatus::NotServing as i32)),
+        "{heard:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "exited {:?} after SIGHUP: the drain waited for the Watch",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -22,6 +22,8 @@ pub struct SharedConfig {
     /// False from [`SharedConfig::awaiting_first`] until the first
     /// [`SharedConfig::replace`].
     loaded: Arc<AtomicBool>,
+    /// Woken by every [`SharedConfig::replace`] (see [`SharedConfig::changed`]).
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl SharedConfig {
@@ -29,6 +31,7 @@ impl SharedConfig {
         SharedConfig {
             config: Arc::new(RwLock::new(Arc::new(config))),
             loaded: Arc::new(AtomicBool::new(true)),
+            changed: Arc::default(),
         }
     }
 
@@ -58,21 +61,66 @@ impl SharedConfig {
 
     pub fn replace(&self, config: Config) {
         let config = Arc::new(config);
-        match self.config.write() {
-            Ok(mut guard) => *guard = config,
-            Err(poisoned) => *poisoned.into_inner() = config,
-        }
+        let old = match self.config.write() {
+            Ok(mut guard) => std::mem::replace(&mut *guard, config),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), config),
+        };
         self.loaded.store(true, Ordering::Relaxed);
+        self.changed.notify_one();
+        retire(old);
+    }
+
+    /// Resolves once the config has been replaced since the last call
+    /// returned (or since the start): for the one task that follows it,
+    /// readiness (which may need a domain loaded).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 }
 
-/// A fingerprint of the directory's limits files: names and contents.
+/// Frees a config taken out of force away from requests: a large one takes
+/// long to free (some 100 ms for 100,000 descriptors), and whoever drops
+/// the last reference pays it. Dropped under the write lock, it held up
+/// every request for that long; so the blocking pool waits (a while) for
+/// the requests still reading it to finish, then frees it.
+fn retire(old: Arc<Config>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn_blocking(move || {
+        let mut old = old;
+        for _ in 0..1_000 {
+            old = match Arc::try_unwrap(old) {
+                Ok(config) => {
+                    drop(config);
+                    return;
+                }
+                Err(still_read) => still_read,
+            };
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+/// A fingerprint of the directory's limits files: names and contents, or
+/// why one cannot be read (so that an edit to another is still seen);
+/// `None` when the directory cannot be listed.
 pub fn fingerprint(dir: &LimitsDir) -> Option<u64> {
+    fingerprint_read(dir, |path| std::fs::read(path))
+}
+
+fn fingerprint_read(
+    dir: &LimitsDir,
+    read: impl Fn(&std::path::Path) -> std::io::Result<Vec<u8>>,
+) -> Option<u64> {
     let files = dir.files().ok()?;
     let mut hasher = DefaultHasher::new();
     for path in files {
         path.hash(&mut hasher);
-        std::fs::read(&path).ok()?.hash(&mut hasher);
+        match read(&path) {
+            Ok(contents) => contents.hash(&mut hasher),
+            Err(error) => error.kind().hash(&mut hasher),
+        }
     }
     Some(hasher.finish())
 }
@@ -109,7 +157,14 @@ pub async fn watch(
         let seen = last;
         let changed = off_runtime(dir.clone(), move |dir| {
             let now = fingerprint(dir);
-            (now != seen).then(|| (now, Config::load(dir, options)))
+            if now == seen {
+                return None;
+            }
+            let result = Config::load(dir, options);
+            // Changed while loading (a ConfigMap swapped, a file still being
+            // written): what was read may mix the two; the next look loads
+            // it again rather than report a half-read directory.
+            (fingerprint(dir) == now).then_some((now, result))
         });
         let Some((now, result)) = changed.await.flatten() else {
             continue;
@@ -152,6 +207,35 @@ pub fn record_load(result: Result<(), &ConfigError>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file that cannot be read still leaves the others watched: an edit
+    /// to them changes the fingerprint (and so is loaded, and its failure
+    /// reported, again), while nothing changing keeps it.
+    #[test]
+    fn an_unreadable_file_hides_no_edit_to_the_others() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a.yaml"), root.path().join("b.yaml"));
+        std::fs::write(&a, "domain: a\n").unwrap();
+        std::fs::write(&b, "domain: b\n").unwrap();
+        let dir = LimitsDir::Flat(root.path().to_path_buf());
+        let denied = |path: &std::path::Path| {
+            if path.ends_with("b.yaml") {
+                Err(std::io::ErrorKind::PermissionDenied.into())
+            } else {
+                std::fs::read(path)
+            }
+        };
+        let before = fingerprint_read(&dir, denied);
+        assert!(before.is_some());
+        assert_eq!(fingerprint_read(&dir, denied), before, "nothing changed");
+        std::fs::write(&a, "domain: a2\n").unwrap();
+        assert_ne!(fingerprint_read(&dir, denied), before, "a.yaml was edited");
+        assert_ne!(
+            fingerprint(&dir),
+            fingerprint_read(&dir, denied),
+            "b.yaml readable again"
+        );
+    }
 
     /// A directory that could not be read when the server loaded (it did
     /// not exist yet) is loaded once it appears, even before the watcher's

@@ -792,10 +792,16 @@ impl Ratekeeper {
     }
 
     /// Sends SIGTERM and returns the exit status.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    pub fn terminate(self) -> std::process::ExitStatus {
+        self.stop_with("TERM")
+    }
+
+    /// Sends the signal named `signal` (`TERM`, `HUP`, ...) and waits for
+    /// the exit.
+    pub fn stop_with(mut self, signal: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()
             .expect("kill");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -803,7 +809,10 @@ impl Ratekeeper {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "no exit within 10 s of SIG{signal}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
