@@ -378,6 +378,7 @@ async fn main() {
 async fn run(cli: Cli) -> Result<()> {
     telemetry::init_logging(&log_filter(&cli.log_level)?, log_format(&cli.log_format))?;
     settings_compat::warn_ignored();
+    settings_compat::warn_redis_without_url();
     cli.envoy.check_backend()?;
     if cli.key_prefix.contains(['{', '}']) {
         return Err(Error::Startup(
@@ -631,7 +632,7 @@ fn load_files(
     envoy: &EnvoySettings,
 ) -> Result<SharedConfig> {
     let config = Config::load(dir, load_options);
-    record_load(config.as_ref().map(|_| ()));
+    record_load(config.is_ok());
     match config {
         Ok(config) => {
             tracing::info!(%dir, domains = ?config.domain_names(), "limits loaded");

@@ -100,7 +100,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Same("")),
     ("REDIS_SOCKET_TYPE", Same("`unix`: `REDIS_URL` is the path of a single Redis's socket; unset, a `REDIS_URL` starting with `/` is one (theirs: `unix` by default)")),
     ("REDIS_TYPE", Same("")),
-    ("REDIS_URL", Same("unset: counters in memory (one replica)")),
+    ("REDIS_URL", Same("unset: counters in memory (one replica), with a warning when other `REDIS_*` settings are set (theirs defaults to `/var/run/nutcracker/ratelimit.sock`)")),
     ("REDIS_POOL_SIZE", Same("connections in all, each multiplexed (default 4, at most 1024)")),
     ("REDIS_AUTH", Same("")),
     ("REDIS_TLS", Same("")),
@@ -220,6 +220,40 @@ pub fn warn_ignored() {
     );
 }
 
+/// Those of `set` (names of variables in the environment) that configure
+/// the main Redis, when `REDIS_URL` is not set: the counters then stay in
+/// this process, one replica's, where theirs would reach their default
+/// `REDIS_URL` (a nutcracker socket); most likely a slip in a deployment
+/// moved over.
+pub fn redis_settings_without_url<'a>(set: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let set: Vec<&str> = set.into_iter().collect();
+    if set.contains(&"REDIS_URL") {
+        return Vec::new();
+    }
+    let mut redis: Vec<&str> = set
+        .into_iter()
+        .filter(|name| name.starts_with("REDIS_") && !name.starts_with("REDIS_PERSECOND"))
+        .collect();
+    redis.sort_unstable();
+    redis
+}
+
+/// Logs a warning when [`redis_settings_without_url`] finds any.
+pub fn warn_redis_without_url() {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    let redis = redis_settings_without_url(names.iter().map(String::as_str));
+    if !redis.is_empty() {
+        tracing::warn!(
+            set = %redis.join(","),
+            "Redis settings without REDIS_URL: the counters are kept in this process's \
+             memory, not shared with other replicas (theirs defaults REDIS_URL to \
+             /var/run/nutcracker/ratelimit.sock)"
+        );
+    }
+}
+
 /// README's table of envoyproxy/ratelimit's settings, as Markdown.
 #[cfg(test)]
 fn readme_table() -> String {
@@ -232,7 +266,18 @@ fn readme_table() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{ignored, readme_table, Same, SETTINGS};
+    use super::{ignored, readme_table, redis_settings_without_url, Same, SETTINGS};
+
+    #[test]
+    fn redis_settings_without_redis_url_are_named() {
+        let set = ["REDIS_AUTH", "PATH", "REDIS_TYPE", "REDIS_PERSECOND_URL"];
+        assert_eq!(
+            redis_settings_without_url(set),
+            ["REDIS_AUTH", "REDIS_TYPE"]
+        );
+        assert!(redis_settings_without_url(["REDIS_URL", "REDIS_AUTH"]).is_empty());
+        assert!(redis_settings_without_url(["PATH"]).is_empty());
+    }
 
     const BEGIN: &str = "<!-- settings table: from src/settings_compat.rs -->\n";
     const END: &str = "<!-- end of settings table -->";

@@ -8,6 +8,7 @@ mod common;
 
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -136,6 +137,8 @@ struct Ads {
     requests: Arc<Mutex<Vec<DiscoveryRequest>>>,
     headers: Arc<Mutex<Vec<MetadataMap>>>,
     nonces: Arc<Mutex<u64>>,
+    /// Sends the snapshot again on every NACK, as go-control-plane does.
+    resends_on_nack: Arc<AtomicBool>,
 }
 
 impl Ads {
@@ -145,6 +148,7 @@ impl Ads {
             requests: Arc::default(),
             headers: Arc::default(),
             nonces: Arc::default(),
+            resends_on_nack: Arc::default(),
         }
     }
 
@@ -237,8 +241,10 @@ impl AggregatedDiscoveryService for Ads {
                 let send = tokio::select! {
                     message = inbound.message() => {
                         let Ok(Some(message)) = message else { return };
+                        let again = message.error_detail.is_some()
+                            && ads.resends_on_nack.load(Ordering::SeqCst);
                         ads.requests.lock().expect("requests").push(message);
-                        !std::mem::replace(&mut subscribed, true)
+                        !std::mem::replace(&mut subscribed, true) || again
                     }
                     changed = snapshots.changed() => changed.is_ok() && subscribed,
                 };
@@ -564,6 +570,44 @@ async fn a_bad_snapshot_is_nacked_and_the_running_limits_stay() {
     ads.publish("3", vec![domain("d", "user", 100)]);
     ads.acked("3").await;
     assert_eq!(codes(&mut client, "d", "user", 1).await, [Code::Ok]);
+}
+
+/// go-control-plane answers a NACK with the same snapshot at once (the
+/// NACK names an older version than its snapshot's): refused again without
+/// compiling, after a pause, the two do not loop flat out; a good snapshot
+/// still gets through.
+#[tokio::test]
+async fn a_refused_snapshot_sent_again_is_refused_at_a_walk() {
+    let certs = Certs::make();
+    let ads = Ads::new();
+    ads.publish("1", vec![domain("d", "user", 2)]);
+    let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
+    let _server = subscribed(&certs, &ads_server).await;
+    ads.acked("1").await;
+
+    ads.resends_on_nack.store(true, Ordering::SeqCst);
+    let mut bad = domain("broken", "user", 5);
+    bad.descriptors[0].rate_limit.as_mut().expect("limit").unit = RateLimitUnit::Unknown as i32;
+    ads.publish("2", vec![bad]);
+    ads.heard("a NACK", |r| r.error_detail.is_some()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let nacks = |ads: &Ads| {
+        let requests = ads.requests.lock().expect("requests");
+        requests.iter().filter(|r| r.error_detail.is_some()).count()
+    };
+    let in_three_seconds = nacks(&ads);
+    assert!(
+        (2..=5).contains(&in_three_seconds),
+        "{in_three_seconds} NACKs in 3 s"
+    );
+    let last = ads.requests.lock().expect("requests").last().cloned();
+    let detail = last
+        .and_then(|r| r.error_detail)
+        .expect("the last request a NACK");
+    assert!(detail.message.contains("broken"), "{}", detail.message);
+
+    ads.publish("3", vec![domain("d", "user", 100)]);
+    ads.acked("3").await;
 }
 
 #[tokio::test]

@@ -13,7 +13,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use super::{Config, LimitsDir, LoadOptions};
-use crate::error::ConfigError;
 
 /// The config in force; cheap to clone and to read.
 #[derive(Debug, Clone)]
@@ -174,11 +173,11 @@ pub async fn watch(
             Ok(config) => {
                 tracing::info!(%dir, domains = ?config.domain_names(), "limits reloaded");
                 shared.replace(config);
-                record_load(Ok(()));
+                record_load(true);
             }
             Err(error) => {
                 tracing::error!(%error, "limits reload failed; keeping the running config");
-                record_load(Err(&error));
+                record_load(false);
             }
         }
     }
@@ -194,11 +193,8 @@ async fn off_runtime<T: Send + 'static>(
 
 /// Counts a config load attempt in metrics, under ratekeeper's names and
 /// envoyproxy/ratelimit's (Prometheus and statsd).
-pub fn record_load(result: Result<(), &ConfigError>) {
-    let outcome = match result {
-        Ok(()) => "success",
-        Err(_) => "error",
-    };
+pub fn record_load(loaded: bool) {
+    let outcome = if loaded { "success" } else { "error" };
     metrics::counter!(format!("ratekeeper_config_load_{outcome}")).increment(1);
     crate::their_stats::TheirCounter::new(&format!("ratelimit.service.config_load_{outcome}"))
         .add(1);

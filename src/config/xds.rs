@@ -30,13 +30,12 @@ pub fn load_with(
         let source = source_name(i, message);
         let fail = |e: CompileError| {
             let at = match e.at.as_str() {
-                "" => String::new(),
-                at => format!(" {at}"),
+                "" => format!("domain {:?}", message.domain),
+                // The domain itself: its name says nothing more.
+                "domain" => "domain".into(),
+                at => format!("domain {:?} {at}", message.domain),
             };
-            ConfigError::new(
-                &source,
-                format!("domain {:?}{at}: {}", message.domain, e.reason),
-            )
+            ConfigError::new(&source, format!("{at}: {}", e.reason))
         };
         let compiled = describe(message).and_then(compile).map_err(fail)?;
         domains.push((source, compiled));

@@ -35,7 +35,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use super::watch::{record_load, SharedConfig};
-use super::LoadOptions;
+use super::{Config, LoadOptions};
 use crate::pb::rls_conf::RateLimitConfig;
 
 /// The resource type asked for.
@@ -104,16 +104,21 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The wait before dial number `attempt + 1`; `random` is in [0, 1).
+    /// Zero (or negative) settings take jpillora/backoff's stand-ins: an
+    /// initial wait of 100 ms, a max of 10 s, a factor of 2.
     pub fn delay(&self, attempt: u32, random: f64) -> Duration {
-        let initial = self.initial.as_secs_f64();
-        let mut wait = initial * self.factor.powi(attempt.min(1_000) as i32);
+        let or = |value: Duration, zero: Duration| if value.is_zero() { zero } else { value };
+        let max = or(self.max, Duration::from_secs(10));
+        let initial = or(self.initial, Duration::from_millis(100)).as_secs_f64();
+        let factor = if self.factor > 0.0 { self.factor } else { 2.0 };
+        let mut wait = initial * factor.powi(attempt.min(1_000) as i32);
         if self.jitter {
             wait = random * (wait - initial) + initial;
         }
-        if !wait.is_finite() || wait > self.max.as_secs_f64() {
-            return self.max;
+        if !wait.is_finite() || wait > max.as_secs_f64() {
+            return max;
         }
-        Duration::try_from_secs_f64(wait.max(initial)).unwrap_or(self.max)
+        Duration::try_from_secs_f64(wait.max(initial)).unwrap_or(max)
     }
 }
 
@@ -186,6 +191,7 @@ async fn subscribe(
         .into_inner();
     // The version of the snapshot in force from this stream (a NACK repeats it).
     let mut accepted = String::new();
+    let mut refused: Option<Refusal> = None;
     let mut answered = false;
     let fail = |error: String, answered| Err(Failure { error, answered });
     loop {
@@ -199,17 +205,65 @@ async fn subscribe(
             tracing::warn!(type_url = %response.type_url, "xDS: ignoring a response of another type");
             continue;
         }
-        let reply = match apply(&response, settings.load_options, shared).await {
-            Ok(()) => {
-                accepted.clone_from(&response.version_info);
-                loaded.send_replace(true);
-                request(settings, accepted.clone(), response.nonce, None)
+        let print = Refusal::print(&response);
+        let reason = match refused.as_ref().filter(|r| r.repeated_by(&response, print)) {
+            Some(refusal) => {
+                // Sent again at once after its NACK (go-control-plane does:
+                // the NACK names an older version than its snapshot's).
+                // Refused again without compiling or logging it, after a
+                // pause, so that the two do not loop flat out.
+                tokio::time::sleep(REFUSED_AGAIN_AFTER).await;
+                Some(refusal.reason.clone())
             }
-            Err(reason) => request(settings, accepted.clone(), response.nonce, Some(reason)),
+            None => match apply(&response, settings.load_options, shared).await {
+                Ok(()) => {
+                    accepted.clone_from(&response.version_info);
+                    loaded.send_replace(true);
+                    refused = None;
+                    None
+                }
+                Err(reason) => {
+                    let version = response.version_info.clone();
+                    refused = Some(Refusal {
+                        version,
+                        print,
+                        reason: reason.clone(),
+                    });
+                    Some(reason)
+                }
+            },
         };
+        let reply = request(settings, accepted.clone(), response.nonce, reason);
         if requests.send(reply).await.is_err() {
             return fail("the request stream closed".into(), answered);
         }
+    }
+}
+
+/// How long a snapshot refused and sent again unchanged waits for its NACK.
+const REFUSED_AGAIN_AFTER: Duration = Duration::from_secs(1);
+
+/// The last snapshot refused on a stream, to know it when it comes again.
+struct Refusal {
+    version: String,
+    /// A hash of its resources.
+    print: u64,
+    /// The NACK's reason.
+    reason: String,
+}
+
+impl Refusal {
+    fn print(response: &DiscoveryResponse) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for any in &response.resources {
+            (&any.type_url, &any.value).hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+
+    fn repeated_by(&self, response: &DiscoveryResponse, print: u64) -> bool {
+        self.version == response.version_info && self.print == print
     }
 }
 
@@ -220,12 +274,8 @@ async fn apply(
     shared: &SharedConfig,
 ) -> Result<(), String> {
     let version = response.version_info.clone();
-    let messages = decode(response)?;
-    // Off the runtime: a large snapshot takes a while to compile.
-    let compiled = tokio::task::spawn_blocking(move || super::xds::load_with(&messages, options))
-        .await
-        .map_err(|e| format!("compiling stopped: {e}"))?;
-    record_load(compiled.as_ref().map(|_| ()));
+    let compiled = compile(response, options).await;
+    record_load(compiled.is_ok());
     match compiled {
         Ok(config) => {
             tracing::info!(%version, domains = config.domain_names().len(), "xDS: limits applied");
@@ -233,10 +283,25 @@ async fn apply(
             Ok(())
         }
         Err(error) => {
-            tracing::error!(%version, %error, "xDS: limits refused (NACK); keeping the running ones");
-            Err(error.to_string())
+            let running = if shared.is_loaded() {
+                "keeping the running ones"
+            } else {
+                "none in force yet"
+            };
+            tracing::error!(%version, %error, "xDS: limits refused (NACK); {running}");
+            Err(error)
         }
     }
+}
+
+/// The response's resources compiled, off the runtime (a large snapshot
+/// takes a while); `Err` is why not.
+async fn compile(response: &DiscoveryResponse, options: LoadOptions) -> Result<Config, String> {
+    let messages = decode(response)?;
+    tokio::task::spawn_blocking(move || super::xds::load_with(&messages, options))
+        .await
+        .map_err(|e| format!("compiling stopped: {e}"))?
+        .map_err(|e| e.to_string())
 }
 
 /// The response's resources as `RateLimitConfig` messages.
@@ -293,9 +358,14 @@ fn request(
     }
 }
 
-/// A gRPC channel to `server` (`host:port`), over TLS when `tls` is set.
+/// A gRPC channel to `server` (`host:port`, or as grpc-go's target
+/// `dns:///host:port`), over TLS when `tls` is set.
 pub async fn channel(server: &str, tls: Option<ClientTls>) -> Result<Channel, String> {
-    tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+    let address = ["dns:///", "passthrough:///"]
+        .iter()
+        .find_map(|scheme| server.strip_prefix(scheme))
+        .unwrap_or(server);
+    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| format!("bad server address {server:?}: {e}"))?
         .connect_timeout(Duration::from_secs(10))
         // An xDS stream can stay silent for days: pings find a dead peer.
@@ -388,5 +458,22 @@ mod tests {
         for n in 0..5 {
             assert_eq!(Backoff::default().delay(n, 0.7), Duration::from_secs(10));
         }
+    }
+
+    /// Zero settings would dial flat out: they take jpillora/backoff's
+    /// stand-ins (100 ms, 10 s, a factor of 2), as theirs.
+    #[test]
+    fn a_zero_back_off_setting_takes_the_stand_in() {
+        let zero = Backoff {
+            initial: Duration::ZERO,
+            max: Duration::ZERO,
+            factor: 0.0,
+            jitter: false,
+        };
+        let waits: Vec<u128> = (0..9).map(|n| zero.delay(n, 0.5).as_millis()).collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]
+        );
     }
 }

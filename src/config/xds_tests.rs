@@ -84,12 +84,12 @@ fn a_bad_limit_is_refused_for_the_same_reason_from_yaml_and_protobuf() {
         let from_yaml = yaml(&text).expect_err(&text);
         let domain = format!("domain {:?}", message.domain);
         let from_xds = xds::load(&[message]).expect_err(&text);
-        let after_domain = from_xds.reason.strip_prefix(&domain);
-        assert_eq!(
-            after_domain.map(|r| r.trim_start_matches([':', ' '])),
-            Some(from_yaml.reason.as_str()),
-            "{text}"
-        );
+        // Named after its domain, but for the domain itself.
+        let after_domain = match from_xds.reason.strip_prefix(&domain) {
+            Some(rest) => rest.trim_start_matches([':', ' ']),
+            None => &from_xds.reason,
+        };
+        assert_eq!(after_domain, from_yaml.reason, "{text}");
     }
 }
 

@@ -9,8 +9,11 @@
 //!
 //! Charges (a limit that records hits over its limit, `Check::charges`)
 //! keep this true: the count only grows faster. A charge answered from here
-//! is not recorded, which changes no decision: the counter is already at its
-//! limit until the window ends, when its count, however high, is dropped.
+//! is not recorded, which changes no decision while the limit stands: the
+//! counter is already at its limit until the window ends, when its count,
+//! however high, is dropped. A limit raised within the window finds the
+//! count lower than with every charge recorded (theirs, cache off by
+//! default), so it admits those uncounted hits more (README: Differences).
 //!
 //! Two callers lower a count on purpose, and then [`OverCache::forget`] its
 //! keys on this replica: the admin API's reset and a budget's settle that
