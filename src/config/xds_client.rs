@@ -361,11 +361,7 @@ fn request(
 /// A gRPC channel to `server` (`host:port`, or as grpc-go's target
 /// `dns:///host:port`), over TLS when `tls` is set.
 pub async fn channel(server: &str, tls: Option<ClientTls>) -> Result<Channel, String> {
-    let address = ["dns:///", "passthrough:///"]
-        .iter()
-        .find_map(|scheme| server.strip_prefix(scheme))
-        .unwrap_or(server);
-    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+    tonic::transport::Endpoint::from_shared(format!("http://{}", address(server)))
         .map_err(|e| format!("bad server address {server:?}: {e}"))?
         .connect_timeout(Duration::from_secs(10))
         // An xDS stream can stay silent for days: pings find a dead peer.
@@ -377,6 +373,14 @@ pub async fn channel(server: &str, tls: Option<ClientTls>) -> Result<Channel, St
         .connect_with_connector(Connector { tls })
         .await
         .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))
+}
+
+/// `host:port` of a server given as that or as a grpc-go target.
+fn address(server: &str) -> &str {
+    ["dns:///", "passthrough:///"]
+        .iter()
+        .find_map(|scheme| server.strip_prefix(scheme))
+        .unwrap_or(server)
 }
 
 /// A transport error with its causes (tonic's own says only "transport error").
@@ -433,8 +437,15 @@ impl tonic::codegen::Service<Uri> for Connector {
 
 #[cfg(test)]
 mod tests {
-    use super::Backoff;
+    use super::{address, Backoff};
     use std::time::Duration;
+
+    #[test]
+    fn a_grpc_go_target_names_its_host_and_port() {
+        assert_eq!(address("dns:///xds.example:18000"), "xds.example:18000");
+        assert_eq!(address("passthrough:///10.0.0.1:18000"), "10.0.0.1:18000");
+        assert_eq!(address("xds.example:18000"), "xds.example:18000");
+    }
 
     #[test]
     fn the_back_off_grows_by_its_factor_up_to_its_cap_with_jitter_above_the_initial_wait() {
