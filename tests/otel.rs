@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
-use common::{descriptor, free_port, request, Ratekeeper, RedisServer};
+use common::{descriptor, free_port, request, try_http_exchange_with, Ratekeeper, RedisServer};
 use prost::Message;
 use ratekeeper::pb::otlp::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -209,6 +209,27 @@ async fn decisions_join_the_callers_trace_over_otlp_http_with_a_redis_store_call
     let from_cache = of_trace(&cached_trace, "ShouldRateLimit");
     assert_eq!(attr(from_cache, "ratelimit.answered_by"), "cache");
     assert_eq!(attr(from_cache, "ratelimit.outcome"), "OVER_LIMIT");
+
+    // `/json` is ShouldRateLimit too, traced alike (as theirs).
+    let json_trace = "3".repeat(32);
+    let traceparent = format!("00-{json_trace}-{PARENT}-01");
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"json"}]}]}"#;
+    let answer = try_http_exchange_with(
+        &server.http,
+        "POST",
+        "/json",
+        &[("traceparent", &traceparent)],
+        body,
+    )
+    .expect("/json");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (json_spans, _) = crate::spans(&mut exports, 2).await;
+    let from_json = json_spans
+        .iter()
+        .find(|s| hex(&s.trace_id) == json_trace && s.name == "ShouldRateLimit")
+        .unwrap_or_else(|| panic!("no /json decision: {json_spans:?}"));
+    assert_eq!(hex(&from_json.parent_span_id), PARENT);
+    assert_eq!(attr(from_json, "ratelimit.outcome"), "OK");
     for (key, value) in [
         ("service.name", "rk-test"),
         ("service.namespace", "edge"),

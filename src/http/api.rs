@@ -4,7 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
@@ -44,12 +44,13 @@ async fn healthcheck(State(api): State<Api>) -> Response {
 /// `ShouldRateLimit` with protojson in and out: 200 for OK, 429 for
 /// OVER_LIMIT; 400 with the reason for a request that cannot be evaluated;
 /// 500 when the service cannot answer (`failure_mode: unavailable`).
-async fn json(State(api): State<Api>, body: Bytes) -> Response {
+async fn json(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
     let request = match protojson::parse_request(&body) {
         Ok(request) => request,
         Err(reason) => return (StatusCode::BAD_REQUEST, reason).into_response(),
     };
-    let response = match api.limiter.decide(&request).await {
+    let headers = tonic::metadata::MetadataMap::from_headers(headers);
+    let response = match api.limiter.decide_in_span(&request, &headers).await {
         Ok(response) => response,
         Err(status) => {
             tracing::debug!(code = ?status.code(), message = status.message(), "JSON request refused");

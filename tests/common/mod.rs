@@ -855,11 +855,26 @@ pub fn try_http_exchange(
     path: &str,
     body: &str,
 ) -> std::io::Result<String> {
+    try_http_exchange_with(addr, method, path, &[], body)
+}
+
+/// As [`try_http_exchange`], with more request headers.
+pub fn try_http_exchange_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{extra}content-length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes())?;

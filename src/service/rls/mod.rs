@@ -194,6 +194,23 @@ impl RateLimiter {
         self.decide_traced(request, None).await
     }
 
+    /// [`RateLimiter::decide`] in a span when tracing samples the call
+    /// (`headers` may carry the caller's `traceparent`): every
+    /// ShouldRateLimit, `/json`'s too, as theirs.
+    pub async fn decide_in_span(
+        &self,
+        request: &RateLimitRequest,
+        headers: &tonic::metadata::MetadataMap,
+    ) -> Result<RateLimitResponse, Status> {
+        let Some(mut span) = self.settings.tracer.begin(headers) else {
+            return self.decide(request).await;
+        };
+        let result = self.decide_traced(request, Some(&mut span)).await;
+        span.decided(request, &result);
+        self.settings.tracer.finish(span);
+        result
+    }
+
     /// [`RateLimiter::decide`], telling a sampled call's `span` how the
     /// outcomes were found.
     async fn decide_traced(
@@ -297,15 +314,9 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let result = match self.settings.tracer.begin(request.metadata()) {
-            None => self.decide(request.get_ref()).await,
-            Some(mut span) => {
-                let result = self.decide_traced(request.get_ref(), Some(&mut span)).await;
-                span.decided(request.get_ref(), &result);
-                self.settings.tracer.finish(span);
-                result
-            }
-        };
+        let result = self
+            .decide_in_span(request.get_ref(), request.metadata())
+            .await;
         let elapsed = started.elapsed();
         self.duration.record(elapsed.as_secs_f64());
         self.calls.call(elapsed);
