@@ -251,12 +251,38 @@ fn parsed_text(value: &serde_yaml::Value) -> Option<String> {
     }
 }
 
-/// serde_yaml appends " at line L column C"; the line goes in its own field.
+/// serde_yaml writes " at line L column C" into its messages (a syntax
+/// error's in the middle, before what it was parsing); the line goes in its
+/// own field, so every such location is cut.
 fn strip_location(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(at) => message[..at].to_owned(),
-        None => message.to_owned(),
+    const AT: &str = " at line ";
+    let mut stripped = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(AT) {
+        stripped.push_str(&rest[..at]);
+        let after = &rest[at + AT.len()..];
+        match after_line_column(after) {
+            Some(tail) => rest = tail,
+            None => {
+                stripped.push_str(AT);
+                rest = after;
+            }
+        }
     }
+    stripped.push_str(rest);
+    stripped
+}
+
+/// What follows "L column C" at the start of `text`, if it starts so.
+fn after_line_column(text: &str) -> Option<&str> {
+    let column = after_digits(text)?.strip_prefix(" column ")?;
+    after_digits(column)
+}
+
+/// What follows the digits `text` starts with; `None` without any.
+fn after_digits(text: &str) -> Option<&str> {
+    let tail = text.trim_start_matches(|c: char| c.is_ascii_digit());
+    (tail.len() < text.len()).then_some(tail)
 }
 
 /// Translates one document into the source-neutral description.

@@ -282,6 +282,14 @@ fn refuses_bad_unit_with_line() {
 fn refuses_syntax_errors_with_line() {
     let e = error("domain: d\ndescriptors:\n  - key: [unclosed\n");
     assert!(e.line.is_some(), "{e}");
+    // The line is said once, in its own field: serde_yaml's locations in
+    // the middle of the message are cut too.
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second\n\n");
+    assert_eq!(e.line, Some(6), "{e}");
+    assert_eq!(
+        e.reason,
+        "did not find expected ',' or '}', while parsing a flow mapping"
+    );
 }
 
 #[test]
