@@ -189,9 +189,7 @@ async fn subscribe(
         .await
         .map_err(|e| Failure::new(format!("subscribe: {e}")))?
         .into_inner();
-    // The version of the snapshot in force from this stream (a NACK repeats it).
-    let mut accepted = String::new();
-    let mut refused: Option<Refusal> = None;
+    let mut answers = Answers::default();
     let mut answered = false;
     let fail = |error: String, answered| Err(Failure { error, answered });
     loop {
@@ -205,35 +203,13 @@ async fn subscribe(
             tracing::warn!(type_url = %response.type_url, "xDS: ignoring a response of another type");
             continue;
         }
-        let print = Refusal::print(&response);
-        let reason = match refused.as_ref().filter(|r| r.repeated_by(&response, print)) {
-            Some(refusal) => {
-                // Sent again at once after its NACK (go-control-plane does:
-                // the NACK names an older version than its snapshot's).
-                // Refused again without compiling or logging it, after a
-                // pause, so that the two do not loop flat out.
-                tokio::time::sleep(REFUSED_AGAIN_AFTER).await;
-                Some(refusal.reason.clone())
-            }
-            None => match apply(&response, settings.load_options, shared).await {
-                Ok(()) => {
-                    accepted.clone_from(&response.version_info);
-                    loaded.send_replace(true);
-                    refused = None;
-                    None
-                }
-                Err(reason) => {
-                    let version = response.version_info.clone();
-                    refused = Some(Refusal {
-                        version,
-                        print,
-                        reason: reason.clone(),
-                    });
-                    Some(reason)
-                }
-            },
-        };
-        let reply = request(settings, accepted.clone(), response.nonce, reason);
+        let reason = answers
+            .answer(&response, settings.load_options, shared)
+            .await;
+        if reason.is_none() {
+            loaded.send_replace(true);
+        }
+        let reply = request(settings, answers.accepted.clone(), response.nonce, reason);
         if requests.send(reply).await.is_err() {
             return fail("the request stream closed".into(), answered);
         }
@@ -243,28 +219,70 @@ async fn subscribe(
 /// How long a snapshot refused and sent again unchanged waits for its NACK.
 const REFUSED_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
-/// The last snapshot refused on a stream, to know it when it comes again.
+/// What one stream made of its responses.
+#[derive(Default)]
+struct Answers {
+    /// The version of the snapshot in force from this stream (a NACK
+    /// repeats it).
+    accepted: String,
+    /// The last snapshot refused, to know it when it comes again.
+    refused: Option<Refusal>,
+}
+
 struct Refusal {
     version: String,
     /// A hash of its resources.
-    print: u64,
+    resources: u64,
     /// The NACK's reason.
     reason: String,
 }
 
-impl Refusal {
-    fn print(response: &DiscoveryResponse) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        for any in &response.resources {
-            (&any.type_url, &any.value).hash(&mut hasher);
+impl Answers {
+    /// Applies `response`; `None` to ACK it, else the NACK's reason.
+    async fn answer(
+        &mut self,
+        response: &DiscoveryResponse,
+        options: LoadOptions,
+        shared: &SharedConfig,
+    ) -> Option<String> {
+        if let Some(refusal) = &self.refused {
+            if refusal.version == response.version_info
+                && refusal.resources == resources_hash(response)
+            {
+                // Sent again at once after its NACK (go-control-plane does:
+                // the NACK names an older version than its snapshot's).
+                // Refused again without compiling or logging it, after a
+                // pause, so that the two do not loop flat out.
+                tokio::time::sleep(REFUSED_AGAIN_AFTER).await;
+                return Some(refusal.reason.clone());
+            }
         }
-        hasher.finish()
+        match apply(response, options, shared).await {
+            Ok(()) => {
+                self.accepted.clone_from(&response.version_info);
+                self.refused = None;
+                None
+            }
+            Err(reason) => {
+                self.refused = Some(Refusal {
+                    version: response.version_info.clone(),
+                    resources: resources_hash(response),
+                    reason: reason.clone(),
+                });
+                Some(reason)
+            }
+        }
     }
+}
 
-    fn repeated_by(&self, response: &DiscoveryResponse, print: u64) -> bool {
-        self.version == response.version_info && self.print == print
+/// A hash of a response's resources.
+fn resources_hash(response: &DiscoveryResponse) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for any in &response.resources {
+        (&any.type_url, &any.value).hash(&mut hasher);
     }
+    hasher.finish()
 }
 
 /// Compiles one response and swaps it in; `Err` is the NACK's reason.
