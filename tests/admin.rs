@@ -494,6 +494,12 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
     assert!(lease
         .lease_id
         .starts_with(listed["leases"][0]["id"].as_str().unwrap()));
+    // A lease id carrying a line of its own is logged quoted, on one line.
+    let forged = format!("{}.x\nINFO forged audit line", &lease.lease_id[..32]);
+    let revoke = [&with[..], &["revoke", "web", &forged, "ws_user=eve"]].concat();
+    let (code, stdout, stderr) = cli(&revoke);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("\"revoked\": true"), "{stdout}");
 
     // Audited: who, what.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -506,6 +512,11 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
         .find(|l| l.contains("counters reset"))
         .unwrap_or_else(|| panic!("no reset logged: {logs}"));
     assert!(line.contains("oncall") && line.contains("eve"), "{line}");
+    let forged: Vec<&str> = logs.lines().filter(|l| l.contains("forged")).collect();
+    assert!(
+        forged.len() == 1 && forged[0].contains("lease revoked"),
+        "{forged:?}"
+    );
     let metrics = server.metrics();
     assert!(
         metrics.contains("ratekeeper_admin_operations{operation=\"reset\"} 1"),

@@ -50,14 +50,20 @@ async fn serves_health_metrics_and_stops_on_sigterm() {
         .should_rate_limit(request("unknown", vec![descriptor(&[("user", "a")])]))
         .await
         .unwrap();
+    let json = r#"{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
+    let answer = common::http_call(&server.http, "POST", "/json", json);
+    assert_eq!(answer.status, 200, "{answer:?}");
     let text = server.metrics();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     for expected in [
-        "ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"user\"} 3",
-        "ratekeeper_rate_limit_within_limit{domain=\"web\",rule=\"user\"} 3",
+        "ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"user\"} 4",
+        "ratekeeper_rate_limit_within_limit{domain=\"web\",rule=\"user\"} 4",
         "ratekeeper_domain_not_found 1",
         "ratekeeper_config_load_success 1",
+        "ratekeeper_config_load_failing 0",
         "ratekeeper_request_duration_seconds_bucket",
+        // Every decision: four over gRPC, one over `/json`.
+        "ratekeeper_request_duration_seconds_count 5",
     ] {
         assert!(
             text.contains(expected),

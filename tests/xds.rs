@@ -900,6 +900,7 @@ async fn the_binary_under_envoy_gateways_environment_answers_over_tls_from_xds_l
     for expected in [
         "ratekeeper_config_load_success 1".to_owned(),
         "ratekeeper_config_load_error 1".to_owned(),
+        "ratekeeper_config_load_failing 1".to_owned(),
         "ratelimit_service_config_load_success 1".to_owned(),
         "ratelimit_service_config_load_error 1".to_owned(),
         format!("ratelimit_service_rate_limit_total_hits{series} 5"),

@@ -192,9 +192,13 @@ async fn off_runtime<T: Send + 'static>(
 }
 
 /// Counts a config load attempt in metrics, under ratekeeper's names and
-/// envoyproxy/ratelimit's (Prometheus and statsd).
+/// envoyproxy/ratelimit's (Prometheus and statsd), and sets
+/// `ratekeeper_config_load_failing`: 1 from a refused load until one
+/// succeeds, so that an alert stays up as long as what is on disk (or
+/// offered over xDS) is refused, not only for a while after.
 pub fn record_load(loaded: bool) {
     let outcome = if loaded { "success" } else { "error" };
+    metrics::gauge!("ratekeeper_config_load_failing").set(if loaded { 0.0 } else { 1.0 });
     metrics::counter!(format!("ratekeeper_config_load_{outcome}")).increment(1);
     crate::their_stats::TheirCounter::new(&format!("ratelimit.service.config_load_{outcome}"))
         .add(1);

@@ -50,7 +50,7 @@ async fn json(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Respon
         Err(reason) => return (StatusCode::BAD_REQUEST, reason).into_response(),
     };
     let headers = tonic::metadata::MetadataMap::from_headers(headers);
-    let response = match api.limiter.decide_in_span(&request, &headers).await {
+    let response = match api.limiter.decide_observed(&request, &headers).await {
         Ok(response) => response,
         Err(status) => {
             tracing::debug!(code = ?status.code(), message = status.message(), "JSON request refused");

@@ -144,7 +144,8 @@ def exported(rk, tmp_path_factory) -> dict[str, set[str]]:
     with run_server(failing, log, "--redis-url", redis_url, "--redis-connect-timeout-ms", "200") as server:
         text += drive_failing_store_server(server, rk)
     found = samples(text)
-    for name in ("ratekeeper_config_load_error", "ratekeeper_concurrency_leases_lost",
+    for name in ("ratekeeper_config_load_error", "ratekeeper_config_load_failing",
+                 "ratekeeper_concurrency_leases_lost",
                  "ratekeeper_over_limit_cache_hits", "ratekeeper_store_error_fail_local",
                  "ratekeeper_store_call_duration_seconds_bucket"):
         assert name in found, f"the traffic did not make {name} appear:\n{text}"
@@ -367,7 +368,8 @@ STORE_DOWN = {
                    "Decisions follow the failure mode (default unavailable: Envoy's failure_mode_deny decides)."}
 RELOAD_REFUSED = {
     "summary": "ratekeeper rk-0 refused a limits change",
-    "description": "rate/rk-0 refused a change of its limits directory; the previous limits stay in force. "
+    "description": "rate/rk-0 refused a change of its limits (directory or xDS snapshot); the previous limits "
+                   "stay in force, and a restart would not start with the refused ones. "
                    "Its log names the file, line and reason; `ratekeeper validate --config-dir DIR` checks a directory."}
 SURGE = {
     "summary": "Many hits of rule a in domain d are over the limit",
@@ -393,14 +395,18 @@ def test_alerts_fire_on_their_conditions_and_not_before(rules_file):
         },
         {   # The error counter appears at minute 5 with its first refusal
             # (lazily registered: increase() alone would miss it), a second
-            # refusal at minute 40.
+            # refusal at minute 40. The first stays refused until minute 25
+            # (the failing gauge), past the 15m window.
             "interval": "1m",
             "input_series": [{"series": f"ratekeeper_config_load_error{{{SERIES}}}",
-                              "values": "_x4 1x34 2x20"}],
+                              "values": "_x4 1x34 2x20"},
+                             {"series": f"ratekeeper_config_load_failing{{{SERIES}}}",
+                              "values": "_x4 1x20 0x14 1x20"}],
             "alert_rule_test": [
                 alert("RatekeeperConfigReloadFailing", "3m"),
                 alert("RatekeeperConfigReloadFailing", "6m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
                 alert("RatekeeperConfigReloadFailing", "18m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
+                alert("RatekeeperConfigReloadFailing", "24m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
                 alert("RatekeeperConfigReloadFailing", "30m"),
                 alert("RatekeeperConfigReloadFailing", "45m", RELOAD_REFUSED, severity="warning", namespace="rate", pod="rk-0"),
             ],

@@ -194,20 +194,25 @@ impl RateLimiter {
         self.decide_traced(request, None).await
     }
 
-    /// [`RateLimiter::decide`] in a span when tracing samples the call
-    /// (`headers` may carry the caller's `traceparent`): every
-    /// ShouldRateLimit, `/json`'s too, as theirs.
-    pub async fn decide_in_span(
+    /// [`RateLimiter::decide`], timed (`ratekeeper_request_duration_seconds`)
+    /// and in a span when tracing samples the call (`headers` may carry the
+    /// caller's `traceparent`): every ShouldRateLimit, `/json`'s too.
+    pub async fn decide_observed(
         &self,
         request: &RateLimitRequest,
         headers: &tonic::metadata::MetadataMap,
     ) -> Result<RateLimitResponse, Status> {
-        let Some(mut span) = self.settings.tracer.begin(headers) else {
-            return self.decide(request).await;
+        let started = Instant::now();
+        let result = match self.settings.tracer.begin(headers) {
+            None => self.decide(request).await,
+            Some(mut span) => {
+                let result = self.decide_traced(request, Some(&mut span)).await;
+                span.decided(request, &result);
+                self.settings.tracer.finish(span);
+                result
+            }
         };
-        let result = self.decide_traced(request, Some(&mut span)).await;
-        span.decided(request, &result);
-        self.settings.tracer.finish(span);
+        self.duration.record(started.elapsed().as_secs_f64());
         result
     }
 
@@ -315,11 +320,9 @@ impl RateLimitService for RateLimiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let result = self
-            .decide_in_span(request.get_ref(), request.metadata())
+            .decide_observed(request.get_ref(), request.metadata())
             .await;
-        let elapsed = started.elapsed();
-        self.duration.record(elapsed.as_secs_f64());
-        self.calls.call(elapsed);
+        self.calls.call(started.elapsed());
         if let Err(status) = &result {
             tracing::debug!(code = ?status.code(), message = status.message(), "request refused");
         }
