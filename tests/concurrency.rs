@@ -416,6 +416,60 @@ async fn dead_callers_and_a_killed_replica_free_their_places_within_the_ttl() {
     drop(streams);
 }
 
+/// Lua calls Redis has run (the lease script's acquires and heartbeats).
+fn script_calls(redis: &RedisServer) -> u64 {
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    let calls = |line: &str| line.split_once("calls=")?.1.split(',').next()?.parse().ok();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:"))
+        .find_map(calls)
+        .unwrap_or(0)
+}
+
+/// The held leases are refreshed together once per tick (a third of their
+/// 30 s TTL), however many `Hold` streams open meanwhile: each opening
+/// refreshed every lease held, one store call per stream opened.
+#[tokio::test]
+async fn opening_holds_refreshes_no_lease_before_its_tick() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let limits =
+        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: 5\n    lease_ttl: 30s\n";
+    std::fs::write(dir.path().join("ws.yaml"), limits).unwrap();
+    let server = replica(dir.path(), &redis.url());
+    let client = connect(&server.grpc).await;
+    let mut streams = Vec::new();
+    let hold = |user: String| {
+        let request = acquire_request(&[("user_id", &user)], None);
+        let mut client = client.clone();
+        async move {
+            let mut stream = client.hold(request).await.unwrap().into_inner();
+            let first = stream.message().await.unwrap().unwrap();
+            assert!(matches!(first.event, Some(hold_event::Event::Acquired(r)) if r.granted));
+            stream
+        }
+    };
+    streams.push(hold("first".into()).await);
+    let before = script_calls(&redis);
+    for i in 0..20 {
+        streams.push(hold(format!("u{i}")).await);
+    }
+    let calls = script_calls(&redis) - before;
+    assert!(
+        calls <= 22,
+        "{calls} Lua calls for 20 acquires: held leases refreshed at each Hold opened"
+    );
+    drop(client);
+}
+
 #[tokio::test]
 async fn sigterm_ends_hold_streams_at_once_and_gives_their_places_back() {
     let redis = RedisServer::start();

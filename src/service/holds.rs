@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch, Notify};
+use tokio::time::Instant;
 
 use super::lease_id::LeaseId;
 use crate::store::{LeaseRef, Store};
@@ -119,19 +120,27 @@ impl Holds {
     }
 
     /// Refreshes all held leases, one store call per tick, until dropped.
+    /// A lease held meanwhile waits for the tick (it was just made), unless
+    /// its shorter TTL needs an earlier one: refreshing at every new lease
+    /// sent every held lease to the store at each `Hold` opened.
     pub async fn refresh_forever(self: Arc<Self>) {
+        let mut due: Option<Instant> = None;
         loop {
-            match self.tick() {
-                Some(pause) => {
-                    // A new, shorter lease shortens the wait.
-                    let _ = tokio::time::timeout(pause, self.changed.notified()).await;
-                    if self.tick().is_some_and(|t| t < pause) {
-                        continue;
-                    }
+            let Some(pause) = self.tick() else {
+                due = None;
+                self.changed.notified().await;
+                continue;
+            };
+            let soonest = Instant::now() + pause;
+            let at = due.map_or(soonest, |due| due.min(soonest));
+            due = Some(at);
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {
+                    self.refresh_once().await;
+                    due = None;
                 }
-                None => self.changed.notified().await,
+                () = self.changed.notified() => {}
             }
-            self.refresh_once().await;
         }
     }
 
