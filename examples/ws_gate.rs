@@ -14,8 +14,12 @@
 //!   lease, and when the connection ends the stream is dropped, which gives
 //!   the lease back at once. If ratekeeper reports the lease `lost` (it
 //!   expired while its store was unreachable, or was released elsewhere) the
-//!   connection is closed with 1008 `connection lease lost`; if the Hold
-//!   stream fails, with 1011 and the same reason.
+//!   connection is closed with 1008 `connection lease lost`. If the Hold
+//!   stream ends otherwise (the ratekeeper replica holding it stopped, as in
+//!   a rolling update: it released the lease first), the gate holds the
+//!   place again on whichever replica answers, retried for 5 s, and the
+//!   connection stays open; when it cannot, the connection is closed with
+//!   1011 and the same reason (1008 if the places were taken meanwhile).
 //!
 //! If ratekeeper cannot be asked, connections are closed with 1011 (this
 //! example fails closed). Nothing here counts connections itself: any number
@@ -69,8 +73,11 @@ type Ws = WebSocketStream<TcpStream>;
 const MAX_USER_BYTES: usize = 256;
 /// A close frame's reason must fit in 123 bytes.
 const MAX_REASON_BYTES: usize = 123;
-/// How long ratekeeper gets to answer a Hold (its first event).
+/// How long ratekeeper gets to answer a Hold (its first event); and, when
+/// a Hold stream ends without a `lost` event, to hold the place again.
 const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause between two tries of holding a place again.
+const HOLD_RETRY: Duration = Duration::from_millis(200);
 /// How long a peer gets to answer our close frame.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -188,11 +195,80 @@ impl Gate {
         );
         // Nothing limits this user (no rule matched): no lease to watch.
         let mut events = (!first.lease_id.is_empty()).then_some(events);
-        let result = echo(&mut ws, &mut events).await;
+        let result = self.echo(&mut ws, &mut events, &user, peer).await;
         // Dropping the Hold stream here (the caller going away) releases the lease.
         drop(events);
         eprintln!("{peer}: user {user:?} disconnected");
         result
+    }
+
+    /// Echoes until the peer closes, or closes if the lease is lost.
+    async fn echo(
+        &self,
+        ws: &mut Ws,
+        events: &mut Option<Streaming<ratekeeper::pb::v1::HoldEvent>>,
+        user: &str,
+        peer: SocketAddr,
+    ) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        loop {
+            let lease_event = async {
+                match events.as_mut() {
+                    Some(stream) => stream.message().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                message = ws.next() => match message {
+                    Some(Ok(message @ (Message::Text(_) | Message::Binary(_)))) => ws.send(message).await?,
+                    // Pings are answered by tungstenite; a close is answered and ends the stream.
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => return Err(error),
+                    None => return Ok(()),
+                },
+                event = lease_event => {
+                    let code = match event {
+                        Ok(Some(ratekeeper::pb::v1::HoldEvent { event: Some(hold_event::Event::Lost(_)) })) => {
+                            CloseCode::Policy
+                        }
+                        // Any other event is not expected after the first; ignore it.
+                        Ok(Some(_)) => continue,
+                        // The stream ended without a `lost`: the replica holding it
+                        // stopped (a rolling update), releasing the lease first.
+                        Ok(None) | Err(_) => match self.hold_again(user, peer).await {
+                            Ok(held) => {
+                                *events = Some(held);
+                                continue;
+                            }
+                            Err(code) => code,
+                        },
+                    };
+                    return close(ws, code, "connection lease lost").await;
+                }
+            }
+        }
+    }
+
+    /// Holds `user`'s place again on whichever replica the address leads to
+    /// now, retried within [`HOLD_TIMEOUT`]; the close code when not (1008:
+    /// the places were taken meanwhile; 1011: no replica answered).
+    async fn hold_again(
+        &self,
+        user: &str,
+        peer: SocketAddr,
+    ) -> Result<Streaming<ratekeeper::pb::v1::HoldEvent>, CloseCode> {
+        let deadline = tokio::time::Instant::now() + HOLD_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.hold(user, peer)).await {
+                Ok(Ok((first, events))) if first.granted => return Ok(events),
+                Ok(Ok(_)) => return Err(CloseCode::Policy),
+                Ok(Err(status)) => eprintln!("{peer}: holding user {user:?} again: {status}"),
+                Err(_) => return Err(CloseCode::Error),
+            }
+            tokio::time::sleep(HOLD_RETRY).await;
+            if tokio::time::Instant::now() >= deadline {
+                return Err(CloseCode::Error);
+            }
+        }
     }
 
     /// Opens `Hold` for `user`: the first event and the rest of the stream.
@@ -221,42 +297,6 @@ impl Gate {
             other => Err(tonic::Status::internal(format!(
                 "unexpected first Hold event: {other:?}"
             ))),
-        }
-    }
-}
-
-/// Echoes until the peer closes, or closes if the lease is lost.
-async fn echo(
-    ws: &mut Ws,
-    events: &mut Option<Streaming<ratekeeper::pb::v1::HoldEvent>>,
-) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-    loop {
-        let lease_event = async {
-            match events.as_mut() {
-                Some(stream) => stream.message().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            message = ws.next() => match message {
-                Some(Ok(message @ (Message::Text(_) | Message::Binary(_)))) => ws.send(message).await?,
-                // Pings are answered by tungstenite; a close is answered and ends the stream.
-                Some(Ok(_)) => {}
-                Some(Err(error)) => return Err(error),
-                None => return Ok(()),
-            },
-            event = lease_event => {
-                let code = match event {
-                    Ok(Some(ratekeeper::pb::v1::HoldEvent { event: Some(hold_event::Event::Lost(_)) })) => {
-                        CloseCode::Policy
-                    }
-                    // Any other event is not expected after the first; ignore it.
-                    Ok(Some(_)) => continue,
-                    // The stream ended or failed without saying: the lease is not held any more.
-                    Ok(None) | Err(_) => CloseCode::Error,
-                };
-                return close(ws, code, "connection lease lost").await;
-            }
         }
     }
 }

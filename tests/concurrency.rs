@@ -118,6 +118,38 @@ async fn an_acquire_whose_lease_id_would_be_too_long_takes_nothing() {
     assert_eq!((a.granted, a.active), (true, 1));
 }
 
+/// The ids of one Heartbeat may name at most 4,096 lease sets in all (the
+/// store visits each in one call): 100 ids of 50 sets each are refused,
+/// whole, before any store call.
+#[tokio::test]
+async fn a_heartbeat_naming_too_many_lease_sets_is_refused() {
+    let server = TestServer::start(&[LIMITS], Backend::Memory.store(Arc::new(SystemClock))).await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let hex = |s: String| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let id = |n: usize| {
+        let sets: Vec<String> = (0..50)
+            .map(|i| hex(format!("rk:{{ws|user_id=u{n}-{i}}}:conn")))
+            .collect();
+        format!("{:032x}.30000.{}", n, sets.join("."))
+    };
+    let e = client
+        .heartbeat(HeartbeatRequest {
+            lease_ids: (0..100).map(id).collect(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("5000 lease sets"), "{}", e.message());
+    let fine = client
+        .heartbeat(HeartbeatRequest {
+            lease_ids: (0..80).map(id).collect(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fine.lost.len(), 80, "unknown, so lost");
+}
+
 #[tokio::test]
 async fn acquire_heartbeat_release_and_hold_on_every_store() {
     for backend in Backend::all() {
@@ -468,6 +500,69 @@ async fn opening_holds_refreshes_no_lease_before_its_tick() {
         "{calls} Lua calls for 20 acquires: held leases refreshed at each Hold opened"
     );
     drop(client);
+}
+
+/// Acquires answered UNAVAILABLE because Redis stalled past the deadline
+/// may still be made when Redis gets to them; nobody has their ids, so the
+/// replica releases them a second later (and ten seconds later) instead of
+/// leaving the places taken for the whole TTL (30 s here).
+#[tokio::test]
+async fn acquires_made_after_their_deadline_are_given_back() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let limits =
+        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: 10\n    lease_ttl: 30s\n";
+    std::fs::write(dir.path().join("ws.yaml"), limits).unwrap();
+    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
+    let mut client = connect(&server.grpc).await;
+    assert!(acquire(&mut client, "warm", None).await.granted);
+
+    // A script that keeps Redis busy for 500 ms, the acquires sent meanwhile.
+    let busy = redis.client();
+    let stall = std::thread::spawn(move || {
+        let script = "local t = redis.call('TIME') local e = t[1] * 1000000 + t[2] + 500000 \
+                      while true do local n = redis.call('TIME') \
+                      if n[1] * 1000000 + n[2] > e then return 1 end end";
+        let done: redis::RedisResult<i64> = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query(&mut busy.get_connection().expect("redis connection"));
+        done.expect("the busy script");
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let acquires = (0..10).map(|_| {
+        let mut client = client.clone();
+        async move {
+            let request = acquire_request(&[("user_id", "late")], None);
+            let answer = client.acquire_connection(request).await;
+            answer.map(|r| r.into_inner().granted).map_err(|e| e.code())
+        }
+    });
+    let answers = futures_util::future::join_all(acquires).await;
+    stall.join().expect("the busy script");
+    // Granted ones (a slow start of the stall) keep their places.
+    let granted = answers.iter().filter(|a| *a == &Ok(true)).count() as u64;
+    assert!(
+        answers.contains(&Err(tonic::Code::Unavailable)),
+        "{answers:?}"
+    );
+
+    let key = "rk:{ws|user_id=late}:conn";
+    let mut conn = redis.client().get_connection().expect("redis connection");
+    let mut taken = || -> u64 { redis::cmd("ZCARD").arg(key).query(&mut conn).unwrap() };
+    let made = taken() - granted;
+    // A second, or eleven when the circuit breaker (opened by the failures)
+    // refused the first give-back.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while taken() > granted && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        taken() - granted,
+        0,
+        "{made} places taken by failed acquires were kept"
+    );
+    println!("{made} failed acquires were made, and given back");
 }
 
 #[tokio::test]

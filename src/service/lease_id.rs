@@ -6,6 +6,8 @@
 //! scanning. A forged id can only name keys of the lease-set shape, and
 //! touches nothing unless its member is in them.
 
+use std::collections::HashSet;
+
 use super::id_parts::{from_hex, is_nonce, push_hex, random_nonce, truncate};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::keys::{counter_key, Values};
@@ -95,6 +97,9 @@ impl LeaseId {
                             rest.starts_with('{') && rest.ends_with(&format!("}}{SET_SUFFIX}"))
                         })
                     })
+                    // A lease takes one place per set: a set named twice
+                    // is a forgery, made to cost the store more per id.
+                    && keys.iter().collect::<HashSet<_>>().len() == keys.len()
             })
             .ok_or_else(bad)?;
         Ok(LeaseId {
@@ -131,6 +136,7 @@ mod tests {
             format!("{}.ttl.{}", lease.member, hex("rk:{d}:conn")),
             format!("short.30000.{}", hex("rk:{d}:conn")),
             format!("{}.30000.zz", lease.member),
+            format!("{0}.30000.{1}.{1}", lease.member, hex("rk:{d}:conn")),
             format!("{}.999.{}", lease.member, hex("rk:{d}:conn")),
             format!("{}.3600001.{}", lease.member, hex("rk:{d}:conn")),
             format!("{}.{}.{}", lease.member, u64::MAX, hex("rk:{d}:conn")),

@@ -28,10 +28,11 @@ use crate::limiter::{Check, Outcome};
 use crate::vocab::Topology;
 use crate::{Error, Result};
 
-/// When a reserve whose call failed is settled at 0, in case Redis made it
-/// late (`RedisStore::give_back_if_made_late`): soon after, and once more
-/// for a Redis that stalled longer.
-const LATE_RESERVE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
+/// When a reserve or a lease acquire whose call failed is given back, in
+/// case Redis made it late, after its deadline (`give_back_if_made_late`,
+/// `release_if_made_late`): soon after, and once more for a Redis that
+/// stalled longer.
+const LATE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
 
 /// Counters and leases kept in Redis, as seen from one serving lane.
 pub struct RedisStore {
@@ -433,7 +434,7 @@ impl RedisStore {
     /// slow, or the connection broke after sending. Its caller, told UNAVAILABLE, holds
     /// no id to settle it with, so what it took would stay charged until
     /// its window passed. Settles it at 0 in the background, after
-    /// [`LATE_RESERVE_GIVE_BACK`]'s delays until one finds it: a settle
+    /// [`LATE_GIVE_BACK`]'s delays until one finds it: a settle
     /// that finds no marker (the reserve was never made, or not yet: the
     /// pool's connections reach Redis in any order) touches nothing.
     fn give_back_if_made_late(&self, checks: &[Check], group: Vec<usize>, nonce: &str) {
@@ -442,7 +443,7 @@ impl RedisStore {
         let nonce = nonce.to_owned();
         tokio::spawn(async move {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            for delay in LATE_RESERVE_GIVE_BACK {
+            for delay in LATE_GIVE_BACK {
                 tokio::time::sleep(delay).await;
                 match store.settle_slot(&keys, &group, &nonce, 0, 0).await {
                     Ok(SlotSettled::Unknown) | Err(_) => continue,
@@ -624,6 +625,10 @@ impl RedisStore {
                 Ok(reply) => reply,
                 Err(error) => {
                     self.give_back(member, &taken).await;
+                    if !matches!(error, Error::StoreNotCalled(_)) {
+                        let keys = group.iter().map(|&i| slots[i].key.clone()).collect();
+                        self.release_if_made_late(member, keys);
+                    }
                     return Err(error);
                 }
             };
@@ -640,6 +645,26 @@ impl RedisStore {
             taken.extend(group.iter().map(|&i| slots[i].key.clone()));
         }
         Ok(total)
+    }
+
+    /// Releases `member` from `keys` a while after its acquire's call
+    /// failed: Redis may still have made it (after the deadline), and no
+    /// caller has its id to release it; the place would stay taken for
+    /// its whole TTL. Releasing a member never made touches nothing.
+    fn release_if_made_late(&self, member: &str, keys: Vec<String>) {
+        let store = self.for_lane(self.lane);
+        let member = member.to_owned();
+        tokio::spawn(async move {
+            for delay in LATE_GIVE_BACK {
+                tokio::time::sleep(delay).await;
+                let lease = LeaseRef {
+                    member: &member,
+                    ttl_ms: 0,
+                    keys: &keys,
+                };
+                let _ = store.release(&[lease]).await;
+            }
+        });
     }
 
     /// Gives `member`'s places in `keys` back (a partial acquire).

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 import uuid
@@ -27,9 +28,11 @@ from conftest import (
     CONCURRENCY_YAML,
     MAX_CONNECTIONS,
     REPO,
+    ratekeeper_bin,
     run_announcing,
     run_server,
 )
+from conftest import LISTENING as SERVER_LISTENING
 from test_grpcurl import find_grpcurl
 
 DEFAULT_WS_GATE = REPO / "target" / "debug" / "examples" / "ws_gate"
@@ -164,6 +167,41 @@ def test_connections_close_when_ratekeeper_goes_away(tmp_path):
                 with pytest.raises(ConnectionClosed) as closed:
                     ws.recv(timeout=10)
                 assert closed.value.rcvd.code == 1011
+
+
+def test_connections_survive_a_replica_stopped_by_holding_again(tmp_path):
+    """A ratekeeper replica stopped under open connections (SIGTERM, as in a
+    rolling update) releases their leases and ends their Hold streams; the
+    gate holds the places again on the replica that answers the same
+    address next, and the connections stay open, still counted."""
+    limits = tmp_path / "limits"
+    limits.mkdir()
+    (limits / f"{CONCURRENCY_DOMAIN}.yaml").write_text(CONCURRENCY_YAML)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        grpc_addr = f"127.0.0.1:{probe.getsockname()[1]}"
+    args = [str(ratekeeper_bin()), "--config-dir", str(limits), "--grpc-addr", grpc_addr,
+            "--metrics-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"]
+    env = {**os.environ, "LOG_FORMAT": "text", "NO_COLOR": "1"}
+    env.pop("REDIS_URL", None)
+    user = new_user()
+    with contextlib.ExitStack() as stack:
+        _, first = stack.enter_context(run_announcing(args, tmp_path / "a.log", SERVER_LISTENING, "ratekeeper a", env))
+        url = stack.enter_context(run_ws_gate(grpc_addr, tmp_path / "ws_gate.log"))
+        ws = stack.enter_context(open_ws(url, user))
+        assert_echoes(ws, "before")
+        first.terminate()
+        first.wait(timeout=10)
+        stack.enter_context(run_announcing(args, tmp_path / "b.log", SERVER_LISTENING, "ratekeeper b", env))
+        assert_echoes(ws, "after")
+        # Held again on the new replica: with its place taken there, one
+        # connection fewer fits.
+        others = [stack.enter_context(open_ws(url, user)) for _ in range(MAX_CONNECTIONS - 1)]
+        for other in others:
+            assert_echoes(other, "fits")
+        with open_ws(url, user) as extra:
+            assert_refused(extra, user)
+        assert_echoes(ws, "still here")
 
 
 def test_reflection_lists_the_concurrency_service(concurrency_server):
