@@ -16,6 +16,11 @@ use tokio::time::Instant;
 use super::lease_id::LeaseId;
 use crate::store::{LeaseRef, Store};
 
+/// Held leases refreshed per store call: one Redis call for thousands
+/// outlasts the call deadline (2,795 took Redis 55 to 72 ms), and then none
+/// is refreshed.
+const REFRESH_BATCH: usize = 256;
+
 struct Held {
     lease: LeaseId,
     domain: String,
@@ -144,19 +149,24 @@ impl Holds {
         }
     }
 
+    /// One tick: every held lease refreshed, [`REFRESH_BATCH`] to a store
+    /// call.
     async fn refresh_once(&self) {
         let snapshot: Vec<(String, LeaseId)> = self
             .lock()
             .iter()
             .map(|(id, h)| (id.clone(), h.lease.clone()))
             .collect();
-        if snapshot.is_empty() {
-            return;
+        for batch in snapshot.chunks(REFRESH_BATCH) {
+            self.refresh(batch).await;
         }
-        let leases: Vec<LeaseRef<'_>> = snapshot.iter().map(|(_, l)| l.lease_ref()).collect();
+    }
+
+    async fn refresh(&self, batch: &[(String, LeaseId)]) {
+        let leases: Vec<LeaseRef<'_>> = batch.iter().map(|(_, l)| l.lease_ref()).collect();
         match self.store.heartbeat(&leases).await {
             Ok(alive) => {
-                for ((id, _), alive) in snapshot.iter().zip(alive) {
+                for ((id, _), alive) in batch.iter().zip(alive) {
                     if !alive {
                         if let Some(held) = self.forget(id) {
                             metrics::counter!("ratekeeper_concurrency_leases_lost").increment(1);
