@@ -158,6 +158,41 @@ async fn inspect_reads_without_consuming_and_reset_restores_every_limit() {
     }
 }
 
+/// A counter reset elsewhere (another replica, or `redis-cli DEL`) is still
+/// refused here, from this replica's over-limit cache, until its window
+/// ends: inspect says so, rather than what the store holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_a_refusal_from_the_over_limit_cache() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(&[LIMITS], redis.store(None)).await;
+    server.serving().await;
+    assert_eq!(decide_on(&server, "solo", "x").await, Code::Ok);
+    assert_eq!(decide_on(&server, "solo", "x").await, Code::OverLimit);
+    let solo = "/v1/descriptor?domain=web&entry=solo%3Dx";
+    let (_, state) = admin(server.admin, "GET", solo.into()).await;
+    let key = state["limits"][0]["key"].as_str().expect("key").to_owned();
+    assert!(
+        state["limits"][0].get("over_limit_cache").is_some(),
+        "{state}"
+    );
+
+    let mut conn = redis.client().get_connection().expect("redis connection");
+    let _: () = redis::cmd("DEL").arg(&key).query(&mut conn).expect("DEL");
+    let (_, state) = admin(server.admin, "GET", solo.into()).await;
+    let limit = &state["limits"][0];
+    assert_eq!(
+        (
+            &limit["over"],
+            &limit["remaining"],
+            &limit["over_limit_cache"]
+        ),
+        (&Value::Bool(true), &Value::from(0), &Value::Bool(true)),
+        "{state}"
+    );
+    assert_eq!(decide_on(&server, "solo", "x").await, Code::OverLimit);
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_deletes_the_redis_keys_of_every_algorithm() {
     let redis = RedisServer::start();

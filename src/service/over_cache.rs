@@ -95,6 +95,21 @@ fn full(check: &Check, outcome: &Outcome) -> bool {
         && outcome.remaining == 0
 }
 
+/// The outcome of `check` if `entries` remember its counter full now.
+fn remembered(entries: &HashMap<String, (u64, u64)>, check: &Check, now: u64) -> Option<Outcome> {
+    let &(until, limit) = entries.get(&check.key)?;
+    (check.algorithm == Algorithm::FixedWindow
+        && check.enforce
+        && limit == check.limit
+        && until > now)
+        .then(|| Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: until - now,
+            remaining_before: None,
+        })
+}
+
 impl OverCache {
     /// An empty cache of [`DEFAULT_CAPACITY`] keys, dropped whenever
     /// `generation` changes.
@@ -190,28 +205,25 @@ impl OverCache {
         if checks.is_empty() || !self.any.load(Ordering::Acquire) || self.drop_if_stale() {
             return None;
         }
-        let now = now_ms;
         let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
         let known: Option<Vec<Outcome>> = checks
             .iter()
-            .map(|check| {
-                let &(until, limit) = entries.get(&check.key)?;
-                (check.algorithm == Algorithm::FixedWindow
-                    && check.enforce
-                    && limit == check.limit
-                    && until > now)
-                    .then(|| Outcome {
-                        over: true,
-                        remaining: 0,
-                        reset_ms: until - now,
-                        remaining_before: None,
-                    })
-            })
+            .map(|check| remembered(&entries, check, now_ms))
             .collect();
         if known.is_some() {
             self.hits.fetch_add(checks.len() as u64, Ordering::Relaxed);
         }
         known
+    }
+
+    /// The outcome this cache would answer `check` with, if it remembers
+    /// its counter full; counted nowhere (the admin API's inspect).
+    pub fn peek(&self, check: &Check, now_ms: u64) -> Option<Outcome> {
+        if !self.any.load(Ordering::Acquire) || self.drop_if_stale() {
+            return None;
+        }
+        let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        remembered(&entries, check, now_ms)
     }
 
     /// Forgets `keys` (their counters were reset), so the next request on

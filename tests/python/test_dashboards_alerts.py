@@ -413,13 +413,17 @@ def test_alerts_fire_on_their_conditions_and_not_before(rules_file):
         },
         {   # Rule a: 80% of 10 hits/s refused, for 20 minutes. Rule b: 90% of
             # 0.5 hits/s (below minHitsPerSecond). Rule c: 10% of 10 hits/s.
+            # Rule d: 80% over its limit, all in shadow mode (admitted).
             "interval": "1m",
             "input_series": [
                 {"series": f'ratekeeper_rate_limit_total_hits{{{SERIES}, domain="d", rule="{r}"}}',
-                 "values": f"0+{total}x30"} for r, total in (("a", 600), ("b", 30), ("c", 600))
+                 "values": f"0+{total}x30"} for r, total in (("a", 600), ("b", 30), ("c", 600), ("d", 600))
             ] + [
                 {"series": f'ratekeeper_rate_limit_over_limit{{{SERIES}, domain="d", rule="{r}"}}',
-                 "values": f"0+{over}x30"} for r, over in (("a", 480), ("b", 27), ("c", 60))
+                 "values": f"0+{over}x30"} for r, over in (("a", 480), ("b", 27), ("c", 60), ("d", 480))
+            ] + [
+                {"series": f'ratekeeper_rate_limit_shadow_mode{{{SERIES}, domain="d", rule="d"}}',
+                 "values": "0+480x30"},
             ],
             "alert_rule_test": [
                 alert("RatekeeperOverLimitSurge", "8m"),

@@ -52,10 +52,17 @@ pub struct LimitState {
     pub name: Option<String>,
     /// Hits it would still admit now.
     pub remaining: u64,
-    /// Milliseconds until it is fully restored.
+    /// Milliseconds ShouldRateLimit's `duration_until_reset` gives a
+    /// request of one hit (per algorithm: README's table; a bucket that is
+    /// over, until one hit fits).
     pub reset_ms: u64,
     /// Whether a request of one hit would be refused now.
     pub over: bool,
+    /// Refused by this replica's over-limit cache until its window ends,
+    /// whatever the store holds (the counter was reset on another replica):
+    /// then `remaining`, `reset_ms` and `over` are the cache's answer.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub over_limit_cache: bool,
     /// The counter's key in the store (for `redis-cli`).
     pub key: String,
 }
@@ -79,17 +86,27 @@ impl RateLimiter {
         let mut state = rule_of(&plan);
         if let Applied::Counted { rates, checks, .. } = &plan.applied[0] {
             let pairs = rates.iter().zip(&plan.checks[checks.clone()]);
+            let now_ms = self.stores.main().now_ms();
             state.limits = pairs
                 .zip(&outcomes[checks.clone()])
-                .map(|((rate, check), outcome)| LimitState {
-                    algorithm: rate.algorithm.name(),
-                    unit: rate.unit.name(),
-                    requests_per_unit: rate.requests_per_unit,
-                    name: rate.name.clone(),
-                    remaining: outcome.remaining,
-                    reset_ms: outcome.reset_ms,
-                    over: outcome.remaining == 0,
-                    key: check.key.clone(),
+                .map(|((rate, check), outcome)| {
+                    // What the next request meets here: the cache first.
+                    let cached = self
+                        .over
+                        .iter()
+                        .find_map(|(_, over)| over.peek(check, now_ms));
+                    let outcome = cached.as_ref().unwrap_or(outcome);
+                    LimitState {
+                        algorithm: rate.algorithm.name(),
+                        unit: rate.unit.name(),
+                        requests_per_unit: rate.requests_per_unit,
+                        name: rate.name.clone(),
+                        remaining: outcome.remaining,
+                        reset_ms: outcome.reset_ms,
+                        over: outcome.remaining == 0,
+                        over_limit_cache: cached.is_some(),
+                        key: check.key.clone(),
+                    }
                 })
                 .collect();
         }
