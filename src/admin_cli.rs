@@ -19,6 +19,10 @@ use tokio_rustls::TlsConnector;
 
 /// Largest answer read (a config dump of many domains fits).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
+/// How long the admin API gets to answer, connecting included: a listener
+/// that never answers (the wrong port, a stalled pod) must not hang a
+/// script.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `ratekeeper admin`.
 #[derive(Debug, Args)]
@@ -111,7 +115,18 @@ pub async fn run(args: &AdminArgs) -> Result<()> {
         }
         None => None,
     };
-    let (status, body) = exchange(&args.addr, tls, method, &path, token.as_deref()).await?;
+    let exchanged = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        exchange(&args.addr, tls, method, &path, token.as_deref()),
+    )
+    .await
+    .map_err(|_| {
+        Error::Startup(format!(
+            "admin API at {}: no answer within {ANSWER_TIMEOUT:?}",
+            args.addr
+        ))
+    })?;
+    let (status, body) = exchanged?;
     let text = String::from_utf8_lossy(&body);
     if !(200..300).contains(&status) {
         let reason = serde_json::from_slice::<serde_json::Value>(&body)

@@ -95,6 +95,16 @@ pub fn router(
         .route("/v1/descriptor", get(inspect).delete(reset))
         .route("/v1/leases", get(list_leases).delete(revoke))
         .route("/v1/config", get(loaded_config))
+        // Errors are JSON with a reason everywhere, as the CLI reads them.
+        .fallback(|| async {
+            failure(
+                StatusCode::NOT_FOUND,
+                "no such endpoint: /v1/descriptor, /v1/leases or /v1/config",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            failure(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
+        })
         .layer(middleware::from_fn_with_state(admin.clone(), authorize))
         .with_state(admin)
 }
@@ -115,7 +125,7 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     if expected.is_empty() || !same(given.as_bytes(), expected.as_bytes()) {
         metrics::counter!("ratekeeper_admin_unauthorized").increment(1);
@@ -218,7 +228,10 @@ async fn revoke(
 }
 
 /// The limits in force: per domain its rules (path, limits, flags).
-async fn loaded_config(State(admin): State<Admin>) -> Response {
+async fn loaded_config(State(admin): State<Admin>, RawQuery(query): RawQuery) -> Response {
+    if query.is_some_and(|q| !q.is_empty()) {
+        return failure(StatusCode::BAD_REQUEST, "/v1/config takes no parameter");
+    }
     let config = admin.config.current();
     let domains: Vec<Value> = config
         .domain_names()
@@ -280,14 +293,20 @@ impl<S: Send + Sync> FromRequestParts<S> for DescriptorQuery {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> std::result::Result<Self, Response> {
-        descriptor(parts.uri.query())
+        // Only a revoke names a lease; elsewhere `lease=` would be ignored.
+        let revoke = parts.method == axum::http::Method::DELETE && parts.uri.path() == "/v1/leases";
+        descriptor(parts.uri.query(), revoke)
             .map(|(domain, entries)| DescriptorQuery { domain, entries })
             .map_err(|reason| failure(StatusCode::BAD_REQUEST, &reason))
     }
 }
 
-/// The query's `domain` and its `entry=key=value` pairs, in order.
-fn descriptor(query: Option<&str>) -> std::result::Result<(String, Vec<(String, String)>), String> {
+/// The query's `domain` and its `entry=key=value` pairs, in order; `lease`
+/// (read by the handler) is allowed when `with_lease`.
+fn descriptor(
+    query: Option<&str>,
+    with_lease: bool,
+) -> std::result::Result<(String, Vec<(String, String)>), String> {
     let mut domain = None;
     let mut entries = Vec::new();
     let mut lease = false;
@@ -301,6 +320,7 @@ fn descriptor(query: Option<&str>) -> std::result::Result<(String, Vec<(String, 
                 Some((k, v)) if !k.is_empty() => entries.push((k.to_owned(), v.to_owned())),
                 _ => return Err(format!("entry {value:?} is not key=value")),
             },
+            "lease" if !with_lease => return Err("lease= is for DELETE /v1/leases only".into()),
             "lease" if lease => return Err("lease given twice: one per call".into()),
             "lease" => lease = true,
             other => return Err(format!("unknown parameter {other:?}")),
@@ -390,6 +410,15 @@ fn admin_failure(error: &AdminError) -> Response {
     failure(code, &error.to_string())
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme's
+/// name is case-insensitive (RFC 9110).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
 fn failure(code: StatusCode, reason: &str) -> Response {
     reply(code, &json!({ "error": reason }))
 }
@@ -404,10 +433,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("BEARER  s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("Basic s3cret"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+    }
+
+    #[test]
     fn entries_keep_their_order_and_decode() {
-        let (domain, entries) = descriptor(Some(
-            "domain=a%2Fb&entry=user=al+ice&entry=path=%2Flogin%3Dx",
-        ))
+        let (domain, entries) = descriptor(
+            Some("domain=a%2Fb&entry=user=al+ice&entry=path=%2Flogin%3Dx"),
+            false,
+        )
         .unwrap();
         assert_eq!(domain, "a/b");
         assert_eq!(
@@ -421,12 +460,14 @@ mod tests {
 
     #[test]
     fn bad_queries_say_why() {
-        assert!(descriptor(None).unwrap_err().contains("domain"));
-        assert!(descriptor(Some("domain=d")).unwrap_err().contains("entry"));
-        assert!(descriptor(Some("domain=d&entry=novalue"))
+        assert!(descriptor(None, true).unwrap_err().contains("domain"));
+        assert!(descriptor(Some("domain=d"), true)
+            .unwrap_err()
+            .contains("entry"));
+        assert!(descriptor(Some("domain=d&entry=novalue"), true)
             .unwrap_err()
             .contains("key=value"));
-        assert!(descriptor(Some("domain=d&entry=a=b&x=1"))
+        assert!(descriptor(Some("domain=d&entry=a=b&x=1"), true)
             .unwrap_err()
             .contains("unknown parameter"));
         for (twice, name) in [
@@ -434,14 +475,17 @@ mod tests {
             ("domain=a&entry=k=v&lease=x&lease=y", "lease"),
         ] {
             assert_eq!(
-                descriptor(Some(twice)).unwrap_err(),
+                descriptor(Some(twice), true).unwrap_err(),
                 format!("{name} given twice: one per call")
             );
         }
+        assert!(descriptor(Some("domain=d&entry=k=v&lease=x"), false)
+            .unwrap_err()
+            .contains("DELETE /v1/leases only"));
         assert_eq!(decode("%zz%4").unwrap(), "%zz%4");
         // Only two hex digits make an escape (`from_str_radix` takes a sign).
         assert_eq!(decode("%+1").unwrap(), "% 1");
-        assert!(descriptor(Some("domain=d&entry=k=%C3"))
+        assert!(descriptor(Some("domain=d&entry=k=%C3"), true)
             .unwrap_err()
             .contains("UTF-8"));
     }

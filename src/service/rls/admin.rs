@@ -26,8 +26,8 @@ pub enum AdminError {
     /// No limits file or xDS resource defines the domain (HTTP 404).
     #[error("unknown domain {0:?}")]
     UnknownDomain(String),
-    /// The store did not answer (HTTP 503).
-    #[error("store: {0}")]
+    /// The store did not answer (HTTP 503); the store's error says so.
+    #[error("{0}")]
     Store(String),
 }
 
