@@ -55,6 +55,11 @@ async fn serves_health_metrics_and_stops_on_sigterm() {
     assert_eq!(answer.status, 200, "{answer:?}");
     let text = server.metrics();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    // Label values are UTF-8 (a request's descriptor values): say so.
+    assert!(
+        text.contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+        "{text}"
+    );
     for expected in [
         "ratekeeper_rate_limit_total_hits{domain=\"web\",rule=\"user\"} 4",
         "ratekeeper_rate_limit_within_limit{domain=\"web\",rule=\"user\"} 4",
