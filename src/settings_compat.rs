@@ -200,12 +200,17 @@ pub fn ignored<'a>(set: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, Stri
     ignored
 }
 
+/// The names of the variables in the environment (those that are text).
+fn environment_names() -> Vec<String> {
+    std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect()
+}
+
 /// Logs, in one warning, every envoyproxy/ratelimit variable set in the
 /// environment that has no effect here.
 pub fn warn_ignored() {
-    let names: Vec<String> = std::env::vars_os()
-        .filter_map(|(name, _)| name.into_string().ok())
-        .collect();
+    let names = environment_names();
     let ignored = ignored(names.iter().map(String::as_str));
     if ignored.is_empty() {
         return;
@@ -240,9 +245,7 @@ pub fn redis_settings_without_url<'a>(set: impl IntoIterator<Item = &'a str>) ->
 
 /// Logs a warning when [`redis_settings_without_url`] finds any.
 pub fn warn_redis_without_url() {
-    let names: Vec<String> = std::env::vars_os()
-        .filter_map(|(name, _)| name.into_string().ok())
-        .collect();
+    let names = environment_names();
     let redis = redis_settings_without_url(names.iter().map(String::as_str));
     if !redis.is_empty() {
         tracing::warn!(

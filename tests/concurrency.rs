@@ -331,12 +331,17 @@ fn replica(config_dir: &Path, redis_url: &str) -> Ratekeeper {
 }
 
 fn limits_dir() -> tempfile::TempDir {
+    limits_dir_of(5, "2s")
+}
+
+/// A limits directory of one rule: `max` connections per `user_id`, leases
+/// of `ttl`.
+fn limits_dir_of(max: u32, ttl: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("ws.yaml"),
-        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: 5\n    lease_ttl: 2s\n",
-    )
-    .unwrap();
+    let rule = format!(
+        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: {max}\n    lease_ttl: {ttl}\n"
+    );
+    std::fs::write(dir.path().join("ws.yaml"), rule).unwrap();
     dir
 }
 
@@ -472,10 +477,7 @@ fn script_calls(redis: &RedisServer) -> u64 {
 #[tokio::test]
 async fn opening_holds_refreshes_no_lease_before_its_tick() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let limits =
-        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: 5\n    lease_ttl: 30s\n";
-    std::fs::write(dir.path().join("ws.yaml"), limits).unwrap();
+    let dir = limits_dir_of(5, "30s");
     let server = replica(dir.path(), &redis.url());
     let client = connect(&server.grpc).await;
     let mut streams = Vec::new();
@@ -509,10 +511,7 @@ async fn opening_holds_refreshes_no_lease_before_its_tick() {
 #[tokio::test]
 async fn acquires_made_after_their_deadline_are_given_back() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let limits =
-        "domain: ws\nconcurrency:\n  - key: user_id\n    max_connections: 10\n    lease_ttl: 30s\n";
-    std::fs::write(dir.path().join("ws.yaml"), limits).unwrap();
+    let dir = limits_dir_of(10, "30s");
     let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
     let mut client = connect(&server.grpc).await;
     assert!(acquire(&mut client, "warm", None).await.granted);

@@ -33,7 +33,10 @@ pub fn router(path: &str, handle: PrometheusHandle) -> Result<Router> {
         crate::their_stats::refresh();
         let mut text = handle.render();
         text.push_str(&super::process::render());
-        ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+        (
+            [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            text,
+        )
     };
     Ok(Router::new().route(path, get(render)))
 }
