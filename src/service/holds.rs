@@ -1,6 +1,6 @@
 //! The leases this replica keeps alive for open `Hold` streams, refreshed
-//! together: one batched heartbeat per tick for all of them, at a third of
-//! the shortest TTL, so a lease survives two failed ticks. A lease the store
+//! together: batched heartbeats (256 leases a store call) per tick, at a
+//! third of the shortest TTL, so a lease survives two failed ticks. A lease the store
 //! reports lost is handed back to its stream, which then ends. At shutdown
 //! [`Holds::close`] tells every stream to give its lease back and end, so a
 //! draining replica neither waits for long-lived streams nor leaves their
@@ -124,7 +124,7 @@ impl Holds {
         Some(Duration::from_millis((shortest / 3).clamp(50, 10_000)))
     }
 
-    /// Refreshes all held leases, one store call per tick, until dropped.
+    /// Refreshes all held leases each tick, until dropped.
     /// A lease held meanwhile waits for the tick (it was just made), unless
     /// its shorter TTL needs an earlier one: refreshing at every new lease
     /// sent every held lease to the store at each `Hold` opened.
