@@ -15,9 +15,10 @@
 //!   the lease back at once. If ratekeeper reports the lease `lost` (it
 //!   expired while its store was unreachable, or was released elsewhere) the
 //!   connection is closed with 1008 `connection lease lost`. If the Hold
-//!   stream ends otherwise (the ratekeeper replica holding it stopped, as in
-//!   a rolling update: it released the lease first), the gate holds the
-//!   place again on whichever replica answers, retried for 5 s, and the
+//!   stream ends with UNAVAILABLE (the ratekeeper replica holding it
+//!   stopped, as in a rolling update: it released the lease first), the gate holds the
+//!   place again on whichever replica answers, retried for 5 s
+//!   (`--hold-timeout-secs`), and the
 //!   connection stays open; when it cannot, the connection is closed with
 //!   1011 and the same reason (1008 if the places were taken meanwhile).
 //!
@@ -73,9 +74,6 @@ type Ws = WebSocketStream<TcpStream>;
 const MAX_USER_BYTES: usize = 256;
 /// A close frame's reason must fit in 123 bytes.
 const MAX_REASON_BYTES: usize = 123;
-/// How long ratekeeper gets to answer a Hold (its first event); and, when
-/// a Hold stream ends without a `lost` event, to hold the place again.
-const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
 /// The pause between two tries of holding a place again.
 const HOLD_RETRY: Duration = Duration::from_millis(200);
 /// How long a peer gets to answer our close frame.
@@ -96,6 +94,10 @@ struct Args {
     /// The descriptor key the user id is sent as.
     #[arg(long, default_value = "user_id")]
     key: String,
+    /// Seconds ratekeeper gets to answer a Hold (its first event); and,
+    /// when a replica stops under a Hold, to hold the place again.
+    #[arg(long, default_value_t = 5)]
+    hold_timeout_secs: u64,
 }
 
 #[tokio::main]
@@ -116,6 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         domain: args.domain,
         key: args.key,
         holder: format!("ws_gate {local}"),
+        hold_timeout: Duration::from_secs(args.hold_timeout_secs),
     });
     loop {
         let (socket, peer) = match listener.accept().await {
@@ -140,6 +143,7 @@ struct Gate {
     domain: String,
     key: String,
     holder: String,
+    hold_timeout: Duration,
 }
 
 impl Gate {
@@ -166,7 +170,7 @@ impl Gate {
             .await?;
         let user = user.unwrap_or_default();
 
-        let held = tokio::time::timeout(HOLD_TIMEOUT, self.hold(&user, peer)).await;
+        let held = tokio::time::timeout(self.hold_timeout, self.hold(&user, peer)).await;
         let (first, events) = match held {
             Ok(Ok(held)) => held,
             Ok(Err(status)) => {
@@ -174,7 +178,10 @@ impl Gate {
                 return close(&mut ws, CloseCode::Error, "connection gate unavailable").await;
             }
             Err(_) => {
-                eprintln!("{peer}: Hold for user {user:?}: no answer within {HOLD_TIMEOUT:?}");
+                eprintln!(
+                    "{peer}: Hold for user {user:?}: no answer within {:?}",
+                    self.hold_timeout
+                );
                 return close(&mut ws, CloseCode::Error, "connection gate unavailable").await;
             }
         };
@@ -232,15 +239,19 @@ impl Gate {
                         }
                         // Any other event is not expected after the first; ignore it.
                         Ok(Some(_)) => continue,
-                        // The stream ended without a `lost`: the replica holding it
-                        // stopped (a rolling update), releasing the lease first.
-                        Ok(None) | Err(_) => match self.hold_again(user, peer).await {
-                            Ok(held) => {
-                                *events = Some(held);
-                                continue;
+                        // UNAVAILABLE: the replica holding it stopped (a rolling
+                        // update), releasing the lease first; hold it again.
+                        Err(status) if status.code() == tonic::Code::Unavailable => {
+                            match self.hold_again(user, peer).await {
+                                Ok(held) => {
+                                    *events = held;
+                                    continue;
+                                }
+                                Err(code) => code,
                             }
-                            Err(code) => code,
-                        },
+                        }
+                        // Ended or failed otherwise: the lease is not known to be held.
+                        Ok(None) | Err(_) => CloseCode::Error,
                     };
                     return close(ws, code, "connection lease lost").await;
                 }
@@ -249,17 +260,20 @@ impl Gate {
     }
 
     /// Holds `user`'s place again on whichever replica the address leads to
-    /// now, retried within [`HOLD_TIMEOUT`]; the close code when not (1008:
-    /// the places were taken meanwhile; 1011: no replica answered).
+    /// now, retried within the hold timeout: the new stream (`None` when no
+    /// rule limits the user any more), or the close code when not held
+    /// (1008: the places were taken meanwhile; 1011: no replica answered).
     async fn hold_again(
         &self,
         user: &str,
         peer: SocketAddr,
-    ) -> Result<Streaming<ratekeeper::pb::v1::HoldEvent>, CloseCode> {
-        let deadline = tokio::time::Instant::now() + HOLD_TIMEOUT;
+    ) -> Result<Option<Streaming<ratekeeper::pb::v1::HoldEvent>>, CloseCode> {
+        let deadline = tokio::time::Instant::now() + self.hold_timeout;
         loop {
             match tokio::time::timeout_at(deadline, self.hold(user, peer)).await {
-                Ok(Ok((first, events))) if first.granted => return Ok(events),
+                Ok(Ok((first, events))) if first.granted => {
+                    return Ok((!first.lease_id.is_empty()).then_some(events))
+                }
                 Ok(Ok(_)) => return Err(CloseCode::Policy),
                 Ok(Err(status)) => eprintln!("{peer}: holding user {user:?} again: {status}"),
                 Err(_) => return Err(CloseCode::Error),

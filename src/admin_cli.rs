@@ -19,9 +19,9 @@ use tokio_rustls::TlsConnector;
 
 /// Largest answer read (a config dump of many domains fits).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
-/// How long the admin API gets to answer, connecting included: a listener
-/// that never answers (the wrong port, a stalled pod) must not hang a
-/// script.
+/// How long the admin API gets to connect and send its answer's head: a
+/// listener that never answers (the wrong port, a stalled pod) must not
+/// hang a script. The body then takes what it takes (a large config).
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `ratekeeper admin`.
@@ -115,18 +115,7 @@ pub async fn run(args: &AdminArgs) -> Result<()> {
         }
         None => None,
     };
-    let exchanged = tokio::time::timeout(
-        ANSWER_TIMEOUT,
-        exchange(&args.addr, tls, method, &path, token.as_deref()),
-    )
-    .await
-    .map_err(|_| {
-        Error::Startup(format!(
-            "admin API at {}: no answer within {ANSWER_TIMEOUT:?}",
-            args.addr
-        ))
-    })?;
-    let (status, body) = exchanged?;
+    let (status, body) = exchange(&args.addr, tls, method, &path, token.as_deref()).await?;
     let text = String::from_utf8_lossy(&body);
     if !(200..300).contains(&status) {
         let reason = serde_json::from_slice::<serde_json::Value>(&body)
@@ -199,27 +188,32 @@ async fn exchange(
         source,
     };
     let failed = |e: &dyn std::fmt::Display| Error::Startup(format!("admin API at {addr}: {e}"));
-    let stream = TcpStream::connect(addr).await.map_err(io)?;
-    let mut sender = match tls {
-        None => handshake(stream).await,
-        Some(tls) => {
-            let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let name = ServerName::try_from(host.to_owned()).map_err(|e| failed(&e))?;
-            handshake(tls.connect(name, stream).await.map_err(io)?).await
+    let answered = async {
+        let stream = TcpStream::connect(addr).await.map_err(io)?;
+        let mut sender = match tls {
+            None => handshake(stream).await,
+            Some(tls) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = ServerName::try_from(host.to_owned()).map_err(|e| failed(&e))?;
+                handshake(tls.connect(name, stream).await.map_err(io)?).await
+            }
         }
-    }
-    .map_err(|e| failed(&e))?;
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr)
-        .header(ACTOR_HEADER, actor());
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
-    let request = request.body(Body::empty()).map_err(|e| failed(&e))?;
-    let response = sender.send_request(request).await.map_err(|e| failed(&e))?;
+        .map_err(|e| failed(&e))?;
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr)
+            .header(ACTOR_HEADER, actor());
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request.body(Body::empty()).map_err(|e| failed(&e))?;
+        sender.send_request(request).await.map_err(|e| failed(&e))
+    };
+    let response = tokio::time::timeout(ANSWER_TIMEOUT, answered)
+        .await
+        .map_err(|_| failed(&format!("no answer within {ANSWER_TIMEOUT:?}")))??;
     let status = response.status().as_u16();
     let body = axum::body::to_bytes(Body::new(response.into_body()), MAX_ANSWER_BYTES)
         .await

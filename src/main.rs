@@ -378,7 +378,7 @@ async fn main() {
 async fn run(cli: Cli) -> Result<()> {
     telemetry::init_logging(&log_filter(&cli.log_level)?, log_format(&cli.log_format))?;
     settings_compat::warn_ignored();
-    settings_compat::warn_redis_without_url();
+    settings_compat::warn_redis_without_url(cli.redis_url.is_some());
     cli.envoy.check_backend()?;
     if cli.key_prefix.contains(['{', '}']) {
         return Err(Error::Startup(
@@ -923,23 +923,24 @@ async fn shutdown_signal() {
     #[cfg(unix)]
     {
         // SIGHUP too, as theirs (it does not mean "reload" there either).
-        use tokio::signal::unix::{signal, SignalKind};
-        let (term, hangup) = match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        ) {
-            (Ok(term), Ok(hangup)) => (term, hangup),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::warn!(%error, "cannot watch SIGTERM and SIGHUP");
-                let _ = interrupt.await;
-                return;
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        // Each watched on its own: one that cannot be is logged, the
+        // others still stop the server.
+        let watch = |kind: SignalKind, name: &str| {
+            signal(kind)
+                .inspect_err(|error| tracing::warn!(%error, "cannot watch {name}"))
+                .ok()
+        };
+        let received = |signal: Option<Signal>| async move {
+            match signal {
+                Some(mut signal) => drop(signal.recv().await),
+                None => std::future::pending().await,
             }
         };
-        let (mut term, mut hangup) = (term, hangup);
         tokio::select! {
             _ = interrupt => {}
-            _ = term.recv() => {}
-            _ = hangup.recv() => {}
+            () = received(watch(SignalKind::terminate(), "SIGTERM")) => {}
+            () = received(watch(SignalKind::hangup(), "SIGHUP")) => {}
         }
     }
     #[cfg(not(unix))]

@@ -181,7 +181,7 @@ impl Server {
         let (dealt, mut serving) = serve_on_lanes(&lanes, builder, services, limits, &stopping)?;
         // The probe first: its first step sets the health statuses before
         // the first connection is dealt.
-        let probe = tokio::spawn(probe_store(
+        let mut probe = tokio::spawn(probe_store(
             self.store.clone(),
             lanes.handles().to_vec(),
             readiness.clone(),
@@ -194,7 +194,10 @@ impl Server {
             shutdown.await;
             // Not ready from now on, as theirs on SIGTERM: probers that
             // still reach this replica (a health Watch) stop sending.
+            // (Awaited: a probe running on another thread could still be
+            // setting the statuses to SERVING.)
             probe.abort();
+            let _ = (&mut probe).await;
             readiness.set(false).await;
             // Hold streams never end on their own: end them, or the drain
             // would always last the whole grace.

@@ -243,8 +243,12 @@ pub fn redis_settings_without_url<'a>(set: impl IntoIterator<Item = &'a str>) ->
     redis
 }
 
-/// Logs a warning when [`redis_settings_without_url`] finds any.
-pub fn warn_redis_without_url() {
+/// Logs a warning when [`redis_settings_without_url`] finds any and no
+/// Redis URL was given at all (`url_given`: the flag's or the variable's).
+pub fn warn_redis_without_url(url_given: bool) {
+    if url_given {
+        return;
+    }
     let names = environment_names();
     let redis = redis_settings_without_url(names.iter().map(String::as_str));
     if !redis.is_empty() {

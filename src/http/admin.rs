@@ -166,8 +166,8 @@ async fn reset(
     match admin.limiter.reset(&domain, &entries).await {
         Ok((rule, keys)) => {
             tracing::info!(
-                who = %actor(&headers), peer = %peer.0, ?domain, entries = ?entries,
-                ?rule, keys = keys.len(), "admin: counters reset"
+                who = %actor(&headers), peer = %peer.0, domain = %domain.escape_debug(),
+                entries = ?entries, ?rule, keys = keys.len(), "admin: counters reset"
             );
             metrics::counter!("ratekeeper_admin_operations", "operation" => "reset").increment(1);
             let body = json!({
@@ -214,10 +214,10 @@ async fn revoke(
     match admin.leases.revoke(&domain, &entries, &lease).await {
         Ok(found) => {
             tracing::info!(
-                // Quoted and escaped (`?`): a caller's text must not
-                // write lines of its own into the audit log.
-                who = %actor(&headers), peer = %peer.0, ?domain, entries = ?entries,
-                ?lease, found, "admin: lease revoked"
+                // Escaped: a caller's text must not write lines of its own
+                // into the audit log.
+                who = %actor(&headers), peer = %peer.0, domain = %domain.escape_debug(),
+                entries = ?entries, lease = %lease.escape_debug(), found, "admin: lease revoked"
             );
             metrics::counter!("ratekeeper_admin_operations", "operation" => "revoke").increment(1);
             let body = json!({ "domain": domain, "lease": lease, "revoked": found });

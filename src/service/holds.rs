@@ -157,27 +157,30 @@ impl Holds {
             .iter()
             .map(|(id, h)| (id.clone(), h.lease.clone()))
             .collect();
+        let (mut failed, mut last_error) = (0, None);
         for batch in snapshot.chunks(REFRESH_BATCH) {
-            self.refresh(batch).await;
+            if let Err(error) = self.refresh(batch).await {
+                failed += batch.len();
+                last_error = Some(error);
+            }
+        }
+        if let Some(error) = last_error {
+            // One line a tick, however many batches failed.
+            tracing::warn!(%error, leases = failed, "could not refresh held leases; retrying next tick");
         }
     }
 
-    async fn refresh(&self, batch: &[(String, LeaseId)]) {
+    async fn refresh(&self, batch: &[(String, LeaseId)]) -> crate::Result<()> {
         let leases: Vec<LeaseRef<'_>> = batch.iter().map(|(_, l)| l.lease_ref()).collect();
-        match self.store.heartbeat(&leases).await {
-            Ok(alive) => {
-                for ((id, _), alive) in batch.iter().zip(alive) {
-                    if !alive {
-                        if let Some(held) = self.forget(id) {
-                            metrics::counter!("ratekeeper_concurrency_leases_lost").increment(1);
-                            let _ = held.lost.send(());
-                        }
-                    }
+        let alive = self.store.heartbeat(&leases).await?;
+        for ((id, _), alive) in batch.iter().zip(alive) {
+            if !alive {
+                if let Some(held) = self.forget(id) {
+                    metrics::counter!("ratekeeper_concurrency_leases_lost").increment(1);
+                    let _ = held.lost.send(());
                 }
             }
-            Err(error) => {
-                tracing::warn!(%error, leases = leases.len(), "could not refresh held leases; retrying next tick")
-            }
         }
+        Ok(())
     }
 }

@@ -9,6 +9,7 @@
 //!
 //! Every call has a deadline and goes through a circuit breaker ([`Caller`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,34 @@ use crate::{Error, Result};
 /// `release_if_made_late`): soon after, and once more for a Redis that
 /// stalled longer.
 const LATE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
+
+/// Give-backs waiting at once, at most: a Redis slow for long makes one per
+/// failed call, each living [`LATE_GIVE_BACK`]'s 11 s. Past this many, a
+/// failed call's is not started (what it may have taken lapses with its
+/// TTL) and is counted in `ratekeeper_store_give_backs_dropped`.
+const MAX_WAITING_GIVE_BACKS: usize = 10_000;
+static WAITING_GIVE_BACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `give_back` in the background, unless too many wait already.
+fn spawn_give_back(give_back: impl std::future::Future<Output = ()> + Send + 'static) {
+    /// Counts a give-back waiting until it ends (or its task is dropped).
+    struct Waiting;
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            WAITING_GIVE_BACKS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    if WAITING_GIVE_BACKS.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING_GIVE_BACKS {
+        WAITING_GIVE_BACKS.fetch_sub(1, Ordering::Relaxed);
+        metrics::counter!("ratekeeper_store_give_backs_dropped").increment(1);
+        return;
+    }
+    let waiting = Waiting;
+    tokio::spawn(async move {
+        let _waiting = waiting;
+        give_back.await;
+    });
+}
 
 /// Counters and leases kept in Redis, as seen from one serving lane.
 pub struct RedisStore {
@@ -441,7 +470,7 @@ impl RedisStore {
         let store = self.for_lane(self.lane);
         let keys: Vec<String> = checks.iter().map(|c| c.key.clone()).collect();
         let nonce = nonce.to_owned();
-        tokio::spawn(async move {
+        spawn_give_back(async move {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             for delay in LATE_GIVE_BACK {
                 tokio::time::sleep(delay).await;
@@ -654,7 +683,7 @@ impl RedisStore {
     fn release_if_made_late(&self, member: &str, keys: Vec<String>) {
         let store = self.for_lane(self.lane);
         let member = member.to_owned();
-        tokio::spawn(async move {
+        spawn_give_back(async move {
             for delay in LATE_GIVE_BACK {
                 tokio::time::sleep(delay).await;
                 let lease = LeaseRef {
@@ -777,9 +806,11 @@ impl RedisStore {
             self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
                 .await?;
         }
-        // Best effort: left unknown, the first replacement takes the
-        // server for another and only drops the over-limit cache.
-        let _ = tokio::time::timeout(self.probe_timeout(), caller.connections.learn_server()).await;
+        // Unanswered, the warm-up is tried again: left unknown, the first
+        // replacement would take the server for another.
+        tokio::time::timeout(self.probe_timeout(), caller.connections.learn_server())
+            .await
+            .map_err(|_| Error::Store("INFO server timed out".into()))?;
         self.ping().await
     }
 
@@ -844,6 +875,35 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Give-backs wait in a bounded number: past it one is not started,
+    /// and one that ends makes room again.
+    #[tokio::test]
+    async fn give_backs_past_the_bound_are_not_started() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        spawn_give_back(async {
+            let _ = rx.await;
+        });
+        let waiting = WAITING_GIVE_BACKS.load(Ordering::Relaxed);
+        assert!(waiting >= 1);
+        let room = MAX_WAITING_GIVE_BACKS - waiting;
+        WAITING_GIVE_BACKS.fetch_add(room, Ordering::Relaxed);
+        let (ran_tx, ran_rx) = tokio::sync::oneshot::channel::<()>();
+        spawn_give_back(async {
+            let _ = ran_tx.send(());
+        });
+        assert!(ran_rx.await.is_err(), "started past the bound");
+        assert_eq!(WAITING_GIVE_BACKS.load(Ordering::Relaxed), MAX_WAITING_GIVE_BACKS);
+        WAITING_GIVE_BACKS.fetch_sub(room, Ordering::Relaxed);
+        let _ = tx.send(());
+        for _ in 0..100 {
+            if WAITING_GIVE_BACKS.load(Ordering::Relaxed) < waiting {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("an ended give-back still counts as waiting");
+    }
 
     #[test]
     fn an_acquire_reply_of_another_shape_is_an_error() {

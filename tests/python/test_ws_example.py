@@ -41,7 +41,7 @@ POLICY_VIOLATION = 1008
 
 
 @contextlib.contextmanager
-def run_ws_gate(grpc_addr: str, log_path: Path):
+def run_ws_gate(grpc_addr: str, log_path: Path, *extra_args: str):
     """Runs the example in front of the ratekeeper at grpc_addr; yields its ws:// base URL."""
     binary = Path(os.environ.get("WS_GATE_BIN") or DEFAULT_WS_GATE)
     if not binary.is_file():
@@ -51,6 +51,7 @@ def run_ws_gate(grpc_addr: str, log_path: Path):
         "--listen", "127.0.0.1:0",
         "--ratekeeper", f"http://{grpc_addr}",
         "--domain", CONCURRENCY_DOMAIN,
+        *extra_args,
     ]
     with run_announcing(args, log_path, LISTENING, "ws_gate") as (match, _):
         yield f"ws://{match[1]}"
@@ -187,7 +188,8 @@ def test_connections_survive_a_replica_stopped_by_holding_again(tmp_path):
     user = new_user()
     with contextlib.ExitStack() as stack:
         _, first = stack.enter_context(run_announcing(args, tmp_path / "a.log", SERVER_LISTENING, "ratekeeper a", env))
-        url = stack.enter_context(run_ws_gate(grpc_addr, tmp_path / "ws_gate.log"))
+        # Time for a loaded machine to stop one replica and start the next.
+        url = stack.enter_context(run_ws_gate(grpc_addr, tmp_path / "ws_gate.log", "--hold-timeout-secs", "30"))
         ws = stack.enter_context(open_ws(url, user))
         assert_echoes(ws, "before")
         first.terminate()

@@ -135,14 +135,14 @@ def load_stubs(proto_dir: Union[str, Path, None] = None) -> None:
     import shutil
     import tempfile
 
-    out_dir = Path(tempfile.mkdtemp(prefix="ratekeeper-stubs-"))
+    out_dir = Path(tempfile.mkdtemp(prefix="ratekeeper-stubs-")).resolve()
     try:
         generate_stubs(out_dir, proto_dir)
         _stubs()
         for name in ("concurrency", "budget"):
             _v1_stubs(name)
     finally:
-        if str(out_dir) in sys.path:
+        if str(out_dir) in sys.path:  # as generate_stubs put it there
             sys.path.remove(str(out_dir))
         shutil.rmtree(out_dir, ignore_errors=True)
 
