@@ -893,7 +893,10 @@ mod tests {
             let _ = ran_tx.send(());
         });
         assert!(ran_rx.await.is_err(), "started past the bound");
-        assert_eq!(WAITING_GIVE_BACKS.load(Ordering::Relaxed), MAX_WAITING_GIVE_BACKS);
+        assert_eq!(
+            WAITING_GIVE_BACKS.load(Ordering::Relaxed),
+            MAX_WAITING_GIVE_BACKS
+        );
         WAITING_GIVE_BACKS.fetch_sub(room, Ordering::Relaxed);
         let _ = tx.send(());
         for _ in 0..100 {
