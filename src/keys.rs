@@ -53,22 +53,31 @@ pub fn counter_key<'a>(
     values: Values,
     rule_id: &str,
 ) -> String {
-    let mut key = String::with_capacity(prefix.len() + domain.len() + rule_id.len() + 48);
+    let mut described = String::with_capacity(48);
+    for (k, v) in entries {
+        described.push('|');
+        push_escaped(&mut described, k);
+        described.push('=');
+        match values {
+            Values::Raw if v.len() > MAX_RAW_VALUE_BYTES => {
+                described.push_str("%h");
+                described.push_str(&digest_hex(v));
+            }
+            _ => push_escaped(&mut described, &values.encode(v)),
+        }
+    }
+    if described.len() > MAX_KEY_ENTRIES_BYTES {
+        // A descriptor of many long entries (a `limit` override takes them
+        // all) as one digest: the key stays small, and stays its own
+        // (an escaped entry never holds `%H`).
+        described = format!("|%H{}", digest_hex(&described));
+    }
+    let mut key =
+        String::with_capacity(prefix.len() + domain.len() + described.len() + rule_id.len() + 4);
     key.push_str(prefix);
     key.push('{');
     push_escaped(&mut key, domain);
-    for (k, v) in entries {
-        key.push('|');
-        push_escaped(&mut key, k);
-        key.push('=');
-        match values {
-            Values::Raw if v.len() > MAX_RAW_VALUE_BYTES => {
-                key.push_str("%h");
-                key.push_str(&digest_hex(v));
-            }
-            _ => push_escaped(&mut key, &values.encode(v)),
-        }
-    }
+    key.push_str(&described);
     key.push_str("}:");
     key.push_str(rule_id);
     key
@@ -76,6 +85,19 @@ pub fn counter_key<'a>(
 
 /// Longest descriptor value that goes into keys and labels as sent.
 pub const MAX_RAW_VALUE_BYTES: usize = 1024;
+
+/// Longest run of a key's escaped entries kept as sent; a longer one (up to
+/// 256 entries of a kilobyte each) goes in as its digest.
+pub const MAX_KEY_ENTRIES_BYTES: usize = 4096;
+
+/// A stat path or label of a caller's text, kept to
+/// [`MAX_KEY_ENTRIES_BYTES`]: a longer one as its digest (`h:<hex>`).
+pub fn bounded_label(label: String) -> String {
+    if label.len() <= MAX_KEY_ENTRIES_BYTES {
+        return label;
+    }
+    format!("h:{}", digest_hex(&label))
+}
 
 /// The first 128 bits of `value`'s SHA-256, in hex.
 fn digest_hex(value: &str) -> String {
@@ -232,6 +254,30 @@ mod tests {
             format!("rk:{{d|k={at_cap}}}:fw.60")
         );
         assert_eq!(Values::Raw.encode(&long), Values::Sha256.encode(&long));
+    }
+
+    fn refs(entries: &[(String, String)]) -> Vec<(&str, &str)> {
+        entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn many_long_entries_go_in_as_one_digest() {
+        let long = "v".repeat(1000);
+        let entries: Vec<(String, String)> =
+            (0..256).map(|i| (format!("k{i}"), long.clone())).collect();
+        let big = key("d", &refs(&entries));
+        assert!(big.len() < 100, "{} bytes", big.len());
+        assert!(big.starts_with("rk:{d|%H"), "{big}");
+        let mut other = entries.clone();
+        other[255].1.push('w');
+        assert_ne!(key("d", &refs(&other)), big);
+        // Short descriptors keep their entries as sent.
+        assert_eq!(key("d", &[("user", "alice")]), "rk:{d|user=alice}:fw.60");
+        assert_eq!(bounded_label("user_alice".into()), "user_alice");
+        assert!(bounded_label("x".repeat(5000)).starts_with("h:"));
     }
 
     #[test]

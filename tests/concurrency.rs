@@ -502,19 +502,9 @@ async fn opening_holds_refreshes_no_lease_before_its_tick() {
     drop(client);
 }
 
-/// Acquires answered UNAVAILABLE because Redis stalled past the deadline
-/// may still be made when Redis gets to them; nobody has their ids, so the
-/// replica releases them a second later (and ten seconds later) instead of
-/// leaving the places taken for the whole TTL (30 s here).
-#[tokio::test]
-async fn acquires_made_after_their_deadline_are_given_back() {
-    let redis = RedisServer::start();
-    let dir = limits_dir_of(10, "30s");
-    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
-    let mut client = connect(&server.grpc).await;
-    assert!(acquire(&mut client, "warm", None).await.granted);
-
-    // A script that keeps Redis busy for 500 ms, the acquires sent meanwhile.
+/// Keeps `redis` busy for 500 ms with a script, from another thread;
+/// returns once it is under way (100 ms in).
+async fn stall_redis(redis: &RedisServer) -> std::thread::JoinHandle<()> {
     let busy = redis.client();
     let stall = std::thread::spawn(move || {
         let script = "local t = redis.call('TIME') local e = t[1] * 1000000 + t[2] + 500000 \
@@ -527,6 +517,23 @@ async fn acquires_made_after_their_deadline_are_given_back() {
         done.expect("the busy script");
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
+    stall
+}
+
+/// Acquires answered UNAVAILABLE because Redis stalled past the deadline
+/// may still be made when Redis gets to them; nobody has their ids, so the
+/// replica releases them a second later (and ten seconds later) instead of
+/// leaving the places taken for the whole TTL (30 s here).
+#[tokio::test]
+async fn acquires_made_after_their_deadline_are_given_back() {
+    let redis = RedisServer::start();
+    let dir = limits_dir_of(10, "30s");
+    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
+    let mut client = connect(&server.grpc).await;
+    assert!(acquire(&mut client, "warm", None).await.granted);
+
+    // Redis busy for 500 ms, the acquires sent meanwhile.
+    let stall = stall_redis(&redis).await;
     let acquires = (0..10).map(|_| {
         let mut client = client.clone();
         async move {

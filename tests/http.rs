@@ -118,6 +118,17 @@ async fn json_refuses_bad_bodies_with_400_and_the_reason() {
     // Any method, as there: a GET has no body to read.
     let get = http_call(&server.http.to_string(), "GET", "/json", "");
     assert_eq!(get.status, 400, "{get:?}");
+    // A large body (parsed off the listener's runtime) answers alike, bad
+    // or good.
+    let padded = format!("{}{}", user_request("alice"), " ".repeat(1 << 20));
+    assert_eq!(post_json(&server, &padded).status, 200);
+    let broken = format!("{{{}", " ".repeat(1 << 20));
+    let answer = post_json(&server, &broken);
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(
+        answer.body.contains("bad RateLimitRequest JSON"),
+        "{answer:?}"
+    );
     // Over the 16 MiB cap (a valid request padded with spaces).
     let big = format!("{}{}", user_request("alice"), " ".repeat(16 << 20));
     let answer = post_json(&server, &big);

@@ -14,6 +14,10 @@ use super::protojson;
 use crate::health::Readiness;
 use crate::service::{caps, RateLimiter};
 
+/// Largest `/json` body parsed on the listener's runtime; a larger one is
+/// parsed on the blocking pool.
+const INLINE_PARSE_BYTES: usize = 64 * 1024;
+
 /// What the handlers share.
 #[derive(Clone)]
 struct Api {
@@ -45,7 +49,16 @@ async fn healthcheck(State(api): State<Api>) -> Response {
 /// OVER_LIMIT; 400 with the reason for a request that cannot be evaluated;
 /// 500 when the service cannot answer (`failure_mode: unavailable`).
 async fn json(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
-    let request = match protojson::parse_request(&body) {
+    let parsed = if body.len() <= INLINE_PARSE_BYTES {
+        protojson::parse_request(&body)
+    } else {
+        // A large body takes long to parse (16 MiB: about a second): off
+        // the runtime that also serves health, metrics and gRPC's accepts.
+        tokio::task::spawn_blocking(move || protojson::parse_request(&body))
+            .await
+            .unwrap_or_else(|e| Err(format!("parsing stopped: {e}")))
+    };
+    let request = match parsed {
         Ok(request) => request,
         Err(reason) => return (StatusCode::BAD_REQUEST, reason).into_response(),
     };

@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 
 use super::lease_id::LeaseId;
+use crate::log_pace::Paced;
 use crate::store::{LeaseRef, Store};
 
 /// Held leases refreshed per store call: one Redis call for thousands
@@ -92,11 +93,19 @@ impl Holds {
         self.changed.notify_one();
     }
 
-    /// Stops refreshing `id` and gives the lease back (the stream ended).
+    /// Stops refreshing `id` and gives the lease back (the stream ended);
+    /// a release that fails is tried again a second and ten seconds later,
+    /// or the place would stay taken for the lease's whole TTL.
     pub async fn release(&self, id: &str) {
         let Some(held) = self.forget(id) else { return };
         if let Err(error) = self.store.release(&[held.lease.lease_ref()]).await {
-            tracing::warn!(%error, "could not release a held lease; it expires with its TTL");
+            // Paced: a failing Redis fails every stream that ends.
+            static LOG: Paced = Paced::new();
+            if let Some(left_out) = LOG.admit() {
+                tracing::warn!(%error, left_out, "could not release a held lease; trying again shortly");
+            }
+            self.store
+                .release_later(&held.lease.member, held.lease.keys.clone());
         }
     }
 

@@ -76,6 +76,14 @@ impl Store {
         }
     }
 
+    /// Releases a lease a second and ten seconds from now, after its
+    /// release failed (Redis; the in-memory store's never does).
+    pub fn release_later(&self, member: &str, keys: Vec<String>) {
+        if let Store::Redis(store) = self {
+            store.release_later(member, keys);
+        }
+    }
+
     /// Removes leases; unknown ones are ignored.
     pub async fn release(&self, leases: &[LeaseRef<'_>]) -> Result<()> {
         if leases.is_empty() {

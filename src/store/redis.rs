@@ -31,7 +31,7 @@ use crate::{Error, Result};
 
 /// When a reserve or a lease acquire whose call failed is given back, in
 /// case Redis made it late, after its deadline (`give_back_if_made_late`,
-/// `release_if_made_late`): soon after, and once more for a Redis that
+/// `release_later`): soon after, and once more for a Redis that
 /// stalled longer.
 const LATE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
 
@@ -656,7 +656,7 @@ impl RedisStore {
                     self.give_back(member, &taken).await;
                     if !matches!(error, Error::StoreNotCalled(_)) {
                         let keys = group.iter().map(|&i| slots[i].key.clone()).collect();
-                        self.release_if_made_late(member, keys);
+                        self.release_later(member, keys);
                     }
                     return Err(error);
                 }
@@ -676,11 +676,12 @@ impl RedisStore {
         Ok(total)
     }
 
-    /// Releases `member` from `keys` a while after its acquire's call
-    /// failed: Redis may still have made it (after the deadline), and no
-    /// caller has its id to release it; the place would stay taken for
-    /// its whole TTL. Releasing a member never made touches nothing.
-    fn release_if_made_late(&self, member: &str, keys: Vec<String>) {
+    /// Releases `member` from `keys` a while later, in the background:
+    /// after its acquire's call failed (Redis may still have made it after
+    /// the deadline, and no caller has its id to release it) or its release
+    /// failed; else the place stays taken for its whole TTL. Releasing a
+    /// member never made touches nothing.
+    pub fn release_later(&self, member: &str, keys: Vec<String>) {
         let store = self.for_lane(self.lane);
         let member = member.to_owned();
         spawn_give_back(async move {

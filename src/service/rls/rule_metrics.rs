@@ -272,7 +272,9 @@ impl RuleCounters {
             }
             (Some(_), None) => return None,
         };
-        Some(levels.join("."))
+        // Many long entries (an override takes them all) as one digest: a
+        // series must not cost more than a few kilobytes.
+        Some(crate::keys::bounded_label(levels.join(".")))
     }
 
     /// A request entry as one level of a stat path: `key_value`, or `key`
