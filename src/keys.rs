@@ -53,31 +53,32 @@ pub fn counter_key<'a>(
     values: Values,
     rule_id: &str,
 ) -> String {
-    let mut described = String::with_capacity(48);
-    for (k, v) in entries {
-        described.push('|');
-        push_escaped(&mut described, k);
-        described.push('=');
-        match values {
-            Values::Raw if v.len() > MAX_RAW_VALUE_BYTES => {
-                described.push_str("%h");
-                described.push_str(&digest_hex(v));
-            }
-            _ => push_escaped(&mut described, &values.encode(v)),
-        }
-    }
-    if described.len() > MAX_KEY_ENTRIES_BYTES {
-        // A descriptor of many long entries (a `limit` override takes them
-        // all) as one digest: the key stays small, and stays its own
-        // (an escaped entry never holds `%H`).
-        described = format!("|%H{}", digest_hex(&described));
-    }
-    let mut key =
-        String::with_capacity(prefix.len() + domain.len() + described.len() + rule_id.len() + 4);
+    let mut key = String::with_capacity(prefix.len() + domain.len() + rule_id.len() + 48);
     key.push_str(prefix);
     key.push('{');
     push_escaped(&mut key, domain);
-    key.push_str(&described);
+    let entries_start = key.len();
+    for (k, v) in entries {
+        key.push('|');
+        push_escaped(&mut key, k);
+        key.push('=');
+        match values {
+            Values::Raw if v.len() > MAX_RAW_VALUE_BYTES => {
+                key.push_str("%h");
+                key.push_str(&digest_hex(v));
+            }
+            _ => push_escaped(&mut key, &values.encode(v)),
+        }
+    }
+    if key.len() - entries_start > MAX_KEY_ENTRIES_BYTES {
+        // A descriptor of many long entries (a `limit` override takes them
+        // all) as one digest: the key stays small, and stays its own (an
+        // escaped entry never holds `%H`).
+        let digest = digest_hex(&key[entries_start..]);
+        key.truncate(entries_start);
+        key.push_str("|%H");
+        key.push_str(&digest);
+    }
     key.push_str("}:");
     key.push_str(rule_id);
     key
