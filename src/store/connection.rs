@@ -519,7 +519,8 @@ impl Connections {
             Topology::Single => {
                 let mut conns = self.managers(s.client(s.node(&s.url)?)?).await?;
                 if let Some(first) = conns.first_mut() {
-                    self.note_server(first).await;
+                    // Unanswered, the next replacement asks again.
+                    let _ = self.note_server(first).await;
                 }
                 Ok(conns)
             }
@@ -568,7 +569,8 @@ impl Connections {
                             "{master}, named master by a sentinel, is not one (yet)"
                         )));
                     }
-                    self.note_server(first).await;
+                    // Unanswered, the next replacement asks again.
+                    let _ = self.note_server(first).await;
                 }
                 *self.master.lock().unwrap_or_else(|p| p.into_inner()) = Some(master);
                 Ok(conns)
@@ -580,18 +582,19 @@ impl Connections {
     /// unless known: they are made lazily, without [`Self::note_server`],
     /// so that the first replacement, back on the same server, would take
     /// it for another. Sentinel's connections learn it when made.
-    pub async fn learn_server(&self) {
+    pub async fn learn_server(&self) -> Result<()> {
         let known = self
             .run_id
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
         if known || self.settings.topology != Topology::Single {
-            return;
+            return Ok(());
         }
         if let Some(mut conn) = self.pick() {
-            self.note_server(&mut conn).await;
+            self.note_server(&mut conn).await?;
         }
+        Ok(())
     }
 
     /// Asks the server that replacement connections reached for its
@@ -599,27 +602,32 @@ impl Connections {
     /// connections reached before (or that is unknown): a restart or
     /// another server, which may not hold the data this one learnt from.
     /// A server that denies `INFO` leaves the generation alone.
-    async fn note_server(&self, conn: &mut Conn) {
-        let Ok(info) = redis::cmd("INFO")
+    /// `Err` when `INFO` got no answer (a timeout, a broken connection);
+    /// a server's refusal (an ACL) is `Ok`: there is nothing to learn.
+    async fn note_server(&self, conn: &mut Conn) -> std::result::Result<(), RedisError> {
+        let info = match redis::cmd("INFO")
             .arg("server")
             .query_async::<String>(conn)
             .await
-        else {
-            return;
+        {
+            Ok(info) => info,
+            Err(error) if matches!(error.kind(), ErrorKind::Server(_)) => return Ok(()),
+            Err(error) => return Err(error),
         };
         let Some(run_id) = info.lines().find_map(|l| l.strip_prefix("run_id:")) else {
-            return;
+            return Ok(());
         };
         let run_id = run_id.trim();
         let mut last = self.run_id.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_deref() == Some(run_id) {
-            return;
+            return Ok(());
         }
         if last.is_some() {
             tracing::info!("Redis restarted or replaced (another run_id)");
         }
         self.generation.bump();
         *last = Some(run_id.to_owned());
+        Ok(())
     }
 
     /// The pool's connections to the server `client` leads to, connected

@@ -811,7 +811,7 @@ impl RedisStore {
         // replacement would take the server for another.
         tokio::time::timeout(self.probe_timeout(), caller.connections.learn_server())
             .await
-            .map_err(|_| Error::Store("INFO server timed out".into()))?;
+            .map_err(|_| Error::Store("INFO server timed out".into()))??;
         self.ping().await
     }
 
