@@ -1366,6 +1366,111 @@ async fn cluster_requests_across_slots_are_atomic_per_slot() {
     assert_eq!(out, vec![o(false, 3, 1000), o(false, 0, 1000)]);
 }
 
+/// The id of the cluster node serving `slot`, and that node (from `CLUSTER
+/// NODES`: `<id> <ip:port@bus> <flags> ... <slot ranges>`).
+fn slot_owner(cluster: &common::RedisCluster, slot: u16) -> (String, &common::RedisServer) {
+    let mut conn = cluster.nodes[0].client().get_connection().unwrap();
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut conn).unwrap();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let serves = fields.iter().skip(8).any(|range| {
+            let (from, to) = range.split_once('-').unwrap_or((range, range));
+            matches!((from.parse::<u16>(), to.parse::<u16>()), (Ok(f), Ok(t)) if (f..=t).contains(&slot))
+        });
+        let port = fields[1].split(['@', ':']).nth(1).unwrap();
+        if serves {
+            let node = cluster.nodes.iter().find(|n| n.port.to_string() == port);
+            return (fields[0].to_string(), node.unwrap());
+        }
+    }
+    panic!("no node serves slot {slot}");
+}
+
+/// A node's cluster id.
+fn node_id(node: &common::RedisServer) -> String {
+    let mut conn = node.client().get_connection().unwrap();
+    redis::cmd("CLUSTER").arg("MYID").query(&mut conn).unwrap()
+}
+
+/// One `CLUSTER SETSLOT <slot> <how> [id]` on `node`.
+fn set_slot(node: &common::RedisServer, slot: u16, how: &[&str]) {
+    let mut conn = node.client().get_connection().unwrap();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(how)
+        .query(&mut conn)
+        .unwrap();
+}
+
+/// Starts moving `slot` from `from` to `to` and migrates its keys: `from`
+/// then answers ASK for them. `finish` assigns the slot to `to` on every
+/// node, as `redis-cli --cluster reshard` ends a move.
+fn migrate_slot(
+    cluster: &common::RedisCluster,
+    slot: u16,
+    from: (&str, &common::RedisServer),
+    to: (&str, &common::RedisServer),
+    finish: bool,
+) {
+    set_slot(to.1, slot, &["IMPORTING", from.0]);
+    set_slot(from.1, slot, &["MIGRATING", to.0]);
+    let mut conn = from.1.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut conn)
+        .unwrap();
+    assert!(!keys.is_empty(), "nothing to migrate in slot {slot}");
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to.1.port)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query(&mut conn)
+        .unwrap();
+    if finish {
+        for node in &cluster.nodes {
+            set_slot(node, slot, &["NODE", to.0]);
+        }
+    }
+}
+
+/// During resharding a call can be redirected more than once: the slot
+/// moved since the client last read the topology (MOVED), and it is being
+/// moved again (ASK). Each redirect means the script did not run, so it is
+/// followed, within the call's deadline; the count goes on where the keys
+/// went. (With one redirect allowed, the second came back as an error.)
+#[tokio::test]
+async fn a_call_redirected_twice_during_resharding_is_answered() {
+    let cluster = common::RedisCluster::start(3, 0);
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let store = cluster.store(Some(clock));
+    let check = ck(Algorithm::FixedWindow, "resharded", 10, 3_600_000, 0, 1);
+    let slot = ratekeeper::keys::cluster_slot(&check.key);
+    let out = store
+        .apply(std::slice::from_ref(&check), true)
+        .await
+        .unwrap();
+    assert_eq!(out, vec![o(false, 9, 3_600_000)]);
+
+    let (a_id, a) = slot_owner(&cluster, slot);
+    let others: Vec<_> = cluster.nodes.iter().filter(|n| n.port != a.port).collect();
+    let (b, c_node) = (others[0], others[1]);
+    let (b_id, c_id) = (node_id(b), node_id(c_node));
+    // The store still thinks A serves the slot; it is B's now, and on its
+    // way to C.
+    migrate_slot(&cluster, slot, (&a_id, a), (&b_id, b), true);
+    migrate_slot(&cluster, slot, (&b_id, b), (&c_id, c_node), false);
+
+    let out = store.apply(std::slice::from_ref(&check), true).await;
+    assert_eq!(out.unwrap(), vec![o(false, 8, 3_600_000)]);
+}
+
 /// A key of the random runs below: its algorithm, limit, period, burst and
 /// what it records over its limit.
 type KeySpec = (Algorithm, u64, u64, u64, Charges);

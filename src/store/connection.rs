@@ -284,6 +284,11 @@ impl std::ops::Add for PoolCounts {
 /// only a fresh topology shows the promoted replica.
 const CLUSTER_REBUILD_AFTER: usize = 3;
 
+/// How many times a cluster call is sent again after a redirect, a
+/// TRYAGAIN or a lost connection: enough for a stale slot map, a slot
+/// being moved and its keys split between two nodes, one after another.
+const CLUSTER_RETRIES: u32 = 3;
+
 /// How long calls may keep failing, none answered, the last on a timeout,
 /// before single's and sentinel's connections are replaced. A peer gone
 /// without a word (a dead host, a partition, a proxy that swallows the
@@ -540,7 +545,18 @@ impl Connections {
                 let client = builder
                     .connection_timeout(s.connect_timeout)
                     .response_timeout(s.call_timeout)
-                    .retries(1)
+                    // A redirect means the script did not run: during
+                    // resharding a call can meet a stale slot map (MOVED),
+                    // a slot being moved (ASK) and keys split between the
+                    // two nodes (TRYAGAIN) in a row. The response timeout
+                    // bounds the call with its retries (redis-rs's overall
+                    // timeout), so more tries never outlast the deadline;
+                    // the waits before a TRYAGAIN's retry (5 to 50 ms) fit
+                    // in it, where the crate's own (1.28 s at least) would
+                    // not.
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(5)
+                    .max_retry_wait(50)
                     .build()?;
                 Ok(vec![Conn::Cluster(client.get_async_connection().await?)])
             }
