@@ -754,9 +754,19 @@ async fn listen(
         };
         match message {
             Ok(Some(message)) => {
-                // "<master name> <old ip> <old port> <new ip> <new port>"
                 let payload: String = message.get_payload().unwrap_or_default();
-                if payload.split(' ').next() == Some(master) {
+                let Some(named) = switched_to(&payload, master) else {
+                    continue;
+                };
+                // Every sentinel announces the switch: once the
+                // connections reach the new master, the others' repeats
+                // change nothing.
+                let reached = this
+                    .master
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if reached.as_deref() != Some(named.as_str()) {
                     tracing::info!(%payload, "the sentinels named a new master: reconnecting");
                     this.switch_master();
                 }
@@ -769,6 +779,26 @@ async fn listen(
                 }
             }
         }
+    }
+}
+
+/// `host:port`, or `[host]:port` for an IPv6 host: how a master's address
+/// is written, to compare what the sentinels name with what was reached.
+fn host_port(host: &str, port: impl std::fmt::Display) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The new master a `+switch-master` message names for `master` ("<name>
+/// <old ip> <old port> <new ip> <new port>"); None for another name.
+fn switched_to(payload: &str, master: &str) -> Option<String> {
+    let fields: Vec<&str> = payload.split(' ').collect();
+    match fields[..] {
+        [name, _, _, host, port] if name == master => Some(host_port(host, port)),
+        _ => None,
     }
 }
 
@@ -789,8 +819,7 @@ async fn named_master(
             .await
     };
     match tokio::time::timeout(wait, ask).await {
-        Ok(Ok(Some((host, port)))) if host.contains(':') => Ok(format!("[{host}]:{port}")),
-        Ok(Ok(Some((host, port)))) => Ok(format!("{host}:{port}")),
+        Ok(Ok(Some((host, port)))) => Ok(host_port(&host, port)),
         Ok(Ok(None)) => Err(Error::Store(format!(
             "the sentinel knows no master {name:?}"
         ))),
@@ -911,5 +940,20 @@ mod tests {
         for secret in ["url-secret", "auth-secret", "key-secret"] {
             assert!(!debug.contains(secret), "{debug}");
         }
+    }
+
+    #[test]
+    fn a_switch_names_the_new_master_as_a_sentinel_would() {
+        let switched = |payload| switched_to(payload, "mymaster");
+        assert_eq!(
+            switched("mymaster 10.0.0.1 6379 10.0.0.2 6380").as_deref(),
+            Some("10.0.0.2:6380")
+        );
+        assert_eq!(
+            switched("mymaster ::1 6379 fd00::2 6379").as_deref(),
+            Some("[fd00::2]:6379")
+        );
+        assert_eq!(switched("other 10.0.0.1 6379 10.0.0.2 6380"), None);
+        assert_eq!(switched("mymaster 10.0.0.2 6380"), None);
     }
 }
