@@ -240,6 +240,11 @@ impl Wildcard {
         self.parts.join("*")
     }
 
+    /// Whether `value` is the pattern as written (`*`s and all).
+    pub fn is_written_as(&self, value: &str) -> bool {
+        value.split('*').eq(self.parts.iter().map(String::as_str))
+    }
+
     pub fn matches(&self, value: &str) -> bool {
         let (first, rest) = match self.parts.split_first() {
             Some(split) => split,
@@ -267,6 +272,25 @@ pub struct KeyNodes {
     pub exact: HashMap<String, Node>,
     pub wildcards: Vec<(Wildcard, Node)>,
     pub default: Option<Node>,
+}
+
+impl KeyNodes {
+    /// The node whose value is `value` as written: an exact value, or a
+    /// wildcard pattern sent literally (`foo*` is `foo*`'s node, not the
+    /// first pattern matching it, as envoyproxy/ratelimit keeps patterns
+    /// in its map of values).
+    fn written(&self, value: &str) -> Option<&Node> {
+        self.exact.get(value).or_else(|| {
+            if !value.contains('*') {
+                return None;
+            }
+            let (_, node) = self
+                .wildcards
+                .iter()
+                .find(|(p, _)| p.is_written_as(value))?;
+            Some(node)
+        })
+    }
 }
 
 /// One level of a descriptor tree.
@@ -336,8 +360,7 @@ impl<R> RuleTree<R> {
         for (i, (key, value)) in entries.enumerate() {
             let nodes = level.keys.get(key)?;
             let node = nodes
-                .exact
-                .get(value)
+                .written(value)
                 .or_else(|| {
                     let (_, node) = nodes
                         .wildcards

@@ -149,7 +149,9 @@ descriptors:
 
 /// Their matcher: the exact `key_value` first, then the wildcards of the
 /// level in file order (each `*` zero or more characters, anywhere, several
-/// allowed), then the value-less node.
+/// allowed), then the value-less node. A pattern sent literally is an exact
+/// value (theirs keeps patterns in its map of values): `/api/v*` is its own
+/// node, though `/api/*` comes first and matches it.
 #[tokio::test]
 async fn wildcards_match_as_theirs_do() {
     let limits = r#"
@@ -161,6 +163,9 @@ descriptors:
   - key: path
     value: "/api/*"
     rate_limit: {unit: minute, requests_per_unit: 2, name: prefix}
+  - key: path
+    value: "/api/v*"
+    rate_limit: {unit: minute, requests_per_unit: 7, name: versioned}
   - key: path
     value: "/api/v1/users/me"
     rate_limit: {unit: minute, requests_per_unit: 3, name: exact}
@@ -180,6 +185,9 @@ descriptors:
             (("path", "/api/v1/users/"), Some("two_stars")),
             (("path", "/api/v1/groups"), Some("prefix")),
             (("path", "/api/"), Some("prefix")),
+            (("path", "/api/v2"), Some("prefix")),
+            (("path", "/api/v*"), Some("versioned")),
+            (("path", "/api/*"), Some("prefix")),
             (("path", "/other"), Some("any")),
             (("any", ""), Some("star")),
             (("any", "x"), Some("star")),
