@@ -679,6 +679,15 @@ fn redis_timeout(flag_ms: Option<u64>, default_ms: u64, envoy: &EnvoySettings) -
 /// with every file's error reported (one `file:line: reason` line each, on
 /// stderr) rather than the first.
 fn validate(dir: &LimitsDir, options: LoadOptions) -> Result<()> {
+    // The loader's warnings (a key repeated in a mapping), on stderr with
+    // the errors; nothing else logs here.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .try_init();
     let config = match Config::check(dir, options) {
         Ok(config) => config,
         Err(errors) => {

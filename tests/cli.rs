@@ -87,6 +87,31 @@ fn validate_of_a_good_directory_prints_one_summary_line() {
     assert_eq!(text(&out.stderr), "");
 }
 
+/// A key repeated in a mapping: their loader takes the last one, and so
+/// does ours, with a warning naming the file and the line.
+#[test]
+fn validate_warns_about_a_repeated_key_and_takes_the_last() {
+    let repeated = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+    let dir = dir_with(&[("r.yaml", repeated)]);
+    let d = dir.path().display().to_string();
+    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+    // The last one counts: its bad unit is refused.
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            " WARN {d}/r.yaml:3: descriptors[0]: duplicate field `rate_limit`: the last one counts"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("fortnight"), "{stderr}");
+
+    let fine = repeated.replace("fortnight", "minute");
+    std::fs::write(dir.path().join("r.yaml"), fine).unwrap();
+    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 #[test]
 fn validate_warns_about_a_directory_without_domains() {
     let dir = dir_with(&[("notes.txt", "not a limits file")]);

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::compile::{compile, CompileError};
 use super::description::{self as desc, DomainDescription};
+use super::yaml_last_wins::LastWins;
 use super::yaml_lines::line_of;
 use super::DomainConfig;
 use crate::duration::parse_duration;
@@ -120,7 +121,7 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
     let mut merging = Vec::new();
     if text.contains("<<") {
         for doc in serde_yaml::Deserializer::from_str(text) {
-            let value = serde_yaml::Value::deserialize(doc).map_err(syntax)?;
+            let LastWins(value) = LastWins::deserialize(doc).map_err(syntax)?;
             merging.push(has_merge_key(&value).then_some(value));
         }
     }
@@ -129,7 +130,8 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let raw = match merging.next().flatten() {
             Some(value) => merged(value),
-            None => Option::<RawFile>::deserialize(doc),
+            None => Option::<RawFile>::deserialize(doc)
+                .or_else(|error| with_repeated_keys(file, text, i, error)),
         };
         if let Some(raw) = raw.map_err(syntax)? {
             docs.push((i, raw));
@@ -139,6 +141,39 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
         docs.push((0, serde_yaml::from_str("{}").map_err(syntax)?));
     }
     Ok(docs)
+}
+
+/// Document `doc` of `text` read again, as their loader reads it, when
+/// the typed reading refused it for a key repeated in a mapping: the last
+/// one counts, with a warning naming the first repeat. Any other error
+/// stands.
+fn with_repeated_keys(
+    file: &Path,
+    text: &str,
+    doc: usize,
+    error: serde_yaml::Error,
+) -> Result<Option<RawFile>, serde_yaml::Error> {
+    let message = strip_location(&error.to_string());
+    // "duplicate field `x`", after the path of its mapping when nested.
+    let repeated = |m: &str| m.starts_with("duplicate field ") || m.starts_with("duplicate entry ");
+    let is_repeat = repeated(&message)
+        || message
+            .split_once(": ")
+            .is_some_and(|(path, rest)| !path.contains(' ') && repeated(rest));
+    let Some(document) = is_repeat
+        .then(|| serde_yaml::Deserializer::from_str(text).nth(doc))
+        .flatten()
+    else {
+        return Err(error);
+    };
+    let LastWins(value) = LastWins::deserialize(document)?;
+    // The line serde_yaml gives is the mapping's, which the path names.
+    let at = match error.location() {
+        Some(l) => format!("{}:{}", file.display(), l.line()),
+        None => file.display().to_string(),
+    };
+    tracing::warn!("{at}: {message}: the last one counts, as envoyproxy/ratelimit reads the file");
+    merged(value)
 }
 
 /// A compile error in document `doc` of `text`, with the line of the node it names.
@@ -320,7 +355,7 @@ fn describe_descriptor(raw: RawDescriptor, at: String) -> Result<desc::Descripto
                 "use rate_limit or rate_limits, not both",
             ))
         }
-        (Some(one), None) => vec![describe_limit(one, format!("{at}.rate_limit"))],
+        (Some(one), None) => vec![describe_limit(one, format!("{at}.rate_limit"))?],
         (None, Some(list)) if list.is_empty() => {
             return Err(CompileError::new(
                 &format!("{at}.rate_limits"),
@@ -331,7 +366,7 @@ fn describe_descriptor(raw: RawDescriptor, at: String) -> Result<desc::Descripto
             .into_iter()
             .enumerate()
             .map(|(i, l)| describe_limit(l, format!("{at}.rate_limits[{i}]")))
-            .collect(),
+            .collect::<Result<_, _>>()?,
         (None, None) => Vec::new(),
     };
     let payload = desc::Limits {
@@ -358,11 +393,18 @@ fn describe_descriptor(raw: RawDescriptor, at: String) -> Result<desc::Descripto
     })
 }
 
-fn describe_limit(raw: RawRateLimit, at: String) -> desc::Limit {
-    desc::Limit {
-        unit: raw.unit.map(|UnitName(u)| u),
+fn describe_limit(raw: RawRateLimit, at: String) -> Result<desc::Limit, CompileError> {
+    let unlimited = flag(raw.unlimited).unwrap_or(false);
+    let unit = match raw.unit {
+        Some(UnitName(Ok(unit))) => Some(unit),
+        Some(UnitName(Err(_))) if unlimited => None,
+        Some(UnitName(Err(why))) => return Err(CompileError::new(&format!("{at}.unit"), why)),
+        None => None,
+    };
+    Ok(desc::Limit {
+        unit,
         requests_per_unit: count(raw.requests_per_unit),
-        unlimited: flag(raw.unlimited).unwrap_or(false),
+        unlimited,
         name: text(raw.name),
         replaces: raw
             .replaces
@@ -374,7 +416,7 @@ fn describe_limit(raw: RawRateLimit, at: String) -> desc::Limit {
         burst: count(raw.burst),
         charges: raw.charges.map(|ChargesName(c)| c),
         at,
-    }
+    })
 }
 
 fn describe_concurrency(
@@ -552,18 +594,20 @@ fn parse_count(text: &str) -> Option<u32> {
     u32::try_from(n).ok()
 }
 
-/// A unit name, checked while parsing so a bad one is reported with its line.
+/// A unit name, or why it is none: refused where the limit is read (an
+/// unlimited limit ignores a unit that is not one, as their loader does;
+/// only a real unit on it is refused).
 #[derive(Debug)]
-struct UnitName(Unit);
+struct UnitName(Result<Unit, String>);
 
 impl<'de> Deserialize<'de> for UnitName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         scalar(d, "a unit", |name| {
-            Unit::parse(name).map(UnitName).ok_or_else(|| {
+            Ok(UnitName(Unit::parse(name).ok_or_else(|| {
                 format!(
                     "unknown unit {name:?}: expected second, minute, hour, day, week, month or year"
                 )
-            })
+            })))
         })
     }
 }

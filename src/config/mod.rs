@@ -15,6 +15,7 @@ mod value_metric;
 pub mod watch;
 pub mod xds;
 pub mod xds_client;
+mod yaml_last_wins;
 mod yaml_lines;
 
 use std::collections::HashMap;

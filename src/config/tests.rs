@@ -278,6 +278,18 @@ fn refuses_bad_unit_with_line() {
     assert_eq!(e.line, Some(5), "{e}");
 }
 
+/// Their loader refuses a unit on an unlimited limit only when it is a
+/// real unit: `unit: ""` (what a Go program marshalling their struct
+/// writes) or an unknown name is ignored there, and here.
+#[test]
+fn an_unlimited_limit_ignores_a_unit_that_is_not_one() {
+    for unit in ["\"\"", "unknown", "fortnight"] {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unlimited: true, unit: {unit}}}\n");
+        let parsed = load(&text);
+        assert!(parsed.is_ok(), "{unit}: {:?}", parsed.err());
+    }
+}
+
 #[test]
 fn refuses_syntax_errors_with_line() {
     let e = error("domain: d\ndescriptors:\n  - key: [unclosed\n");

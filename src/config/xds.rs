@@ -95,8 +95,11 @@ fn descriptor(d: &RateLimitDescriptor, at: String) -> Result<desc::Descriptor, C
 
 fn limit(policy: &RateLimitPolicy, at: String) -> Result<desc::Limit, CompileError> {
     Ok(desc::Limit {
-        unit: unit(policy.unit)
-            .map_err(|reason| CompileError::new(&format!("{at}.unit"), reason))?,
+        // An unlimited policy ignores a unit that is not one (as a file's).
+        unit: match unit(policy.unit) {
+            Err(_) if policy.unlimited => None,
+            unit => unit.map_err(|reason| CompileError::new(&format!("{at}.unit"), reason))?,
+        },
         requests_per_unit: Some(policy.requests_per_unit),
         unlimited: policy.unlimited,
         name: Some(policy.name.clone()).filter(|n| !n.is_empty()),
