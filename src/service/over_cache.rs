@@ -37,6 +37,10 @@ use crate::store::Generation;
 /// first and new ones not added until there is room.
 pub const DEFAULT_CAPACITY: usize = 100_000;
 
+/// Fewest milliseconds between two sweeps of a full cache for expired
+/// entries (each one looks at every entry).
+const SWEEP_EVERY_MS: u64 = 100;
+
 /// What one remembered key costs, about (the key, its two numbers, the
 /// map's share), for sizing the cache in bytes as envoyproxy/ratelimit's
 /// `LOCAL_CACHE_SIZE_IN_BYTES` does.
@@ -56,6 +60,15 @@ pub struct OverCache {
     learnt_in: AtomicU64,
     /// Most keys remembered (0: the cache is off).
     capacity: usize,
+    /// The earliest expiry of the entries (ms, the store's clock; at most:
+    /// `u64::MAX` when empty), and when the last sweep for expired entries
+    /// was. A full cache sweeps only once the earliest has passed and
+    /// [`SWEEP_EVERY_MS`] after the last sweep; until then a new key is not
+    /// remembered, without looking: a full cache of unexpired keys (more
+    /// callers over an hourly limit than it holds) scanned all of them for
+    /// every newly refused caller, under the lock every request takes.
+    earliest_until_ms: AtomicU64,
+    swept_at_ms: AtomicU64,
     /// For envoyproxy/ratelimit's `localcache` stats ([`CacheStats`]).
     hits: AtomicU64,
     expired: AtomicU64,
@@ -126,6 +139,8 @@ impl OverCache {
             learnt_in: AtomicU64::new(generation.current()),
             generation,
             capacity,
+            earliest_until_ms: AtomicU64::new(u64::MAX),
+            swept_at_ms: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             overwrites: AtomicU64::new(0),
@@ -158,6 +173,7 @@ impl OverCache {
             );
         }
         entries.clear();
+        self.earliest_until_ms.store(u64::MAX, Ordering::Relaxed);
         // Under the write lock: `learn` sets it again only after this.
         self.any.store(false, Ordering::Release);
         self.learnt_in.store(now, Ordering::Release);
@@ -181,15 +197,31 @@ impl OverCache {
             }
             // A key already held is updated in place, whatever the room.
             if entries.len() >= self.capacity && !entries.contains_key(&check.key) {
+                let swept_at = self.swept_at_ms.load(Ordering::Relaxed);
+                if now < self.earliest_until_ms.load(Ordering::Relaxed)
+                    || now < swept_at.saturating_add(SWEEP_EVERY_MS)
+                {
+                    continue;
+                }
                 let before = entries.len();
-                entries.retain(|_, (until, _)| *until > now);
+                let mut earliest = u64::MAX;
+                entries.retain(|_, (until, _)| {
+                    let kept = *until > now;
+                    if kept {
+                        earliest = earliest.min(*until);
+                    }
+                    kept
+                });
                 let dropped = (before - entries.len()) as u64;
                 self.expired.fetch_add(dropped, Ordering::Relaxed);
+                self.earliest_until_ms.store(earliest, Ordering::Relaxed);
+                self.swept_at_ms.store(now, Ordering::Relaxed);
                 if entries.len() >= self.capacity {
                     continue;
                 }
             }
             let until = now + outcome.reset_ms;
+            self.earliest_until_ms.fetch_min(until, Ordering::Relaxed);
             if entries
                 .insert(check.key.clone(), (until, check.limit))
                 .is_some()
@@ -372,6 +404,42 @@ mod tests {
         assert!(cache.answer(&c, 1_105).is_some());
         let stats = cache.stats();
         assert_eq!((stats.entries, stats.hits, stats.expired), (2, 2, 1));
+    }
+
+    /// A full cache looks for expired entries only once its earliest has
+    /// passed, and not twice within SWEEP_EVERY_MS: until then a new key
+    /// is not remembered, and nothing is scanned (the `expired` count
+    /// shows each sweep that freed room).
+    #[test]
+    fn a_full_cache_sweeps_only_once_an_entry_can_have_expired() {
+        let full = |reset_ms| Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms,
+            remaining_before: None,
+        };
+        let cache = OverCache::with_capacity(Generation::default(), 2);
+        let [a, b, c, d, e] =
+            ["a", "b", "c", "d", "e"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
+        cache.learn(&a, &[full(1_000)], 0); // until 1,000
+        cache.learn(&b, &[full(1_010)], 0); // until 1,010
+        cache.learn(&c, &[full(5_000)], 999);
+        assert!(cache.answer(&c, 999).is_none(), "full, nothing expired yet");
+        assert_eq!(cache.stats().expired, 0);
+        cache.learn(&c, &[full(5_000)], 1_000); // a expires: c takes its room
+        assert!(cache.answer(&c, 1_000).is_some());
+        assert_eq!(cache.stats().expired, 1);
+        // b has expired too, but the last sweep was 20 ms ago.
+        cache.learn(&d, &[full(5_000)], 1_020);
+        assert!(cache.answer(&d, 1_020).is_none());
+        assert_eq!(cache.stats().expired, 1);
+        cache.learn(&d, &[full(5_000)], 1_100);
+        assert!(cache.answer(&d, 1_100).is_some());
+        assert_eq!(cache.stats().expired, 2);
+        // Full of entries that live until 6,000 and more: no sweep before.
+        cache.learn(&e, &[full(1_000)], 5_000);
+        assert!(cache.answer(&e, 5_000).is_none());
+        assert_eq!(cache.stats().expired, 2);
     }
 
     #[test]
