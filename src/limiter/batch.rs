@@ -13,7 +13,12 @@
 //! request, but for a fixed window under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
 //! (`Charges::WhenOver`), which spares what it fitted either way.
 
+use std::collections::HashMap;
+
 use super::{dispatch, Charges, Check, Outcome, Policy, State};
+
+/// Requests of more checks than this find their keys through a map.
+const INDEX_PAST: usize = 16;
 
 /// What a table of states must offer the evaluator.
 pub trait Table {
@@ -55,12 +60,25 @@ pub(super) fn run(
     now_ms: u64,
 ) -> Vec<Outcome> {
     let mut keys: Vec<KeyState<'_>> = Vec::new();
+    // Where each key is in `keys`: found by a scan for the few checks of
+    // most requests, in a map past that (a request at the caps has
+    // thousands, and the scans made it quadratic).
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let indexed = checks.len() > INDEX_PAST;
     let mut tried = Vec::with_capacity(checks.len());
     let mut blocked = false;
     for (i, check) in checks.iter().enumerate() {
-        let at = match keys.iter().position(|k| k.key == check.key) {
+        let known = if indexed {
+            index.get(check.key.as_str()).copied()
+        } else {
+            keys.iter().position(|k| k.key == check.key)
+        };
+        let at = match known {
             Some(at) => at,
             None => {
+                if indexed {
+                    index.insert(&check.key, keys.len());
+                }
                 let stored = State::load(table.read(&check.key, now_ms), check, now_ms);
                 keys.push(KeyState {
                     key: &check.key,

@@ -234,7 +234,11 @@ impl MemoryStore {
     /// The shards of `keys`, locked in shard order (so that two callers
     /// never deadlock).
     fn lock_keys<'a>(&'a self, keys: impl Iterator<Item = &'a str>) -> LockedShards<'a> {
-        let ids: Vec<(&str, KeyId)> = keys.map(|key| (key, self.id(key))).collect();
+        // Sorted, so each read and write finds its key by bisection: a
+        // request at the caps has thousands.
+        let mut ids: Vec<(&str, KeyId)> = keys.map(|key| (key, self.id(key))).collect();
+        ids.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        ids.dedup_by(|a, b| a.0 == b.0);
         let mut indices: Vec<usize> = ids.iter().map(|&(_, id)| Self::shard_of(id)).collect();
         indices.sort_unstable();
         indices.dedup();
@@ -390,7 +394,8 @@ struct LockedShards<'a> {
 
 impl LockedShards<'_> {
     fn shard(&mut self, key: &str) -> Option<(&mut Shard, KeyId)> {
-        let &(_, id) = self.ids.iter().find(|(k, _)| *k == key)?;
+        let at = self.ids.binary_search_by(|(k, _)| (*k).cmp(key)).ok()?;
+        let id = self.ids[at].1;
         let index = MemoryStore::shard_of(id);
         let (_, guard) = self.guards.iter_mut().find(|(i, _)| *i == index)?;
         Some((guard, id))
@@ -456,6 +461,35 @@ mod tests {
         assert_eq!(store.len(), 10_000);
         let again = &store.apply(&[check("k42", 1, 1)], true)[0];
         assert!(again.over);
+    }
+
+    /// A request of many checks (past the size where keys are found
+    /// through a map, and over many shards) sees each key's earlier hits in
+    /// the request, as a short one does, and is refused whole.
+    #[test]
+    fn a_long_request_counts_each_key_once_per_check() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(10_000)));
+        // 60 keys, each twice, limit 2: every check fits.
+        let twice: Vec<Check> = (0..120)
+            .map(|i| check(&format!("k{}", i % 60), 2, 1))
+            .collect();
+        let out = store.apply(&twice, true);
+        assert!(out.iter().all(|o| !o.over));
+        assert_eq!(out[0].remaining, 1, "k0 after its first check");
+        assert_eq!(out[60].remaining, 0, "k0 after its second");
+        // Once more: the first check on each key is over, nothing counts.
+        let out = store.apply(&twice, true);
+        assert!(out[..60].iter().all(|o| o.over));
+        assert_eq!(store.len(), 60);
+        let fresh: Vec<Check> = (60..80).map(|i| check(&format!("k{i}"), 2, 1)).collect();
+        let mixed: Vec<Check> = fresh.iter().chain(&twice[..1]).cloned().collect();
+        let out = store.apply(&mixed, true);
+        assert!(out[20].over && out[..20].iter().all(|o| !o.over));
+        let after = store.apply(&fresh, true);
+        assert!(
+            after.iter().all(|o| o.remaining == 1),
+            "the refused request took nothing"
+        );
     }
 
     #[test]
