@@ -50,13 +50,15 @@ local function copy(s)
 end
 
 -- Decides the checks KEYS[k0 + 1 .. k0 + n], whose fields are ARGV[a0 ..
--- a0 + n - 1]; false when a check's fields are malformed (the call then
--- fails before it saves anything).
-local function request(k0, a0, n, all_or_nothing)
-  local blocked = false
+-- a0 + n - 1], as its header r says (refused: as if one of them was over);
+-- false when a check's fields are malformed (the call then fails before
+-- it saves anything).
+local function request(k0, a0, n, r)
+  local all_or_nothing = r.all_or_nothing
+  local blocked = r.refused
   -- A lone check that is over consumes nothing, so only a request of
-  -- several checks can have hits to undo.
-  local undoable = n > 1
+  -- several checks (or refused elsewhere) can have hits to undo.
+  local single = n == 1 and not blocked
   for i = 1, n do
     local c = check_of(ARGV[a0 + i - 1])
     if c == nil then
@@ -80,11 +82,11 @@ local function request(k0, a0, n, all_or_nothing)
     -- Outcome::remaining_before).
     local before_charge = over and applied and algo.report(s, c, over, false, now)
     if applied then
-      if undoable and before[key] == nil then
+      if not single and before[key] == nil then
         before[key] = copy(s)
       end
       algo.apply(s, c, now)
-      if n == 1 then
+      if single then
         save_with[key] = c
       else
         consumed_by[key] = i
@@ -102,7 +104,7 @@ local function request(k0, a0, n, all_or_nothing)
   -- to put back. Requests are mostly one check, and the bookkeeping below
   -- cost such a request 9% of Redis's instructions on a known key and 4%
   -- on a new one (bench/lua_instructions.sh).
-  if n == 1 then
+  if single then
     return true
   end
   local redo = blocked and all_or_nothing
@@ -161,15 +163,19 @@ local function request(k0, a0, n, all_or_nothing)
 end
 
 -- Each request: its header, then its checks' fields, one argument each.
-local k, a, keys, argc = 0, 2, #KEYS, #ARGV
+-- A dry run (sent alone) saves nothing.
+local k, a, keys, argc, dry = 0, 2, #KEYS, #ARGV, false
 while a <= argc do
   local r = request_of(ARGV[a])
-  if r == nil or k + r.n > keys or a + r.n > argc
-      or not request(k, a + 1, r.n, r.all_or_nothing) then
+  if r == nil or k + r.n > keys or a + r.n > argc or not request(k, a + 1, r.n, r) then
     return redis.error_reply('ERR malformed limiter arguments')
   end
+  dry = dry or r.dry
   k = k + r.n
   a = a + 1 + r.n
+end
+if dry then
+  return out
 end
 
 -- Each consumed key once, with the last check that consumed from it.

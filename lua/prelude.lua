@@ -67,14 +67,20 @@ local int = memo(function(n)
   return string.format('%d', n)
 end)
 
--- A request's header, "<checks> <all-or-nothing 0|1>" (lua/README.md), as
--- {n, all_or_nothing}; nil when malformed.
+-- A request's header, "<checks> <flags>" (lua/README.md): the flags are 1
+-- all-or-nothing, plus 2 refused (another hash slot of the request refused
+-- it) or 4 dry run (decided, nothing saved); as {n, all_or_nothing,
+-- refused, dry}; nil when malformed.
 local request_of = memo(function(header)
-  local n, all = string.match(header, '^(%d+) ([01])$')
+  local n, flags = string.match(header, '^(%d+) ([0-5])$')
   if n == nil then
     return nil
   end
-  return { n = tonumber(n), all_or_nothing = all == '1' }
+  flags = tonumber(flags)
+  return {
+    n = tonumber(n), all_or_nothing = flags % 2 == 1, refused = flags == 2 or flags == 3,
+    dry = flags >= 4,
+  }
 end)
 
 -- A check's fields, "<tag> <limit> <period ms> <burst> <hits> <enforce 0|1>

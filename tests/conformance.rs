@@ -1206,7 +1206,7 @@ fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
         &["1 0", good, "1 0", "fw 5 1000 0 1 1"],
         &["1 0", good, "1 0", "fw 5 -1000 0 1 1 0"],
         &["1 0", good, "1 0", "fw 5 1000 0 1 1 3"],
-        &["1 0", good, "1 2", good],
+        &["1 0", good, "1 6", good],
         &["1 0", good, "one 0", good],
         &["1 0", good, "2 0", good],
         &["2 1", good],
@@ -1364,6 +1364,49 @@ async fn cluster_requests_across_slots_are_atomic_per_slot() {
     // Both fit: both answered from their own slot.
     let out = store.apply(&[a, c("slot-b", 1, 1)], true).await.unwrap();
     assert_eq!(out, vec![o(false, 3, 1000), o(false, 0, 1000)]);
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`Charges::WhenOver`): a
+/// refused request spares the fixed windows it fitted, on a cluster too
+/// when its checks live in different hash slots (a dry run in every slot
+/// first). Before, the slot of the fitted check never learnt of the
+/// refusal: each refused request took a user's hit, and locked the user
+/// out for the rest of the window.
+#[tokio::test]
+async fn stop_cache_spares_fitted_windows_across_hash_slots() {
+    let when_over = |key: &str| Check {
+        charges: Charges::WhenOver,
+        ..ck(Algorithm::FixedWindow, key, 2, 3_600_000, 0, 1)
+    };
+    let (user, route) = (when_over("user"), when_over("route"));
+    assert_ne!(
+        ratekeeper::keys::cluster_slot(&user.key),
+        ratekeeper::keys::cluster_slot(&route.key),
+        "the two keys must live in different slots"
+    );
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let store = backend.store(Arc::new(ManualClock::new(1_800_000_000_000)));
+        for _ in 0..2 {
+            store
+                .apply(std::slice::from_ref(&route), false)
+                .await
+                .unwrap();
+        }
+        for all_or_nothing in [false, true, false] {
+            let out = store
+                .apply(&[user.clone(), route.clone()], all_or_nothing)
+                .await
+                .unwrap();
+            assert!(!out[0].over && out[1].over, "{name}: {out:?}");
+            assert_eq!(out[0].remaining, 2, "{name}: the user's hit spared");
+        }
+        let out = store
+            .apply(std::slice::from_ref(&user), false)
+            .await
+            .unwrap();
+        assert_eq!(out[0].remaining, 1, "{name}: only this hit counted");
+    }
 }
 
 /// The id of the cluster node serving `slot`, and that node (from `CLUSTER

@@ -282,6 +282,25 @@ impl LimiterScript {
         R: Iterator<Item = (bool, C)> + Clone,
         C: ExactSizeIterator<Item = &'c Check>,
     {
+        self.command_in(
+            now,
+            requests.map(|(all, checks)| (all, Pass::Decide, checks)),
+        )
+    }
+
+    /// The call deciding one request's checks in one hash slot, in `pass`.
+    pub fn slot_command<'c, C>(&self, now: &str, all_or_nothing: bool, pass: Pass, checks: C) -> Cmd
+    where
+        C: ExactSizeIterator<Item = &'c Check> + Clone,
+    {
+        self.command_in(now, std::iter::once((all_or_nothing, pass, checks)))
+    }
+
+    fn command_in<'c, R, C>(&self, now: &str, requests: R) -> Cmd
+    where
+        R: Iterator<Item = (bool, Pass, C)> + Clone,
+        C: ExactSizeIterator<Item = &'c Check>,
+    {
         let mut cmd = if self.uses_functions() {
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(&self.function);
@@ -291,9 +310,9 @@ impl LimiterScript {
             cmd.arg(self.script.get_hash());
             cmd
         };
-        let keys: usize = requests.clone().map(|(_, checks)| checks.len()).sum();
+        let keys: usize = requests.clone().map(|(_, _, checks)| checks.len()).sum();
         cmd.arg(keys);
-        for (_, checks) in requests.clone() {
+        for (_, _, checks) in requests.clone() {
             for check in checks {
                 cmd.arg(check.key.as_str());
             }
@@ -304,10 +323,11 @@ impl LimiterScript {
             let jitter_ms = crate::otel::random_u64() % (self.expiry_jitter_ms + 1);
             cmd.arg(JitteredNow { now, jitter_ms });
         }
-        for (all_or_nothing, checks) in requests {
+        for (all_or_nothing, pass, checks) in requests {
             cmd.arg(RequestHeader {
                 checks: checks.len(),
                 all_or_nothing,
+                pass,
             });
             for check in checks {
                 cmd.arg(CheckFields(check));
@@ -402,15 +422,40 @@ fn no_functions(error: &RedisError) -> bool {
 /// Values the script returns per check.
 const REPLY_FIELDS: usize = 3;
 
-/// A request's header argument: `"<checks> <all-or-nothing 0|1>"`.
+/// How a call decides a request. Every call but a cluster's two passes
+/// over a request whose `when_over` checks span hash slots decides it
+/// ([`super::RedisStore::apply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// Decide and save.
+    Decide,
+    /// Decide and save nothing: which checks would be over.
+    DryRun,
+    /// Decide as refused (another slot of the request refused it).
+    Refused,
+}
+
+/// A request's header argument: `"<checks> <flags>"`, the flags 1 for
+/// all-or-nothing, plus 2 for [`Pass::Refused`] or 4 for [`Pass::DryRun`].
 struct RequestHeader {
     checks: usize,
     all_or_nothing: bool,
+    pass: Pass,
 }
 
 impl fmt::Display for RequestHeader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.checks, u8::from(self.all_or_nothing))
+        let pass = match self.pass {
+            Pass::Decide => 0,
+            Pass::Refused => 2,
+            Pass::DryRun => 4,
+        };
+        write!(
+            f,
+            "{} {}",
+            self.checks,
+            u8::from(self.all_or_nothing) + pass
+        )
     }
 }
 

@@ -22,10 +22,10 @@ use super::caller::Caller;
 use super::connection::{Connections, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
-use super::limiter_script::{self, script_now, BudgetOp, LimiterScript};
+use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
-use crate::limiter::{Check, Outcome};
+use crate::limiter::{Charges, Check, Outcome};
 use crate::vocab::Topology;
 use crate::{Error, Result};
 
@@ -321,10 +321,17 @@ impl RedisStore {
             return batcher.apply((checks.to_vec(), all_or_nothing)).await;
         }
         let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
+        let spares = |c: &Check| c.charges == Charges::WhenOver && c.hits > 0;
+        let pass = if groups.len() > 1 && checks.iter().any(spares) {
+            self.refused_in_any_slot(checks, &groups, all_or_nothing)
+                .await?
+        } else {
+            Pass::Decide
+        };
         let answers = join_all(
             groups
                 .iter()
-                .map(|group| self.apply_slot(checks, group, all_or_nothing)),
+                .map(|group| self.apply_slot(checks, group, all_or_nothing, pass)),
         )
         .await;
         let mut outcomes = vec![None; checks.len()];
@@ -339,17 +346,47 @@ impl RedisStore {
             .collect()
     }
 
+    /// Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` a `when_over` check
+    /// spares what it fitted when its request is refused, which one slot
+    /// cannot see another refuse. So a request whose such checks span
+    /// slots is first decided in every slot without saving anything (as
+    /// theirs reads every key before it counts): [`Pass::Refused`] when
+    /// an enforced check of any slot is over, for the pass that counts.
+    async fn refused_in_any_slot(
+        &self,
+        checks: &[Check],
+        groups: &[Vec<usize>],
+        all_or_nothing: bool,
+    ) -> Result<Pass> {
+        let dry = join_all(
+            groups
+                .iter()
+                .map(|group| self.apply_slot(checks, group, all_or_nothing, Pass::DryRun)),
+        )
+        .await;
+        for (group, answer) in groups.iter().zip(dry) {
+            if group
+                .iter()
+                .zip(answer?)
+                .any(|(&i, o)| o.over && checks[i].enforce)
+            {
+                return Ok(Pass::Refused);
+            }
+        }
+        Ok(Pass::Decide)
+    }
+
     async fn apply_slot(
         &self,
         checks: &[Check],
         group: &[usize],
         all_or_nothing: bool,
+        pass: Pass,
     ) -> Result<Vec<Outcome>> {
         let slot_checks = group.iter().map(|&i| &checks[i]);
-        let cmd = self.limiter.command(
-            &self.now_arg(),
-            std::iter::once((all_or_nothing, slot_checks)),
-        );
+        let cmd = self
+            .limiter
+            .slot_command(&self.now_arg(), all_or_nothing, pass, slot_checks);
         let reply: Vec<i64> = self.caller().eval(&self.limiter, &cmd).await?;
         limiter_script::outcomes(&reply, group.len())
     }
