@@ -24,13 +24,21 @@ const INDEX_PAST: usize = 16;
 pub trait Table {
     /// The state stored under `key`, if any and not expired at `now_ms`.
     fn read(&mut self, key: &str, now_ms: u64) -> Option<State>;
+    /// As [`Table::read`], moved out of the table with its expiry: the
+    /// evaluator writes back every state it takes. (A copy per request
+    /// cost a sliding log of many entries more than its decision.)
+    fn take(&mut self, key: &str, now_ms: u64) -> Option<(State, u64)>;
     /// Stores `state` under `key`, expiring at `expires_at_ms`.
     fn write(&mut self, key: &str, state: State, expires_at_ms: u64);
 }
 
 struct KeyState<'a> {
     key: &'a str,
-    stored: State,
+    /// The state as loaded, kept when the request may have to be undone
+    /// (more than one check, or a reservation).
+    stored: Option<State>,
+    /// The expiry of the state taken from the table, if there was one.
+    expires_at_ms: Option<u64>,
     live: State,
     /// The last check that consumed from this key (for the TTL), if any.
     consumed_by: Option<usize>,
@@ -65,6 +73,9 @@ pub(super) fn run(
     // thousands, and the scans made it quadratic).
     let mut index: HashMap<&str, usize> = HashMap::new();
     let indexed = checks.len() > INDEX_PAST;
+    // A lone check has nothing to undo: over its limit it consumed nothing
+    // or a charge, which a refusal keeps.
+    let undoable = checks.len() > 1 || marks.is_some();
     let mut tried = Vec::with_capacity(checks.len());
     let mut blocked = false;
     for (i, check) in checks.iter().enumerate() {
@@ -79,11 +90,16 @@ pub(super) fn run(
                 if indexed {
                     index.insert(&check.key, keys.len());
                 }
-                let stored = State::load(table.read(&check.key, now_ms), check, now_ms);
+                let (taken, expires_at_ms) = match table.take(&check.key, now_ms) {
+                    Some((state, expiry)) => (Some(state), Some(expiry)),
+                    None => (None, None),
+                };
+                let live = State::load(taken, check, now_ms);
                 keys.push(KeyState {
                     key: &check.key,
-                    live: stored.clone(),
-                    stored,
+                    stored: undoable.then(|| live.clone()),
+                    expires_at_ms,
+                    live,
                     consumed_by: None,
                     mark: None,
                 });
@@ -128,17 +144,11 @@ pub(super) fn run(
             .zip(&tried)
             .any(|(check, t)| check.charges == Charges::WhenOver && check.hits > 0 && !t.over)
     };
-    let redo = blocked && (all_or_nothing || spares_fitted());
+    let redo = blocked && undoable && (all_or_nothing || spares_fitted());
     if redo {
         refused_only(&mut keys, checks, &mut tried, all_or_nothing, now_ms);
     }
-    for k in &keys {
-        if let Some(i) = k.consumed_by {
-            let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
-            table.write(k.key, k.live.clone(), now_ms + ttl.max(1));
-        }
-    }
-    checks
+    let outcomes = checks
         .iter()
         .zip(tried)
         .map(|(check, t)| {
@@ -157,7 +167,22 @@ pub(super) fn run(
                 remaining_before: t.remaining_before,
             }
         })
-        .collect()
+        .collect();
+    for k in keys {
+        match k.consumed_by {
+            Some(i) => {
+                let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
+                table.write(k.key, k.live, now_ms + ttl.max(1));
+            }
+            // Taken and not consumed from: put back as it was loaded.
+            None => {
+                if let Some(expiry) = k.expires_at_ms {
+                    table.write(k.key, k.live, expiry);
+                }
+            }
+        }
+    }
+    outcomes
 }
 
 /// One check as first tried: its key's index, whether it was over, its
@@ -186,7 +211,9 @@ fn refused_only(
     now_ms: u64,
 ) {
     for k in keys.iter_mut() {
-        k.live = k.stored.clone();
+        if let Some(stored) = &k.stored {
+            k.live = stored.clone();
+        }
         k.consumed_by = None;
     }
     for (i, (check, t)) in checks.iter().zip(tried).enumerate() {

@@ -411,6 +411,14 @@ impl batch::Table for LockedShards<'_> {
             .map(|slot| slot.state.clone())
     }
 
+    fn take(&mut self, key: &str, now_ms: u64) -> Option<(State, u64)> {
+        let (shard, id) = self.shard(key)?;
+        shard
+            .remove(&id)
+            .filter(|slot| slot.expires_at_ms > now_ms)
+            .map(|slot| (slot.state, slot.expires_at_ms))
+    }
+
     fn write(&mut self, key: &str, state: State, expires_at_ms: u64) {
         // Only the request's own keys are written, and their shards are
         // locked: a miss here would be a bug in `evaluate`, not input.
@@ -461,6 +469,31 @@ mod tests {
         assert_eq!(store.len(), 10_000);
         let again = &store.apply(&[check("k42", 1, 1)], true)[0];
         assert!(again.over);
+    }
+
+    /// The evaluator takes each state out of its shard: one it did not
+    /// consume from (over the limit, or a probe of 0 hits) is put back as
+    /// it was, expiry included.
+    #[test]
+    fn a_state_taken_and_not_consumed_is_put_back() {
+        let clock = Arc::new(ManualClock::new(10_000));
+        let store = MemoryStore::new(clock.clone());
+        assert!(!store.apply(&[check("k", 1, 1)], true)[0].over);
+        for hits in [1, 0, 1] {
+            let out = &store.apply(&[check("k", 1, hits)], true)[0];
+            assert!(out.over, "hits {hits}: the count was lost");
+            assert_eq!(out.reset_ms, 1_000, "hits {hits}");
+        }
+        // Two checks, the second over: nothing consumed, both put back.
+        let out = store.apply(&[check("j", 5, 1), check("k", 1, 1)], true);
+        assert!(!out[0].over && out[1].over);
+        assert_eq!(store.apply(&[check("j", 5, 0)], true)[0].remaining, 5);
+        assert_eq!(store.len(), 1, "the refused request left no state for j");
+        clock.advance(1_000);
+        assert!(
+            !store.apply(&[check("k", 1, 1)], true)[0].over,
+            "k expired with its window"
+        );
     }
 
     /// A request of many checks (past the size where keys are found
