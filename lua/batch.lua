@@ -122,7 +122,8 @@ local function request(k0, a0, n, r)
   if redo then
     -- A refused request consumes only what refused_records keeps (all or
     -- nothing: its charges): put back what it took, record those hits, in
-    -- order, and report every check against the states so left.
+    -- order, and report each check against the state as it left it (as
+    -- theirs reports each descriptor from its own INCRBY).
     for i = 1, n do
       local key = KEYS[k0 + i]
       if before[key] ~= nil then
@@ -132,20 +133,17 @@ local function request(k0, a0, n, r)
     -- A charge over its limit now takes over from what the charges before
     -- it left.
     for i = 1, n do
-      local c, key, o = checks[i], KEYS[k0 + i], 3 * (k0 + i)
-      local over = out[o - 2] ~= 0
-      if refused_records(c, over, all_or_nothing) then
-        if over then
-          out[o - 2] = 2 + c.algo.report(state[key], c, true, false, now)
-        end
-        c.algo.apply(state[key], c, now)
-        save_with[key] = c
-      end
-    end
-    for i = 1, n do
       local c, s, o = checks[i], state[KEYS[k0 + i]], 3 * (k0 + i)
       local over = out[o - 2] ~= 0
-      out[o - 1], out[o] = c.algo.report(s, c, over, refused_records(c, over, all_or_nothing), now)
+      local recorded = refused_records(c, over, all_or_nothing)
+      if recorded then
+        if over then
+          out[o - 2] = 2 + c.algo.report(s, c, true, false, now)
+        end
+        c.algo.apply(s, c, now)
+        save_with[KEYS[k0 + i]] = c
+      end
+      out[o - 1], out[o] = c.algo.report(s, c, over, recorded, now)
     end
   else
     for i = 1, n do

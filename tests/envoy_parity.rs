@@ -100,6 +100,33 @@ descriptors:
     .await;
 }
 
+/// One counter twice in a request (the same descriptor from two actions,
+/// or a rule and an override of it): theirs reports each descriptor from
+/// its own INCRBY, and so does ours, also when the request is refused (the
+/// first status is what the first left, not what the whole request left).
+#[tokio::test]
+async fn a_counter_twice_in_a_request_reports_each_status_as_of_its_own_hits() {
+    use envoy_types::pb::google::protobuf::UInt64Value;
+    let limits = "
+domain: d
+descriptors:
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+    on_every_store(limits, |server, _clock, store| async move {
+        let mut three = descriptor(&[("b", "t")]);
+        three.hits_addend = Some(UInt64Value { value: 3 });
+        let r = ask(&server, vec![three.clone(), three]).await;
+        assert_eq!(codes(&r), [Code::Ok, Code::OverLimit], "{store}");
+        let remaining: Vec<u32> = r.statuses.iter().map(|s| s.limit_remaining).collect();
+        assert_eq!(remaining, [2, 0], "{store}");
+        // Both counted (a fixed window of theirs counts past its limit).
+        let r = ask(&server, vec![descriptor(&[("b", "t")])]).await;
+        assert_eq!(overall(&r), Code::OverLimit, "{store}");
+    })
+    .await;
+}
+
 /// Their `requests_per_unit` is a `uint32` YAML field: missing reads as 0,
 /// which refuses every request.
 #[tokio::test]

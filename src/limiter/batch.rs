@@ -8,7 +8,8 @@
 //! `all_or_nothing`, a request refused by any enforced check consumes nothing
 //! but its charges: the states are put back as they were before it and the
 //! hits of its checks that take charges are recorded on them, in order;
-//! every outcome is then reported from those states. Otherwise (Envoy's
+//! each outcome is reported from its key's state as of its check (its own
+//! hits in, the later checks' not). Otherwise (Envoy's
 //! behaviour) the checks that fit are consumed even when another refuses the
 //! request, but for a fixed window under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
 //! (`Charges::WhenOver`), which spares what it fitted either way.
@@ -148,24 +149,13 @@ pub(super) fn run(
     if redo {
         refused_only(&mut keys, checks, &mut tried, all_or_nothing, now_ms);
     }
-    let outcomes = checks
-        .iter()
-        .zip(tried)
-        .map(|(check, t)| {
-            let (remaining, reset_ms) = if redo {
-                let applied = check
-                    .charges
-                    .records_refused(check.hits, t.over, all_or_nothing);
-                dispatch!(&keys[t.at].live, s => s.report(check, t.over, applied, now_ms))
-            } else {
-                t.report
-            };
-            Outcome {
-                over: t.over,
-                remaining,
-                reset_ms,
-                remaining_before: t.remaining_before,
-            }
+    let outcomes = tried
+        .into_iter()
+        .map(|t| Outcome {
+            over: t.over,
+            remaining: t.report.0,
+            reset_ms: t.report.1,
+            remaining_before: t.remaining_before,
         })
         .collect();
     for k in keys {
@@ -217,16 +207,19 @@ fn refused_only(
         k.consumed_by = None;
     }
     for (i, (check, t)) in checks.iter().zip(tried).enumerate() {
-        if check
+        let recorded = check
             .charges
-            .records_refused(check.hits, t.over, all_or_nothing)
-        {
-            let live = &mut keys[t.at].live;
+            .records_refused(check.hits, t.over, all_or_nothing);
+        let live = &mut keys[t.at].live;
+        if recorded {
             if t.over {
                 t.remaining_before = Some(remaining(live, check, now_ms));
             }
             dispatch!(live, s => s.apply(check, now_ms));
             keys[t.at].consumed_by = Some(i);
         }
+        // As the request left the key at this check (theirs reports each
+        // descriptor from its own INCRBY).
+        t.report = dispatch!(&*live, s => s.report(check, t.over, recorded, now_ms));
     }
 }
