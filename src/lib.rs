@@ -50,7 +50,8 @@
 //!   `/healthcheck` both report.
 //! - [`telemetry`] sets up logs (in JSON as envoyproxy/ratelimit writes
 //!   them: [`log_json`]; a line a failure repeats per request paced by
-//!   [`log_pace`]) and the Prometheus recorder;
+//!   [`log_pace`]) and the Prometheus recorder, whose series
+//!   [`metric_help`] describes;
 //!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
 //!   [`stat_key`]) in [`statsd`] (plain, or DogStatsD through
 //!   [`dogstatsd`]'s mogrifiers) and in the Prometheus series
@@ -83,6 +84,7 @@ pub mod lanes;
 pub mod limiter;
 pub mod log_json;
 pub mod log_pace;
+pub mod metric_help;
 pub mod otel;
 pub mod pb;
 pub mod random;

@@ -70,6 +70,7 @@ pub fn install_recorder() -> Result<PrometheusHandle> {
             )
         })
         .and_then(|b| b.install_recorder())
+        .inspect(|_| crate::metric_help::describe())
         .map_err(|e| Error::Startup(format!("cannot install the metrics recorder: {e}")))
 }
 
