@@ -43,36 +43,67 @@ pub type Counter = Arc<AtomicU64>;
 /// A statsd timer: the samples since the last flush.
 pub type Timer = Arc<Samples>;
 
-/// A timer's samples, at most 4096 per flush (`KEPT`): past that, the
-/// lines carry a sample rate (`|@0.25`) so the server still counts every
-/// call, and a burst of calls cannot grow memory or the datagrams sent.
-#[derive(Debug, Default)]
+/// A timer's samples, at most 4096 per flush (`KEPT`): past that, every
+/// other one kept is dropped and from then on one call in twice as many is
+/// kept (one in `step`, a power of two), and the lines carry the sample
+/// rate `1/step` (`|@0.25`). statsd_exporter counts each such line as
+/// `int(1/rate)` calls, exactly `step` here, so the count it makes is the
+/// calls' within `step` (a rate such as 0.68 counted each line once), and a
+/// burst of calls cannot grow memory or the datagrams sent.
+#[derive(Debug)]
 pub struct Samples {
-    kept: Mutex<Vec<f64>>,
-    seen: AtomicU64,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Debug)]
+struct Kept {
+    samples: Vec<f64>,
+    /// Calls since the last flush.
+    seen: u64,
+    /// One call in `step` is kept.
+    step: u64,
+}
+
+impl Default for Samples {
+    fn default() -> Self {
+        Samples {
+            kept: Mutex::new(Kept {
+                samples: Vec::new(),
+                seen: 0,
+                step: 1,
+            }),
+        }
+    }
 }
 
 impl Samples {
-    const KEPT: u64 = 4096;
+    const KEPT: usize = 4096;
 
     /// One call that took `elapsed`.
     pub fn record(&self, elapsed: Duration) {
-        if self.seen.fetch_add(1, Ordering::Relaxed) < Self::KEPT {
-            let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-            kept.push(elapsed.as_secs_f64() * 1000.0);
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.seen += 1;
+        if (kept.seen - 1) % kept.step != 0 {
+            return;
+        }
+        kept.samples.push(elapsed.as_secs_f64() * 1000.0);
+        if kept.samples.len() >= Self::KEPT {
+            let mut position = 0;
+            kept.samples.retain(|_| {
+                position += 1;
+                position % 2 == 1
+            });
+            kept.step *= 2;
         }
     }
 
     /// The kept samples (milliseconds) and the share of calls they stand for.
     fn take(&self) -> (Vec<f64>, f64) {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        let seen = self.seen.swap(0, Ordering::Relaxed);
-        let samples = std::mem::take(&mut *kept);
-        let rate = match seen as f64 {
-            seen if seen > samples.len() as f64 => samples.len() as f64 / seen,
-            _ => 1.0,
-        };
-        (samples, rate)
+        let rate = 1.0 / kept.step as f64;
+        kept.seen = 0;
+        kept.step = 1;
+        (std::mem::take(&mut kept.samples), rate)
     }
 }
 
@@ -220,9 +251,11 @@ impl ReadStat {
 
 /// A timer's `name:ms|ms` lines, with the sample rate when below 1.
 fn timer_lines(format: &Format, name: &str, samples: &[f64], rate: f64) -> Vec<String> {
+    // In full (1/2^n is exact in decimal): the server's 1/rate must be
+    // the whole number of calls each line stands for.
     let rate = match rate {
         1.0 => String::new(),
-        rate => format!("|@{rate:.4}"),
+        rate => format!("|@{rate}"),
     };
     let (head, tail) = format.parts(name);
     let line = |ms: &f64| format!("{head}:{ms:.3}|ms{rate}{tail}");
@@ -246,7 +279,10 @@ impl Format {
         Ok(match &settings.dog {
             None => Format::Gostats(tags.iter().map(|(k, v)| format!(".__{k}={v}")).collect()),
             Some(mogrifiers) => Format::Dog {
-                extra_tags: tags.iter().map(|(k, v)| format!("{k}:{v}")).collect(),
+                extra_tags: datadog_env_tags(|name| std::env::var(name).ok())
+                    .into_iter()
+                    .chain(tags.iter().map(|(k, v)| format!("{k}:{v}")))
+                    .collect(),
                 mogrifiers: mogrifiers.clone(),
             },
         })
@@ -298,6 +334,24 @@ fn datagrams(lines: &[String]) -> Vec<String> {
 
 /// `EXTRA_TAGS` (`k:v,k:v`), sorted by key and cleaned as gostats cleans
 /// them (`.`, `:` and `|` become `_`; empty keys or values are dropped).
+/// The tags their DogStatsD client (datadog-go) puts first on every line
+/// from Datadog's unified service tagging variables, in its order (set by
+/// Datadog's admission controller; monitors filter on `service:`, `env:`).
+fn datadog_env_tags(var: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    const TAGS: [(&str, &str); 4] = [
+        ("DD_ENTITY_ID", "dd.internal.entity_id"),
+        ("DD_ENV", "env"),
+        ("DD_SERVICE", "service"),
+        ("DD_VERSION", "version"),
+    ];
+    TAGS.iter()
+        .filter_map(|(name, tag)| {
+            let value = var(name).filter(|v| !v.is_empty())?;
+            Some(format!("{tag}:{value}"))
+        })
+        .collect()
+}
+
 fn extra_tags(extra: &str) -> Result<Vec<(String, String)>> {
     let mut tags = BTreeMap::new();
     for pair in extra.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -306,8 +360,10 @@ fn extra_tags(extra: &str) -> Result<Vec<(String, String)>> {
                 "EXTRA_TAGS: {pair:?} is not key:value"
             )));
         };
-        let clean = |s: &str| s.trim().replace(['.', ':', '|'], "_");
-        tags.insert(clean(key), clean(value));
+        // Values as gostats' `ReplaceChars` makes them; keys as given (a
+        // `.` kept: `k8s.cluster`), but for the `|` that would end the line.
+        let value = value.trim().replace(['.', ':', '|'], "_");
+        tags.insert(key.trim().replace('|', "_"), value);
     }
     tags.retain(|k, v| !k.is_empty() && !v.is_empty());
     Ok(tags.into_iter().collect())
@@ -337,17 +393,52 @@ mod tests {
         );
         assert!(extra_tags("").unwrap().is_empty());
         assert!(extra_tags("nocolon").is_err());
+        // A key keeps its dots, as gostats' tags do; the value does not.
+        let tags = extra_tags("k8s.cluster:c1.x").unwrap();
+        assert_eq!(tags, [("k8s.cluster".to_string(), "c1_x".to_string())]);
     }
 
     #[test]
-    fn timers_past_the_kept_samples_carry_a_rate() {
+    fn datadog_unified_service_tags_come_first_as_their_client_puts_them() {
+        let env = |name: &str| match name {
+            "DD_ENV" => Some("prod".to_string()),
+            "DD_SERVICE" => Some("ratelimit".to_string()),
+            "DD_VERSION" => Some("1.2".to_string()),
+            "DD_ENTITY_ID" => Some(String::new()),
+            _ => None,
+        };
+        assert_eq!(
+            datadog_env_tags(env),
+            ["env:prod", "service:ratelimit", "version:1.2"]
+        );
+        assert!(datadog_env_tags(|_| None).is_empty());
+    }
+
+    /// Past the kept samples, the lines stand for a whole number of calls
+    /// each (what statsd_exporter counts: `int(1/rate)`), so the count it
+    /// makes is within a line's worth of the calls: 6,000 calls were
+    /// counted as 4,096 with a rate of 0.6827.
+    #[test]
+    fn timers_past_the_kept_samples_carry_a_rate_of_whole_calls() {
         let samples = Samples::default();
-        for _ in 0..Samples::KEPT * 2 {
-            samples.record(Duration::from_micros(1500));
+        for calls in [1u64, 4095, 4096, 6000, 20_001] {
+            for i in 0..calls {
+                samples.record(Duration::from_micros(1000 + i));
+            }
+            let (kept, rate) = samples.take();
+            let per_line = (1.0 / rate) as u64;
+            assert!(kept.len() <= Samples::KEPT, "{calls}");
+            let counted = kept.len() as u64 * per_line;
+            assert!(
+                (calls..calls + per_line).contains(&counted),
+                "{calls} calls counted as {counted}"
+            );
+            // Every kept sample is a call one `step` apart from the last.
+            assert_eq!(kept[0], 1.0, "{calls}");
+            if kept.len() > 1 {
+                assert_eq!(kept[1], 1.0 + per_line as f64 / 1000.0, "{calls}");
+            }
         }
-        let (kept, rate) = samples.take();
-        assert_eq!((kept.len() as u64, rate), (Samples::KEPT, 0.5));
-        assert_eq!(kept[0], 1.5);
         assert_eq!(samples.take(), (Vec::new(), 1.0));
         let dog = Format::Dog {
             extra_tags: vec!["app:rk".into()],
@@ -355,7 +446,11 @@ mod tests {
         };
         assert_eq!(
             timer_lines(&dog, "t", &[1.5, 0.25], 0.5),
-            ["t:1.500|ms|@0.5000|#app:rk", "t:0.250|ms|@0.5000|#app:rk"]
+            ["t:1.500|ms|@0.5|#app:rk", "t:0.250|ms|@0.5|#app:rk"]
+        );
+        assert_eq!(
+            timer_lines(&dog, "t", &[1.5], 1.0 / 4096.0),
+            ["t:1.500|ms|@0.000244140625|#app:rk"]
         );
         let plain = Format::Gostats(String::new());
         assert_eq!(timer_lines(&plain, "t", &[2.0], 1.0), ["t:2.000|ms"]);

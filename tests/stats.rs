@@ -358,7 +358,8 @@ async fn store_calls_are_timed_once_each() {
 }
 
 /// A decision the store failed is their `redis_error`, whatever the failure
-/// mode then answered (here `open`: OK).
+/// mode then answered (here `open`: OK), and its hits still count in
+/// `total_hits` (theirs counts them before it asks Redis), in ours too.
 #[tokio::test]
 async fn a_store_failure_counts_as_their_redis_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -379,6 +380,12 @@ async fn a_store_failure_counts_as_their_redis_error() {
         text.contains(r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"} 1"#),
         "{text}"
     );
+    for series in [
+        r#"ratelimit_service_rate_limit_total_hits{domain="web",key1="user"} 1"#,
+        r#"ratekeeper_rate_limit_total_hits{domain="web",rule="user"} 1"#,
+    ] {
+        assert!(text.contains(series), "{series}:\n{text}");
+    }
 }
 
 /// A limits directory holding `yaml` (kept alive by the returned guard).

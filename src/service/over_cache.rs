@@ -100,27 +100,25 @@ impl Default for OverCache {
 }
 
 /// Whether `outcome` shows `check`'s counter full: at its limit, refusing
-/// even one more hit, enforced, and a fixed window.
+/// even one more hit, and a fixed window. Shadow-mode and quota-mode
+/// limits too, as theirs caches every key over its limit: their requests
+/// are answered as the store would (over, not refused), and counted as
+/// theirs counts them (`over_limit_with_local_cache`).
 fn full(check: &Check, outcome: &Outcome) -> bool {
-    check.algorithm == Algorithm::FixedWindow
-        && check.enforce
-        && outcome.over
-        && outcome.remaining == 0
+    check.algorithm == Algorithm::FixedWindow && outcome.over && outcome.remaining == 0
 }
 
 /// The outcome of `check` if `entries` remember its counter full now.
 fn remembered(entries: &HashMap<String, (u64, u64)>, check: &Check, now: u64) -> Option<Outcome> {
     let &(until, limit) = entries.get(&check.key)?;
-    (check.algorithm == Algorithm::FixedWindow
-        && check.enforce
-        && limit == check.limit
-        && until > now)
-        .then(|| Outcome {
+    (check.algorithm == Algorithm::FixedWindow && limit == check.limit && until > now).then(|| {
+        Outcome {
             over: true,
             remaining: 0,
             reset_ms: until - now,
             remaining_before: None,
-        })
+        }
+    })
 }
 
 impl OverCache {
@@ -181,7 +179,7 @@ impl OverCache {
     }
 
     /// Remembers the checks the store found full (at the limit, refusing
-    /// even one more hit, and enforced).
+    /// even one more hit).
     /// `now_ms` is the store's clock (tests pin it).
     pub fn learn(&self, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
         if self.capacity == 0 || !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
@@ -332,6 +330,27 @@ mod tests {
             "the limit changed"
         );
         assert!(cache.answer(&[fw], 1_050).is_none(), "the window ended");
+    }
+
+    /// A shadow-mode (or quota-mode) limit's full window is remembered as
+    /// an enforced one's: theirs caches every key over its limit, and the
+    /// answer still says over, for the service to let through and count.
+    #[test]
+    fn remembers_full_windows_of_limits_that_do_not_refuse() {
+        let cache = OverCache::default();
+        let shadow = Check {
+            enforce: false,
+            ..check("s", Algorithm::FixedWindow, 3)
+        };
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+            remaining_before: None,
+        };
+        cache.learn(std::slice::from_ref(&shadow), &[full], 1_000);
+        let answer = cache.answer(&[shadow], 1_010);
+        assert_eq!(answer.map(|o| (o[0].over, o[0].reset_ms)), Some((true, 40)));
     }
 
     #[test]

@@ -275,8 +275,14 @@ impl RateLimiter {
                     span.answered_by(mode.name());
                 }
                 match self.local.fall_back(mode, failed, &plan, all_or_nothing) {
-                    Fallback::Answer(response) => return Ok(response),
-                    Fallback::Refuse(status) => return Err(status),
+                    Fallback::Answer(response) => {
+                        self.counters.record_hits(request, &plan);
+                        return Ok(response);
+                    }
+                    Fallback::Refuse(status) => {
+                        self.counters.record_hits(request, &plan);
+                        return Err(status);
+                    }
                     Fallback::Outcomes(outcomes) => (outcomes, Some(mode), false),
                 }
             }

@@ -173,6 +173,22 @@ impl RuleCounters {
         }
     }
 
+    /// Counts only `total_hits`, for a request the store failed to decide
+    /// and the failure mode answered: theirs counts a request's hits before
+    /// it asks Redis, so a rule's traffic does not drop to nothing while
+    /// Redis is down.
+    pub fn record_hits(&self, request: &RateLimitRequest, plan: &Plan<'_>) {
+        let counted = plan.applied.iter().zip(&request.descriptors);
+        for (applied, descriptor) in counted {
+            if let Applied::Counted { rule, checks, .. } = applied {
+                let hits = plan.checks[checks.start].hits;
+                self.each_metrics(&request.domain, *rule, descriptor, |m| {
+                    m.total_hits.increment(hits)
+                });
+            }
+        }
+    }
+
     /// Counts a request of `descriptors` descriptors for a domain no config
     /// has: theirs counts
     /// `ratelimit.service.rate_limit.<domain>.domain_not_found` once per
@@ -217,7 +233,7 @@ impl RuleCounters {
         cached: bool,
     ) {
         let shadow_mode = rule.is_some_and(|r| r.shadow_mode);
-        let count = |m: &RuleMetrics| {
+        self.each_metrics(domain, rule, descriptor, |m| {
             m.total_hits.increment(hits);
             for (counter, n) in [
                 (&m.within_limit, split.within),
@@ -236,7 +252,18 @@ impl RuleCounters {
                 (true, true) => m.over_limit_with_local_cache.increment(split.over),
                 (true, false) => m.over_limit_with_local_cache.increment_ours(split.over),
             }
-        };
+        });
+    }
+
+    /// Applies `count` to the counters of a descriptor's limit: its rule's,
+    /// and those of its path when the path takes the request's values.
+    fn each_metrics(
+        &self,
+        domain: &str,
+        rule: Option<&Rule>,
+        descriptor: &RateLimitDescriptor,
+        count: impl Fn(&RuleMetrics),
+    ) {
         if let Some(rule) = rule {
             count(&rule.metrics);
         }
