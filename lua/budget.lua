@@ -136,11 +136,11 @@ local function answer2(p, n, x, y)
 end
 
 -- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
--- with fields ARGV[a + 1 .. a + n], marker KEYS[k] (expiring after px ms,
--- a formatted argument); all_keys the whole reservation's keys line (''
--- on one slot). Its answer goes to out from index p; returns the answer's
+-- with fields ARGV[a + 1 .. a + n], marker KEYS[k] (expiring after ttl ms,
+-- px the same formatted as an argument); all_keys the whole reservation's
+-- keys line ('' on one slot). Its answer goes to out from index p; returns the answer's
 -- length.
-local function reserve(p, k, a, n, px, all_keys, only_check)
+local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
   out[p] = 1
   local blocked, changed, marks = only_check, false, nil
   for i = 1, n do
@@ -169,7 +169,7 @@ local function reserve(p, k, a, n, px, all_keys, only_check)
       elseif m ~= nil then
         algo.apply(s, c, now)
       elseif algo.reserve ~= nil then
-        m = algo.reserve(s, c, now, key)
+        m = algo.reserve(s, c, now, key, ttl)
       else
         algo.apply(s, c, now)
         m = 0
@@ -408,7 +408,7 @@ for i = 1, nops, 3 do
   if o.op == 'settle' then
     length = settle(p, ok, o.n, o.amount, o.as, all_keys, o.keep)
   else
-    length = reserve(p, ok, oa, o.n, o.px, all_keys, o.op == 'check')
+    length = reserve(p, ok, oa, o.n, o.px, o.amount, all_keys, o.op == 'check')
   end
   out[p - 1] = length
   p = p + length + 1

@@ -3,13 +3,18 @@
 
 -- A key's give-backs (lua/budget.lua's settles): `<key>:given`, their total
 -- in µs of TAT, and `<key>:given.log`, the latest GIVEN_BACK_LOG of them by
--- mark (score the mark, member "<µs>:<total after it>"), both kept
--- GIVEN_BACK_KEEP_MS past the last reservation that read them or settle
--- that added to them. Twins: src/limiter/budget.rs. A mark (TAT + total)
--- is a double here: past 2^53 µs (some 200 years of give-backs on a key
--- never left alone for two hours) it rounds to 2 µs and more, where the
--- Rust twin stays exact.
-local GIVEN_BACK_KEEP_MS, GIVEN_BACK_LOG = 7200000, 64
+-- mark (score the mark, member "<µs>:<total after it>"). A reservation's
+-- mark is read against the total, so both live as long as any reservation
+-- on the key may settle: each reservation makes the total (0) if there is
+-- none and keeps both its TTL and GIVEN_BACK_GRACE_MS more, never less
+-- than they had. (A fixed two hours past every reservation left the pair
+-- behind long after its bucket, some 0.7 KB of Redis per bucket given
+-- back to.) A total found without an expiry, from a reservation of an
+-- earlier version, gets GIVEN_BACK_KEEP_MS. Twins: src/limiter/budget.rs.
+-- A mark (TAT + total) is a double here: past 2^53 µs (some 200 years of
+-- give-backs on a key never left alone) it rounds to 2 µs and more, where
+-- the Rust twin stays exact.
+local GIVEN_BACK_GRACE_MS, GIVEN_BACK_KEEP_MS, GIVEN_BACK_LOG = 60000, 7200000, 64
 
 -- Microseconds between two hits at the limit's rate, rounded up.
 local function gcra_emission(c)
@@ -69,18 +74,21 @@ local function gcra() return {
   ttl = function(s, c, now)
     return ceil_div(s.tat - now * 1000, 1000)
   end,
-  -- A reservation's hits (lua/budget.lua). Its mark is where they end, in
-  -- a coordinate give-backs do not move: the TAT they left (hits are served
-  -- in order, so they are drained by then) plus all the key's settles had
-  -- given back so far; the give-backs are kept as long as it may settle.
-  reserve = function(s, c, now, key)
+  -- A reservation's hits (lua/budget.lua), which may settle for `ttl` ms.
+  -- Its mark is where they end, in a coordinate give-backs do not move: the
+  -- TAT they left (hits are served in order, so they are drained by then)
+  -- plus all the key's settles had given back so far; the give-backs are
+  -- kept as long as it may settle.
+  reserve = function(s, c, now, key, ttl)
     gcra_apply(s, c, now)
-    local given = key .. ':given'
+    local given, keep = key .. ':given', ttl + GIVEN_BACK_GRACE_MS
     local total = redis.call('GET', given)
     s.given = tonumber(total) or 0
-    if total then
-      redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
-      redis.call('PEXPIRE', given .. '.log', GIVEN_BACK_KEEP_MS)
+    if not total then
+      redis.call('SET', given, '0', 'PX', int(keep))
+    elseif redis.call('PTTL', given) < keep then
+      redis.call('PEXPIRE', given, int(keep))
+      redis.call('PEXPIRE', given .. '.log', int(keep))
     end
     return s.tat + s.given
   end,
@@ -112,10 +120,15 @@ local function gcra() return {
     if tat < s.tat then
       local us = int(s.tat - tat)
       local after = redis.call('INCRBY', given, us)
-      redis.call('PEXPIRE', given, GIVEN_BACK_KEEP_MS)
+      -- The total's life is the reservations' (see above), the log's too.
+      local keep = redis.call('PTTL', given)
+      if keep < 0 then
+        keep = GIVEN_BACK_KEEP_MS
+        redis.call('PEXPIRE', given, keep)
+      end
       redis.call('ZADD', log, int(mark), us .. ':' .. int(after))
       redis.call('ZREMRANGEBYRANK', log, 0, -(GIVEN_BACK_LOG + 1))
-      redis.call('PEXPIRE', log, GIVEN_BACK_KEEP_MS)
+      redis.call('PEXPIRE', log, keep)
       s.tat = tat
     end
   end,

@@ -258,6 +258,45 @@ async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
     }
 }
 
+/// A bucket's give-backs (`<key>:given` and `:given.log` in Redis) live as
+/// long as a reservation on it may settle, and a minute more: made at the
+/// reservation, kept by each one as long as its TTL, never shortened. (They
+/// lived two hours past every reservation and settle, long after their
+/// bucket: a soak's Redis held 16,000 of them and nothing else.)
+#[tokio::test]
+async fn bucket_give_backs_live_as_long_as_a_reservation_may_settle() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(&[LIMITS], redis.store(None)).await;
+    let mut client = connect(&server.addr.to_string()).await;
+    let mut conn = redis.client().get_connection().unwrap();
+    let pttl = |conn: &mut redis::Connection, suffix: &str| -> i64 {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*{suffix}"))
+            .query(conn)
+            .unwrap();
+        assert_eq!(keys.len(), 1, "{suffix}: {keys:?}");
+        redis::cmd("PTTL").arg(&keys[0]).query(conn).unwrap()
+    };
+    let ten_seconds = reserve_request("token_bucket", "g", 100, Some(Duration::from_secs(10)));
+    let a = client.reserve(ten_seconds).await.unwrap().into_inner();
+    assert!(a.granted);
+    let made = pttl(&mut conn, ":given");
+    assert!((60_000..=70_000).contains(&made), "{made} ms");
+    let s = settle(&mut client, &a.reservation_id, 40).await;
+    assert_eq!(remaining(&s.statuses), [960]);
+    for suffix in [":given", ":given.log"] {
+        let left = pttl(&mut conn, suffix);
+        assert!((55_000..=70_000).contains(&left), "{suffix}: {left} ms");
+    }
+    let an_hour = reserve_request("token_bucket", "g", 100, Some(Duration::from_secs(3_600)));
+    assert!(client.reserve(an_hour).await.unwrap().into_inner().granted);
+    for suffix in [":given", ":given.log"] {
+        let kept = pttl(&mut conn, suffix);
+        assert!(kept > 3_600_000, "{suffix}: {kept} ms");
+    }
+    server.stop().await;
+}
+
 /// Settles in any order give back all that is unused and still queued: a
 /// give-back behind a reservation moved nothing of its (the front one, which
 /// settles last here, still finds its 90 unused).

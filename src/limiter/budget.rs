@@ -25,10 +25,16 @@ use std::collections::HashMap;
 use super::batch::{run, Table};
 use super::{dispatch, Charges, Check, Outcome, Policy, State};
 
-/// How long a bucket's [`GivenBack`] outlives the last reservation that
-/// read it or settle that added to it: past any reservation's TTL (at most
-/// an hour) and a Cluster's grace for its later slots. Twin:
-/// `GIVEN_BACK_KEEP_MS` in `lua/gcra.lua`.
+/// How long a bucket's [`GivenBack`] outlives the TTL of a reservation on
+/// it: each reservation keeps the give-backs (made, at 0, if none) as long
+/// as it may settle and this much more, never shortening them. (A fixed
+/// two hours past every reservation kept them long after their bucket.)
+/// Twin: `GIVEN_BACK_GRACE_MS` in `lua/gcra.lua`.
+pub const GIVEN_BACK_GRACE_MS: u64 = 60_000;
+
+/// How long give-backs made by a settle that found none live: a
+/// reservation made before they were kept with it (its TTL is at most an
+/// hour). Twin: `GIVEN_BACK_KEEP_MS` in `lua/gcra.lua`.
 pub const GIVEN_BACK_KEEP_MS: u64 = 2 * 3_600_000;
 
 /// How many give-backs a bucket keeps by position: those with the latest
@@ -57,16 +63,16 @@ impl GivenBack {
         self.0.get(key).filter(|g| g.expiry_ms > now_ms)
     }
 
-    /// The total on `key` (0 when none), kept [`GIVEN_BACK_KEEP_MS`] more
-    /// when there is one: a reservation that read it must find it again.
-    fn read_and_keep(&mut self, key: &str, now_ms: u64) -> u64 {
-        match self.0.get_mut(key) {
-            Some(given) if given.expiry_ms > now_ms => {
-                given.expiry_ms = now_ms + GIVEN_BACK_KEEP_MS;
-                given.total
-            }
-            _ => 0,
+    /// The total on `key` (0 when none, then made), kept at least `keep_ms`
+    /// more: a reservation that read it must find it again while it may
+    /// settle.
+    fn read_and_keep(&mut self, key: &str, keep_ms: u64, now_ms: u64) -> u64 {
+        let given = self.0.entry(key.to_owned()).or_default();
+        if given.expiry_ms <= now_ms {
+            *given = Given::default();
         }
+        given.expiry_ms = given.expiry_ms.max(now_ms.saturating_add(keep_ms));
+        given.total
     }
 
     /// Where the hits of a reservation marked `mark` on `key` end now, in
@@ -85,14 +91,17 @@ impl GivenBack {
         mark.saturating_add(behind).saturating_sub(given.total)
     }
 
-    /// Records that the reservation marked `mark` gave `us` back on `key`.
+    /// Records that the reservation marked `mark` gave `us` back on `key`
+    /// (kept as long as its reservations keep it).
     fn add(&mut self, key: &str, mark: u64, us: u64, now_ms: u64) {
         let given = self.0.entry(key.to_owned()).or_default();
         if given.expiry_ms <= now_ms {
-            *given = Given::default();
+            *given = Given {
+                expiry_ms: now_ms + GIVEN_BACK_KEEP_MS,
+                ..Given::default()
+            };
         }
         given.total = given.total.saturating_add(us);
-        given.expiry_ms = now_ms + GIVEN_BACK_KEEP_MS;
         let at = given.log.partition_point(|(m, _)| *m <= mark);
         given.log.insert(at, (mark, us));
         if given.log.len() > GIVEN_BACK_LOG {
@@ -119,12 +128,14 @@ fn tat_us(state: &State) -> Option<u64> {
 /// shadow mode it was over), and then a settlement leaves that check alone.
 pub type Mark = Option<u64>;
 
-/// Reserves `checks`' hits all or nothing (their `charges` are ignored).
-/// Returns each check's outcome and, when granted, each check's [`Mark`].
+/// Reserves `checks`' hits all or nothing (their `charges` are ignored),
+/// for a reservation that may settle for `ttl_ms`. Returns each check's
+/// outcome and, when granted, each check's [`Mark`].
 pub fn reserve(
     table: &mut impl Table,
     given_back: &mut GivenBack,
     checks: &[Check],
+    ttl_ms: u64,
     now_ms: u64,
 ) -> (Vec<Outcome>, Option<Vec<Mark>>) {
     let admission: Vec<Check> = checks
@@ -143,7 +154,8 @@ pub fn reserve(
     if granted {
         for (check, mark) in checks.iter().zip(&mut marks) {
             if let (Some(mark), true) = (mark.as_mut(), check.algorithm.has_burst()) {
-                *mark = mark.saturating_add(given_back.read_and_keep(&check.key, now_ms));
+                let keep = ttl_ms.saturating_add(GIVEN_BACK_GRACE_MS);
+                *mark = mark.saturating_add(given_back.read_and_keep(&check.key, keep, now_ms));
             }
         }
     }
@@ -226,7 +238,8 @@ mod tests {
     #[test]
     fn a_settle_finds_its_hits_moved_only_by_give_backs_ahead_of_them() {
         let mut given = GivenBack::default();
-        assert_eq!(given.read_and_keep("k", 0), 0, "none yet");
+        // A reservation that may settle for 1,000 ms makes the total, 0.
+        assert_eq!(given.read_and_keep("k", 1_000, 0), 0, "none yet");
         assert_eq!(given.ends("k", 500, 0), 500);
         // Marks 100 (ahead) and 300 (behind) of a reservation marked 200
         // give back 10 and 20.
@@ -234,12 +247,19 @@ mod tests {
         given.add("k", 300, 20, 10);
         assert_eq!(given.ends("k", 200, 10), 190, "moved by the 10 ahead only");
         assert_eq!(given.ends("k", 300, 10), 270, "its own give-back counts");
-        // A reservation that reads the total keeps it past its first expiry.
-        assert_eq!(given.read_and_keep("k", GIVEN_BACK_KEEP_MS), 30);
-        assert_eq!(given.ends("k", 200, GIVEN_BACK_KEEP_MS + 20), 190);
-        given.sweep(2 * GIVEN_BACK_KEEP_MS + 1);
-        assert!(given.0.is_empty());
-        assert_eq!(given.ends("k", 200, 0), 200);
+        // A reservation that reads the total keeps it as long as it may
+        // settle; a shorter one shortens nothing.
+        assert_eq!(given.read_and_keep("k", 5_000, 500), 30);
+        assert_eq!(given.read_and_keep("k", 10, 600), 30);
+        assert_eq!(given.ends("k", 200, 5_499), 190);
+        given.sweep(5_500);
+        assert!(given.0.is_empty(), "gone once no reservation may settle");
+        assert_eq!(given.ends("k", 200, 5_500), 200);
+        // Give-backs of a reservation made before any were kept (an
+        // earlier version's) live GIVEN_BACK_KEEP_MS.
+        given.add("k", 100, 10, 6_000);
+        given.sweep(6_000 + GIVEN_BACK_KEEP_MS - 1);
+        assert_eq!(given.ends("k", 150, 6_000 + GIVEN_BACK_KEEP_MS - 1), 140);
     }
 
     #[test]

@@ -256,8 +256,13 @@ impl MemoryStore {
     pub fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Reserved {
         let now = self.clock.now_ms();
         let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
-        let (outcomes, marks) =
-            budget::reserve(&mut table, &mut Self::lock(&self.given_back), checks, now);
+        let (outcomes, marks) = budget::reserve(
+            &mut table,
+            &mut Self::lock(&self.given_back),
+            checks,
+            ttl_ms,
+            now,
+        );
         let granted = marks.is_some();
         if let (Some(marks), Some(first)) = (marks, checks.first()) {
             let marker = Marker {
