@@ -81,15 +81,10 @@ local function gcra() return {
   -- kept as long as it may settle.
   reserve = function(s, c, now, key, ttl)
     gcra_apply(s, c, now)
-    local given, keep = key .. ':given', ttl + GIVEN_BACK_GRACE_MS
-    local total = redis.call('GET', given)
+    local total = redis.call('GET', key .. ':given')
     s.given = tonumber(total) or 0
-    if not total then
-      redis.call('SET', given, '0', 'PX', int(keep))
-    elseif redis.call('PTTL', given) < keep then
-      redis.call('PEXPIRE', given, int(keep))
-      redis.call('PEXPIRE', given .. '.log', int(keep))
-    end
+    -- Kept by `save`, which only a granted reservation reaches.
+    s.keep_given, s.given_found = ttl + GIVEN_BACK_GRACE_MS, total ~= false
     return s.tat + s.given
   end,
   -- A later check of the same reservation on the key: its mark is where its
@@ -134,6 +129,17 @@ local function gcra() return {
   end,
   save = function(key, s, c, now, ttl)
     redis.call('SET', key, int(s.tat), 'PX', int(ttl))
+    local keep = s.keep_given
+    if keep ~= nil then
+      -- A granted reservation's give-backs (see `reserve`).
+      local given = key .. ':given'
+      if not s.given_found then
+        redis.call('SET', given, '0', 'PX', int(keep))
+      elseif redis.call('PTTL', given) < keep then
+        redis.call('PEXPIRE', given, int(keep))
+        redis.call('PEXPIRE', given .. '.log', int(keep))
+      end
+    end
   end,
 } end
 B.tb = gcra

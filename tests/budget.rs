@@ -259,8 +259,9 @@ async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
 }
 
 /// A bucket's give-backs (`<key>:given` and `:given.log` in Redis) live as
-/// long as a reservation on it may settle, and a minute more: made at the
-/// reservation, kept by each one as long as its TTL, never shortened. (They
+/// long as a reservation on it may settle, and a minute more: made by a
+/// granted reservation, kept by each as long as its TTL, never shortened
+/// (a refused one makes nothing). (They
 /// lived two hours past every reservation and settle, long after their
 /// bucket: a soak's Redis held 16,000 of them and nothing else.)
 #[tokio::test]
@@ -277,6 +278,12 @@ async fn bucket_give_backs_live_as_long_as_a_reservation_may_settle() {
         assert_eq!(keys.len(), 1, "{suffix}: {keys:?}");
         redis::cmd("PTTL").arg(&keys[0]).query(conn).unwrap()
     };
+    // A refused reservation keeps nothing, not even on the bucket it fitted.
+    let mut refused = reserve_request("token_bucket", "g", 30, Some(Duration::from_secs(3_600)));
+    refused.descriptors.push(entries("small", "g"));
+    assert!(!client.reserve(refused).await.unwrap().into_inner().granted);
+    let kept: Vec<String> = redis::cmd("KEYS").arg("*:given*").query(&mut conn).unwrap();
+    assert!(kept.is_empty(), "{kept:?}");
     let ten_seconds = reserve_request("token_bucket", "g", 100, Some(Duration::from_secs(10)));
     let a = client.reserve(ten_seconds).await.unwrap().into_inner();
     assert!(a.granted);
