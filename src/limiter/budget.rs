@@ -109,6 +109,16 @@ impl GivenBack {
         }
     }
 
+    /// A reset of the bucket `key` whose TAT was `tat_us`: what it had
+    /// queued counts as given back ahead of every reservation (no log
+    /// entry), so those made before find their hits drained.
+    pub fn reset(&mut self, key: &str, tat_us: u64, now_ms: u64) {
+        let now_us = now_ms.saturating_mul(1000);
+        if let Some(given) = self.0.get_mut(key).filter(|g| g.expiry_ms > now_ms) {
+            given.total = given.total.saturating_add(tat_us.saturating_sub(now_us));
+        }
+    }
+
     /// Forgets the buckets whose give-backs have expired.
     pub fn sweep(&mut self, now_ms: u64) {
         self.0.retain(|_, given| given.expiry_ms > now_ms);

@@ -316,9 +316,19 @@ impl MemoryStore {
 
     /// Deletes counters; missing keys are ignored.
     pub fn delete(&self, keys: &[String]) {
+        let now = self.clock.now_ms();
         for key in keys {
             let id = self.id(key);
-            Self::lock(&self.shards[Self::shard_of(id)]).remove(&id);
+            let removed = Self::lock(&self.shards[Self::shard_of(id)]).remove(&id);
+            // A bucket's queue counts as given back, ahead of every
+            // reservation (twin of lua/reset.lua).
+            if let Some(Slot {
+                state: State::Gcra(bucket),
+                ..
+            }) = removed
+            {
+                Self::lock(&self.given_back).reset(key, bucket.tat_us, now);
+            }
         }
     }
 

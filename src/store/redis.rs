@@ -75,6 +75,8 @@ pub struct RedisStore {
     topology: Topology,
     limiter: Arc<LimiterScript>,
     leases: Script,
+    /// The admin API's reset (`lua/reset.lua`).
+    reset: Script,
     /// Tests pin time here; production leaves it `None` and the scripts read
     /// the server's `TIME`.
     clock: Option<Arc<dyn Clock>>,
@@ -236,6 +238,7 @@ impl RedisStore {
             topology: settings.topology,
             limiter,
             leases: Script::new(include_str!("../../lua/leases.lua")),
+            reset: Script::new(include_str!("../../lua/reset.lua")),
             clock,
         })
     }
@@ -249,6 +252,7 @@ impl RedisStore {
             topology: self.topology,
             limiter: Arc::clone(&self.limiter),
             leases: self.leases.clone(),
+            reset: self.reset.clone(),
             clock: self.clock.clone(),
         }
     }
@@ -807,15 +811,17 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Deletes counter keys, one `DEL` per cluster slot (each key goes
-    /// whole or not at all); missing keys are ignored.
+    /// Deletes counter keys, one call per cluster slot (each key goes
+    /// whole or not at all; a bucket's give-backs first take what it had
+    /// queued: `lua/reset.lua`); missing keys are ignored.
     pub async fn delete(&self, keys: &[String]) -> Result<()> {
         for group in self.groups(keys.iter().map(String::as_str)) {
-            let mut cmd = redis::cmd("DEL");
+            let mut invocation = self.reset.prepare_invoke();
+            invocation.arg(self.now_arg());
             for &i in &group {
-                cmd.arg(&keys[i]);
+                invocation.key(&keys[i]);
             }
-            let _: i64 = self.caller().query(&cmd).await?;
+            let _: i64 = self.caller().invoke(invocation).await?;
         }
         Ok(())
     }
