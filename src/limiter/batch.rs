@@ -68,68 +68,24 @@ pub(super) fn run(
     mut marks: Option<&mut [Option<u64>]>,
     now_ms: u64,
 ) -> Vec<Outcome> {
-    let mut keys: Vec<KeyState<'_>> = Vec::new();
-    // Where each key is in `keys`: found by a scan for the few checks of
-    // most requests, in a map past that (a request at the caps has
-    // thousands, and the scans made it quadratic).
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    let indexed = checks.len() > INDEX_PAST;
     // A lone check has nothing to undo: over its limit it consumed nothing
     // or a charge, which a refusal keeps.
     let undoable = checks.len() > 1 || marks.is_some();
+    let mut keys = Keys::new(checks.len(), undoable);
     let mut tried = Vec::with_capacity(checks.len());
     let mut blocked = false;
     for (i, check) in checks.iter().enumerate() {
-        let known = if indexed {
-            index.get(check.key.as_str()).copied()
-        } else {
-            keys.iter().position(|k| k.key == check.key)
-        };
-        let at = match known {
-            Some(at) => at,
-            None => {
-                if indexed {
-                    index.insert(&check.key, keys.len());
-                }
-                let (taken, expires_at_ms) = match table.take(&check.key, now_ms) {
-                    Some((state, expiry)) => (Some(state), Some(expiry)),
-                    None => (None, None),
-                };
-                let live = State::load(taken, check, now_ms);
-                keys.push(KeyState {
-                    key: &check.key,
-                    stored: undoable.then(|| live.clone()),
-                    expires_at_ms,
-                    live,
-                    consumed_by: None,
-                    mark: None,
-                });
-                keys.len() - 1
-            }
-        };
-        let live = &mut keys[at].live;
-        let over = dispatch!(&*live, s => s.is_over(check, now_ms));
+        let at = keys.position(table, check, now_ms);
+        let k = &mut keys.states[at];
+        let over = dispatch!(&k.live, s => s.is_over(check, now_ms));
         blocked |= over && check.enforce;
         let applied = check.hits > 0 && (!over || check.charges != Charges::Drop);
-        let remaining_before = (over && applied).then(|| remaining(&keys[at].live, check, now_ms));
+        let remaining_before = (over && applied).then(|| remaining(&k.live, check, now_ms));
         if applied {
-            let k = &mut keys[at];
-            match (&mut marks, k.mark) {
-                (Some(marks), None) => {
-                    let mark = dispatch!(&mut k.live, s => s.reserve(check, now_ms));
-                    k.mark = Some(mark);
-                    marks[i] = Some(mark);
-                }
-                (Some(marks), Some(mark)) => {
-                    let mark = dispatch!(&mut k.live, s => s.join(check, now_ms, mark));
-                    k.mark = Some(mark);
-                    marks[i] = Some(mark);
-                }
-                (None, _) => dispatch!(&mut k.live, s => s.apply(check, now_ms)),
-            }
+            consume(k, check, marks.as_deref_mut().map(|m| &mut m[i]), now_ms);
             k.consumed_by = Some(i);
         }
-        let report = dispatch!(&keys[at].live, s => s.report(check, over, applied, now_ms));
+        let report = dispatch!(&k.live, s => s.report(check, over, applied, now_ms));
         tried.push(Tried {
             at,
             over,
@@ -145,9 +101,8 @@ pub(super) fn run(
             .zip(&tried)
             .any(|(check, t)| check.charges == Charges::WhenOver && check.hits > 0 && !t.over)
     };
-    let redo = blocked && undoable && (all_or_nothing || spares_fitted());
-    if redo {
-        refused_only(&mut keys, checks, &mut tried, all_or_nothing, now_ms);
+    if blocked && undoable && (all_or_nothing || spares_fitted()) {
+        refused_only(&mut keys.states, checks, &mut tried, all_or_nothing, now_ms);
     }
     let outcomes = tried
         .into_iter()
@@ -158,21 +113,91 @@ pub(super) fn run(
             remaining_before: t.remaining_before,
         })
         .collect();
-    for k in keys {
-        match k.consumed_by {
-            Some(i) => {
-                let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
-                table.write(k.key, k.live, now_ms + ttl.max(1));
-            }
-            // Taken and not consumed from: put back as it was loaded.
-            None => {
-                if let Some(expiry) = k.expires_at_ms {
-                    table.write(k.key, k.live, expiry);
+    keys.put_back(table, checks, now_ms);
+    outcomes
+}
+
+/// Consumes `check`'s hits from its key: a reservation's (`mark`, the
+/// check's slot of the marks) as its key's one entry, the key's first
+/// check making it and the others joining it.
+fn consume(k: &mut KeyState<'_>, check: &Check, mark: Option<&mut Option<u64>>, now_ms: u64) {
+    let Some(mark) = mark else {
+        dispatch!(&mut k.live, s => s.apply(check, now_ms));
+        return;
+    };
+    let made = match k.mark {
+        None => dispatch!(&mut k.live, s => s.reserve(check, now_ms)),
+        Some(joined) => dispatch!(&mut k.live, s => s.join(check, now_ms, joined)),
+    };
+    k.mark = Some(made);
+    *mark = Some(made);
+}
+
+/// A request's keys, each state taken from the table once, in the order
+/// first met.
+struct Keys<'a> {
+    states: Vec<KeyState<'a>>,
+    /// Where each key is in `states`, past [`INDEX_PAST`] checks: found by
+    /// a scan for the few checks of most requests, here for a request at
+    /// the caps (thousands; the scans made it quadratic).
+    index: Option<HashMap<&'a str, usize>>,
+    /// Whether each state as loaded is kept, to undo a refused request.
+    undoable: bool,
+}
+
+impl<'a> Keys<'a> {
+    fn new(checks: usize, undoable: bool) -> Self {
+        Keys {
+            states: Vec::new(),
+            index: (checks > INDEX_PAST).then(HashMap::new),
+            undoable,
+        }
+    }
+
+    /// The position of `check`'s key, its state taken from `table` (and
+    /// loaded for `check`) the first time.
+    fn position(&mut self, table: &mut impl Table, check: &'a Check, now_ms: u64) -> usize {
+        let known = match &self.index {
+            Some(index) => index.get(check.key.as_str()).copied(),
+            None => self.states.iter().position(|k| k.key == check.key),
+        };
+        if let Some(at) = known {
+            return at;
+        }
+        let at = self.states.len();
+        if let Some(index) = &mut self.index {
+            index.insert(&check.key, at);
+        }
+        let (taken, expires_at_ms) = match table.take(&check.key, now_ms) {
+            Some((state, expiry)) => (Some(state), Some(expiry)),
+            None => (None, None),
+        };
+        let live = State::load(taken, check, now_ms);
+        self.states.push(KeyState {
+            key: &check.key,
+            stored: self.undoable.then(|| live.clone()),
+            expires_at_ms,
+            live,
+            consumed_by: None,
+            mark: None,
+        });
+        at
+    }
+
+    /// Writes back every state taken: one consumed from with the TTL its
+    /// last check gives it, the others as they were loaded.
+    fn put_back(self, table: &mut impl Table, checks: &[Check], now_ms: u64) {
+        for k in self.states {
+            match (k.consumed_by, k.expires_at_ms) {
+                (Some(i), _) => {
+                    let ttl = dispatch!(&k.live, s => s.ttl_ms(&checks[i], now_ms));
+                    table.write(k.key, k.live, now_ms + ttl.max(1));
                 }
+                (None, Some(expiry)) => table.write(k.key, k.live, expiry),
+                (None, None) => {}
             }
         }
     }
-    outcomes
 }
 
 /// One check as first tried: its key's index, whether it was over, its
