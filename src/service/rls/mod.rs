@@ -274,15 +274,15 @@ impl RateLimiter {
                 if let Some(span) = span {
                     span.answered_by(mode.name());
                 }
-                match self.local.fall_back(mode, failed, &plan, all_or_nothing) {
-                    Fallback::Answer(response) => {
-                        self.counters.record_hits(request, &plan);
-                        return Ok(response);
-                    }
-                    Fallback::Refuse(status) => {
-                        self.counters.record_hits(request, &plan);
-                        return Err(status);
-                    }
+                let fallback = self.local.fall_back(mode, failed, &plan, all_or_nothing);
+                if !matches!(fallback, Fallback::Outcomes(_)) {
+                    // Decided without outcomes: only its hits are counted
+                    // (outcomes are counted in full below).
+                    self.counters.record_hits(request, &plan);
+                }
+                match fallback {
+                    Fallback::Answer(response) => return Ok(response),
+                    Fallback::Refuse(status) => return Err(status),
                     Fallback::Outcomes(outcomes) => (outcomes, Some(mode), false),
                 }
             }
