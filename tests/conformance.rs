@@ -1416,68 +1416,41 @@ async fn stop_cache_spares_fitted_windows_across_hash_slots() {
 /// a settle after the reset gave back 80 hits another reservation held.)
 #[tokio::test]
 async fn a_reset_bucket_gives_back_nothing_that_drained() {
-    use ratekeeper::store::Settled;
+    use ratekeeper::store::{Settled, Store};
     // 100 a second: 10 ms a hit; a burst of 1,000.
     let check = |hits| ck(Algorithm::TokenBucket, "reset", 100, 1_000, 1_000, hits);
-    let key = check(1).key;
+    let key = [check(1).key];
+    async fn reserve(store: &Store, check: Check, nonce: &str) -> bool {
+        store
+            .reserve(&[check], nonce, 60_000)
+            .await
+            .unwrap()
+            .granted
+    }
+    /// The bucket's backlog (ms) once `nonce` is settled at 0.
+    async fn backlog_after_settling(store: &Store, key: &[String], nonce: &str) -> u64 {
+        match store.settle(key, nonce, 0).await.unwrap() {
+            Settled::Settled { outcomes } => outcomes[0].reset_ms,
+            other => panic!("{nonce} not settled: {other:?}"),
+        }
+    }
     for backend in Backend::all() {
         let name = backend.name();
         let clock = Arc::new(ManualClock::new(1_800_000_000_000));
         let store = backend.store(clock.clone());
-        let ttl = 60_000;
-        assert!(
-            store
-                .reserve(&[check(500)], "r0", ttl)
-                .await
-                .unwrap()
-                .granted
-        );
-        assert!(
-            store
-                .reserve(&[check(100)], "r1", ttl)
-                .await
-                .unwrap()
-                .granted
-        );
-        let r1 = store
-            .settle(std::slice::from_ref(&key), "r1", 0)
-            .await
-            .unwrap();
-        assert!(matches!(r1, Settled::Settled { .. }), "{name}: {r1:?}");
-        store.delete(std::slice::from_ref(&key)).await.unwrap();
-        assert!(
-            store
-                .reserve(&[check(100)], "r2", ttl)
-                .await
-                .unwrap()
-                .granted
-        );
-        assert!(
-            store
-                .reserve(&[check(100)], "r3", ttl)
-                .await
-                .unwrap()
-                .granted
-        );
+        assert!(reserve(&store, check(500), "r0").await, "{name}");
+        assert!(reserve(&store, check(100), "r1").await, "{name}");
+        backlog_after_settling(&store, &key, "r1").await;
+        store.delete(&key).await.unwrap();
+        assert!(reserve(&store, check(100), "r2").await, "{name}");
+        assert!(reserve(&store, check(100), "r3").await, "{name}");
         // r2's hits drained; r3 has 800 ms of its 1,000 to go.
         clock.advance(1_200);
-        let Settled::Settled { outcomes } = store
-            .settle(std::slice::from_ref(&key), "r2", 0)
-            .await
-            .unwrap()
-        else {
-            panic!("{name}: r2 not settled");
-        };
-        assert_eq!(outcomes[0].reset_ms, 800, "{name}: r3's queue kept");
+        let backlog = backlog_after_settling(&store, &key, "r2").await;
+        assert_eq!(backlog, 800, "{name}: r3's queue kept");
         // r0, from before the reset, drained too.
-        let Settled::Settled { outcomes } = store
-            .settle(std::slice::from_ref(&key), "r0", 0)
-            .await
-            .unwrap()
-        else {
-            panic!("{name}: r0 not settled");
-        };
-        assert_eq!(outcomes[0].reset_ms, 800, "{name}: r0 gives nothing back");
+        let backlog = backlog_after_settling(&store, &key, "r0").await;
+        assert_eq!(backlog, 800, "{name}: r0 gives nothing back");
     }
 }
 
