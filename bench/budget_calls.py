@@ -9,6 +9,7 @@ not granted / settled.
 """
 
 import socket
+import struct
 import sys
 
 FIELDS = "fw 1000000000 3600000 0 100 1 0"
@@ -31,7 +32,35 @@ def read(f):
         return int(rest)
     if kind == b"*":
         return [read(f) for _ in range(int(rest))]
+    if kind == b"$":
+        return unpack(f.read(int(rest) + 2)[:-2])
     raise SystemExit(f"unexpected reply {line!r}")
+
+
+# MessagePack's integer forms (type byte -> struct format), as cmsgpack.pack
+# writes the function's reply (src/store/packed.rs).
+WIDE = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
+
+
+def unpack(data):
+    """The integers of a packed reply (an array of integers)."""
+    head, at = data[0], 1
+    if 0x90 <= head <= 0x9F:
+        count = head & 0x0F
+    else:
+        size = 2 if head == 0xDC else 4
+        count = int.from_bytes(data[1 : 1 + size], "big")
+        at += size
+    out = []
+    for _ in range(count):
+        b, at = data[at], at + 1
+        if b < 0x80 or b >= 0xE0:
+            out.append(b if b < 0x80 else b - 256)
+        else:
+            fmt = WIDE[b]
+            out.append(struct.unpack_from(fmt, data, at)[0])
+            at += struct.calcsize(fmt)
+    return out
 
 
 def answers(reply):

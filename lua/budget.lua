@@ -29,7 +29,8 @@
 --            -> {0 unknown | 1 settled now | 2 settled before, the actual
 --            it is settled at, then over, remaining, reset_ms per check,
 --            the standing after the settlement}
--- The reply: per operation the length of its answer, then the answer. An
+-- The reply (packed by cmsgpack, as batch.lua's): per operation the length
+-- of its answer, then the answer. An
 -- operation whose fields (answer {-1, 1}) or marker ({-1, 2}) are
 -- malformed does nothing; the others of the call stand.
 -- The marker, a string expiring with the reservation, five fields
@@ -413,4 +414,5 @@ for i = 1, nops, 3 do
   out[p - 1] = length
   p = p + length + 1
 end
-return out
+-- Packed into one string, as batch.lua packs its answers.
+return cmsgpack.pack(out)

@@ -11,6 +11,7 @@ use common::{command_calls, limiter_calls, Backend};
 use proptest::prelude::*;
 use ratekeeper::clock::ManualClock;
 use ratekeeper::limiter::{Algorithm, Charges, Check, Outcome, MAX_HITS};
+use ratekeeper::store::packed::Packed;
 
 /// A check of `algorithm` on key `key`: `limit` per `period_ms`, `burst`, `hits`.
 fn ck(algorithm: Algorithm, key: &str, limit: u64, period_ms: u64, burst: u64, hits: u64) -> Check {
@@ -1163,7 +1164,7 @@ fn the_function_library_does_not_grow_with_distinct_arguments() {
         };
         limiter.command("1800000000000", std::iter::once((true, [check].iter())))
     };
-    let _: Vec<i64> = call(1).query(&mut conn).unwrap();
+    let _: Packed = call(1).query(&mut conn).unwrap();
     let before = vm_memory(&mut conn);
     let mut pipe = redis::pipe();
     for hits in 2..20_002 {
@@ -1199,7 +1200,7 @@ fn the_limiter_refuses_malformed_arguments_and_saves_nothing() {
         let mut cmd = redis::cmd(by);
         cmd.arg(if by == "FCALL" { &function } else { &sha });
         cmd.arg(keys.len()).arg(&keys[..]).arg("1800000000000");
-        cmd.arg(args).query(&mut conn)
+        cmd.arg(args).query::<Packed>(&mut conn).map(|p| p.0)
     };
     let malformed: [&[&str]; 8] = [
         &["1 0", good, "1 0", "xx 5 1000 0 1 1 0"],
@@ -1654,7 +1655,7 @@ fn one_script_call_decides_its_requests_as_if_they_came_one_by_one() {
                     .flat_map(|(all_or_nothing, checks)| memory.apply(checks, *all_or_nothing))
                     .collect();
                 let joined = requests.iter().map(|(a, checks)| (*a, checks.iter()));
-                let reply: Vec<i64> = limiter
+                let Packed(reply) = limiter
                     .command(&now.to_string(), joined)
                     .query(&mut *conn)
                     .unwrap();
@@ -2193,7 +2194,8 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
             .arg(marker)
             .arg(key)
             .arg(args)
-            .query::<Vec<i64>>(&mut redis.client().get_connection().unwrap())
+            .query::<Packed>(&mut redis.client().get_connection().unwrap())
+            .map(|p| p.0)
     };
     let malformed: [&[&str]; 13] = [
         &[now, "take 1 1000", good],

@@ -161,7 +161,8 @@ fn a_malformed_time_argument_is_refused() {
             .arg(now)
             .arg("1 0")
             .arg("fw 5 1000 0 1 1 0")
-            .query(&mut conn)
+            .query::<ratekeeper::store::packed::Packed>(&mut conn)
+            .map(|p| p.0)
     };
     for now in [
         "j",

@@ -68,8 +68,8 @@ impl Caller {
     }
 
     /// Runs `cmd`, a call of the limiter (which reloads itself when Redis
-    /// lost it).
-    pub async fn eval<T: FromRedisValue>(&self, limiter: &LimiterScript, cmd: &Cmd) -> Result<T> {
+    /// lost it), for its reply's integers.
+    pub async fn eval(&self, limiter: &LimiterScript, cmd: &Cmd) -> Result<Vec<i64>> {
         self.eval_by(limiter, cmd, Instant::now() + self.call_timeout)
             .await
     }
@@ -77,12 +77,12 @@ impl Caller {
     /// [`Caller::eval`] answered by `deadline`, which may be sooner than the
     /// call deadline from now (a batched call answers by its requests'
     /// deadlines).
-    pub async fn eval_by<T: FromRedisValue>(
+    pub async fn eval_by(
         &self,
         limiter: &LimiterScript,
         cmd: &Cmd,
         deadline: Instant,
-    ) -> Result<T> {
+    ) -> Result<Vec<i64>> {
         self.guarded(deadline, |mut conn| async move {
             limiter.call(&mut conn, cmd).await
         })

@@ -22,11 +22,11 @@ use std::sync::Arc;
 
 use redis::aio::ConnectionLike;
 use redis::{
-    Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, RedisWrite, Script,
-    ServerErrorKind, ToRedisArgs,
+    Arg, Cmd, ErrorKind, RedisError, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
 };
 
 use super::generation::Generation;
+use super::packed::Packed;
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
@@ -165,29 +165,26 @@ impl LimiterScript {
         self.budget_script.load_async(conn).await.map(drop)
     }
 
-    /// Runs `cmd` (made by [`Self::command`]). When Redis has lost the
+    /// Runs `cmd` (made by [`Self::command`] or [`Self::budget_command`])
+    /// and reads its reply's integers ([`Packed`]). When Redis has lost the
     /// limiter (a restart, a failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) it
     /// is loaded again and the call made once more; when Redis turns out to
     /// have no functions, the call is made as a script.
-    pub async fn call<T: FromRedisValue, C: ConnectionLike>(
-        &self,
-        conn: &mut C,
-        cmd: &Cmd,
-    ) -> RedisResult<T> {
+    pub async fn call<C: ConnectionLike>(&self, conn: &mut C, cmd: &Cmd) -> RedisResult<Vec<i64>> {
         if cmd.args_iter().next() != Some(Arg::Simple(b"FCALL".as_slice())) {
             return self.call_script(conn, cmd).await;
         }
-        match cmd.query_async(conn).await {
+        match cmd.query_async::<Packed>(conn).await {
             Err(error) if detail_has(&error, "Function not found") => {
                 tracing::info!("the limiter function was gone from Redis: loading it again");
                 self.generation.bump();
                 self.load(conn).await?
             }
             Err(error) if no_functions(&error) => self.fall_back(&error),
-            result => return result,
+            result => return result.map(|packed| packed.0),
         }
         if self.uses_functions() {
-            cmd.query_async(conn).await
+            cmd.query_async::<Packed>(conn).await.map(|packed| packed.0)
         } else {
             self.call_script(conn, &self.as_script_call(cmd)).await
         }
@@ -195,12 +192,12 @@ impl LimiterScript {
 
     /// Runs an `EVALSHA` of the script, loading it on `NOSCRIPT` and trying
     /// once more.
-    async fn call_script<T: FromRedisValue, C: ConnectionLike>(
+    async fn call_script<C: ConnectionLike>(
         &self,
         conn: &mut C,
         cmd: &Cmd,
-    ) -> RedisResult<T> {
-        match cmd.query_async(conn).await {
+    ) -> RedisResult<Vec<i64>> {
+        let reply = match cmd.query_async::<Packed>(conn).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::info!("the limiter script was gone from Redis: loading it again");
                 self.generation.bump();
@@ -209,7 +206,8 @@ impl LimiterScript {
                 cmd.query_async(conn).await
             }
             result => result,
-        }
+        };
+        reply.map(|packed| packed.0)
     }
 
     fn fall_back(&self, error: &RedisError) {

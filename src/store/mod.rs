@@ -10,6 +10,7 @@ pub mod generation;
 pub mod lease;
 pub mod limiter_script;
 pub mod memory;
+pub mod packed;
 pub mod redis;
 pub mod stores;
 
