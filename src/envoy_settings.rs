@@ -362,11 +362,14 @@ impl EnvoySettings {
             own.map(Path::to_path_buf)
                 .or_else(|| first_env(&[name]).map(PathBuf::from))
         };
-        let cert = path(own_cert, "GRPC_SERVER_TLS_CERT");
-        let key = path(own_key, "GRPC_SERVER_TLS_KEY");
-        if !self.grpc_server_use_tls.unwrap_or(cert.is_some()) {
+        // Their certificate alone serves plaintext, as theirs does
+        // (GRPC_SERVER_USE_TLS defaults to false); ratekeeper's own turns
+        // TLS on.
+        if !self.grpc_server_use_tls.unwrap_or(own_cert.is_some()) {
             return Ok(None);
         }
+        let cert = path(own_cert, "GRPC_SERVER_TLS_CERT");
+        let key = path(own_key, "GRPC_SERVER_TLS_KEY");
         let (Some(cert), Some(key)) = (cert, key) else {
             return Err(startup(
                 "gRPC TLS needs a certificate and a key: GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (or GRPC_TLS_CERT and GRPC_TLS_KEY)",

@@ -67,6 +67,34 @@ async fn go_durations_and_logrus_log_settings_are_read() {
     assert!(stderr.contains("bad duration \"90x\""), "{stderr}");
 }
 
+/// Their certificate variables without `GRPC_SERVER_USE_TLS` serve
+/// plaintext, as theirs does (the switch defaults to false there): the
+/// files are not even read.
+#[tokio::test]
+async fn their_certificate_without_their_switch_serves_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let missing = dir.path().join("no-such.pem").display().to_string();
+    let server = Ratekeeper::spawn_with_env(
+        &dir.path().join("limits"),
+        &[],
+        &[
+            ("GRPC_SERVER_TLS_CERT", &missing),
+            ("GRPC_SERVER_TLS_KEY", &missing),
+        ],
+    );
+    assert!(limited(&server).await);
+    drop(server);
+    let limits = dir.path().join("limits").display().to_string();
+    let stderr = refused(&[
+        ("CONFIG_DIR", &limits),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", &missing),
+        ("GRPC_SERVER_TLS_KEY", &missing),
+    ]);
+    assert!(stderr.contains("no-such.pem"), "{stderr}");
+}
+
 /// A value no deployment means is refused before anything starts: a
 /// misspelt level (it would silence every log, errors included), and
 /// connection or thread counts that would exhaust the machine.
