@@ -20,6 +20,8 @@ import os
 import re
 import socket
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -217,7 +219,7 @@ def test_defaults_probes_security_and_ports(chart):
     assert c["readinessProbe"]["grpc"] == {"port": 8081, "service": ""}
     for probe in ("livenessProbe", "readinessProbe"):
         assert not {"httpGet", "tcpSocket", "exec"} & c[probe].keys()
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 8081, "metrics": 9090}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 8081, "metrics": 9090, "http": 8080}
 
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
@@ -514,9 +516,13 @@ def test_grpc_tls(chart):
     assert (env["GRPC_TLS_CERT"], env["GRPC_TLS_KEY"], env["GRPC_TLS_CLIENT_CA"]) == \
         (f"{d}/tls.crt", f"{d}/tls.key", f"{d}/ca.crt")
     assert env["LIMIT_RESPONSE_HEADERS_ENABLED"] == "true"
-    # Kubernetes' grpc probe cannot speak TLS: both probes check the port.
+    # Kubernetes' grpc probe cannot speak TLS: liveness checks the port,
+    # readiness the plain HTTP port's /healthcheck (200 once Redis answered:
+    # a pod whose Redis or CA is wrong is never Ready).
+    assert c["livenessProbe"]["tcpSocket"] == {"port": 8081}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthcheck", "port": 8080}
+    assert "HTTP_ADDR" not in env  # served on 0.0.0.0:8080, plain
     for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["tcpSocket"] == {"port": 8081}, probe
         assert "grpc" not in c[probe]
         assert c[probe]["periodSeconds"]  # the timings still apply
     text = notes(chart, values)
@@ -618,11 +624,11 @@ def pod_environment(objects, root: Path, certs) -> dict[str, str]:
 
 @contextlib.contextmanager
 def run_with_env(env: dict[str, str], log_path: Path):
-    """ratekeeper with exactly this environment; yields (grpc address, log reader)."""
+    """ratekeeper with exactly this environment; yields its gRPC and HTTP addresses."""
     full_env = {"PATH": os.environ.get("PATH", ""), **env}
     with run_announcing([str(ratekeeper_bin())], log_path, LISTENING,
                         "ratekeeper with the rendered environment", full_env) as (match, _):
-        yield match[1]
+        yield match[1], re.search(r" http=(\S+)", match[0])[1]
 
 
 def health(channel, service: str) -> str:
@@ -641,12 +647,21 @@ def test_rendered_pod_starts_and_answers_its_probes(chart, values_file, certs, t
     if "REDIS_AUTH" in env:
         assert env["REDIS_AUTH"] in (SECRET_VALUE, f"ratekeeper:{SECRET_VALUE}")
     tls = "GRPC_TLS_CERT" in env
-    with run_with_env(env, tmp_path / "ratekeeper.log") as addr:
+    with run_with_env(env, tmp_path / "ratekeeper.log") as (addr, http):
         if tls:
-            # What the tcpSocket probes do (the container's 8081 is this address)...
-            for probe in ("livenessProbe", "readinessProbe"):
-                assert c[probe]["tcpSocket"] == {"port": 8081}, probe
-                socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=5).close()
+            # What the tcpSocket liveness probe does (the container's 8081 is this address)...
+            assert c["livenessProbe"]["tcpSocket"] == {"port": 8081}
+            socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=5).close()
+            # ...and the readiness probe's GET, plain HTTP (the container's 8080 is `http`).
+            probe = c["readinessProbe"]["httpGet"]
+            assert probe["port"] == 8080
+            try:
+                with urllib.request.urlopen(f"http://{http}{probe['path']}", timeout=5) as reply:
+                    status = reply.status
+            except urllib.error.HTTPError as error:
+                status = error.code
+            # No Redis is reachable here: ready only with the in-memory store.
+            assert status == (500 if "REDIS_URL" in env else 200), status
             # ...and a client of the mounted CA (with a client certificate for mTLS) is served.
             client = (certs["tls.key"].read_bytes(), certs["tls.crt"].read_bytes()) \
                 if "GRPC_TLS_CLIENT_CA" in env else (None, None)
