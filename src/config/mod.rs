@@ -290,12 +290,28 @@ pub fn limits_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        // `metadata` follows symlinks: a ConfigMap's files are links into `..data`.
-        if name.starts_with('.') || !is_yaml || !std::fs::metadata(&path).is_ok_and(|m| m.is_file())
-        {
+        if name.starts_with('.') || !is_yaml {
             continue;
         }
-        files.push(path);
+        // `metadata` follows symlinks: a ConfigMap's files are links into
+        // `..data`. A limits file's name on what cannot be read as one (a
+        // dangling or looping link, a directory) is an error, not skipped:
+        // on a reload its domain would vanish unseen.
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => files.push(path),
+            Ok(_) => {
+                return Err(ConfigError::new(
+                    &path,
+                    "not a file: a limits file's name on something else",
+                ))
+            }
+            Err(e) => {
+                return Err(ConfigError::new(
+                    &path,
+                    format!("cannot read the limits file: {e}"),
+                ))
+            }
+        }
     }
     files.sort();
     Ok(files)

@@ -468,6 +468,40 @@ fn load_dir_skips_hidden_and_non_yaml_and_follows_symlinks() {
     assert_eq!(config.domain_names(), vec!["a", "b"]);
 }
 
+/// A limits file's name on what cannot be read as one is an error naming
+/// it: skipped, a reload would drop its domain unseen.
+#[cfg(unix)]
+#[test]
+fn a_yaml_name_on_what_is_not_a_readable_file_is_an_error() {
+    use std::os::unix::fs::symlink;
+    type Make = fn(&Path);
+    let cases: [(&str, Make, &str); 3] = [
+        (
+            "dangling.yaml",
+            |p| symlink("gone.yaml", p).unwrap(),
+            "cannot read the limits file",
+        ),
+        (
+            "loop.yaml",
+            |p| symlink(p, p).unwrap(),
+            "cannot read the limits file",
+        ),
+        (
+            "dir.yaml",
+            |p| std::fs::create_dir(p).unwrap(),
+            "not a file",
+        ),
+    ];
+    for (name, make, reason) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("good.yaml"), "domain: a\n").unwrap();
+        make(&dir.path().join(name));
+        let e = Config::load_dir(dir.path()).unwrap_err();
+        assert!(e.file.ends_with(name), "{name}: {e}");
+        assert!(e.to_string().contains(reason), "{name}: {e}");
+    }
+}
+
 #[test]
 fn load_dir_reports_the_broken_file() {
     let dir = tempfile::tempdir().unwrap();
