@@ -116,23 +116,9 @@ fn settings_past_reason_stop_the_start_with_a_reason() {
         let stderr = refused(&[setting]);
         assert!(stderr.contains(says), "{setting:?}: {stderr}");
     }
-    // Sentinel connections cannot take TLS beyond the system's roots: a
-    // start-up error, not a connection retried for ever.
     let root = tempfile::tempdir().unwrap();
     write(&root.path().join("ratelimit/config/l.yaml"), LIMITS);
     let runtime_root = root.path().display().to_string();
-    let stderr = refused(&[
-        ("RUNTIME_ROOT", &runtime_root),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("REDIS_TYPE", "sentinel"),
-        ("REDIS_URL", "mymaster,127.0.0.1:1"),
-        ("REDIS_TLS", "true"),
-        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
-    ]);
-    assert!(
-        stderr.contains("sentinel: TLS with a custom CA"),
-        "{stderr}"
-    );
     // A Redis CA file with no certificate in it is named at start-up, not
     // met as a failed handshake on every connection.
     let ca = root.path().join("ca.pem");
@@ -443,28 +429,23 @@ async fn redis_sentinel_auth_is_the_sentinels_password() {
     assert_eq!(keys.len(), 1, "{keys:?}");
 }
 
-/// A TLS-only `redis-server` whose certificate names `redis.example` (not
-/// 127.0.0.1), signed by `dir/ca.crt`; killed when dropped.
-struct MisnamedTlsRedis {
+/// A TLS-only `redis-server` (or sentinel) with `dir`'s `server.crt`,
+/// trusting `dir/ca.crt`; killed when dropped.
+struct TlsRedis {
     child: std::process::Child,
     port: u16,
 }
 
-impl MisnamedTlsRedis {
-    fn start(dir: &Path) -> MisnamedTlsRedis {
-        common::make_certs(dir, "DNS:redis.example");
+impl TlsRedis {
+    /// `redis-server` with `args` before the TLS ones (a sentinel's
+    /// configuration file, `--sentinel`, `--tls-auth-clients`).
+    fn spawn(dir: &Path, args: &[&str]) -> TlsRedis {
         let file = |name: &str| dir.join(name).display().to_string();
         let port = free_port();
         let child = Command::new("redis-server")
+            .args(args)
             .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--tls-auth-clients",
-                "no",
-            ])
+            .args(["--bind", "127.0.0.1", "--save", ""])
             .args(["--tls-cert-file", &file("server.crt")])
             .args(["--tls-key-file", &file("server.key")])
             .args(["--tls-ca-cert-file", &file("ca.crt")])
@@ -480,21 +461,84 @@ impl MisnamedTlsRedis {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        MisnamedTlsRedis { child, port }
+        TlsRedis { child, port }
     }
 }
 
-impl Drop for MisnamedTlsRedis {
+impl Drop for TlsRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
+/// A TLS-only `redis-server` whose certificate names `redis.example` (not
+/// 127.0.0.1), signed by `dir/ca.crt`.
+fn misnamed_tls_redis(dir: &Path) -> TlsRedis {
+    common::make_certs(dir, "DNS:redis.example");
+    TlsRedis::spawn(dir, &["--tls-auth-clients", "no"])
+}
+
+/// Sentinel over TLS as envoyproxy/ratelimit dials it: the sentinels with
+/// the master's TLS settings (its CA and client certificate), here a
+/// TLS-only sentinel and a TLS-only master that both require client
+/// certificates.
+#[tokio::test]
+async fn sentinel_over_tls_takes_the_masters_ca_and_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_certs(dir.path(), "IP:127.0.0.1");
+    let master = TlsRedis::spawn(dir.path(), &["--tls-auth-clients", "yes"]);
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "sentinel monitor mymaster 127.0.0.1 {} 1\ntls-replication yes\n\
+             tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+            master.port,
+            file("client.crt"),
+            file("client.key"),
+            file("ca.crt"),
+        ),
+    )
+    .unwrap();
+    let conf = conf.display().to_string();
+    let sentinel = TlsRedis::spawn(dir.path(), &[&conf, "--sentinel"]);
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
+    let env = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", &file("ca.crt")),
+        ("REDIS_TLS_CLIENT_CERT", &file("client.crt")),
+        ("REDIS_TLS_CLIENT_KEY", &file("client.key")),
+        ("FAILURE_MODE", "unavailable"),
+    ];
+    let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    let mut client = server.client().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    while client.should_rate_limit(ask()).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never answered through the TLS sentinel:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    assert_eq!(
+        answer.overall_code,
+        Code::OverLimit as i32,
+        "counted in Redis"
+    );
+}
+
 #[tokio::test]
 async fn redis_tls_skip_hostname_verification_checks_the_chain_only() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = MisnamedTlsRedis::start(dir.path());
+    let redis = misnamed_tls_redis(dir.path());
     write(&dir.path().join("limits/l.yaml"), LIMITS);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     let ca = dir.path().join("ca.crt").display().to_string();

@@ -329,17 +329,6 @@ impl Connections {
                 Vec::new()
             }
         };
-        let custom_tls = settings.tls.as_ref().is_some_and(|tls| {
-            tls.ca.is_some() || tls.client.is_some() || tls.skip_hostname_verification
-        });
-        if settings.topology == Topology::Sentinel && custom_tls {
-            // The Redis client's sentinel connections take no TLS settings.
-            return Err(Error::Startup(
-                "sentinel: TLS with a custom CA, a client certificate or without host name \
-                 verification is not supported"
-                    .into(),
-            ));
-        }
         let opened = AtomicU64::new(initial.len() as u64);
         let connections = Arc::new(Connections {
             settings,
@@ -687,7 +676,7 @@ async fn follow_switches(connections: Weak<Connections>) {
 /// Follows one sentinel's announcements, subscribing again a second after
 /// it goes away or falls silent, until the connections are dropped.
 async fn follow_one(
-    sentinel: &redis::ConnectionInfo,
+    sentinel: &redis::Client,
     master: &str,
     wait: Duration,
     connections: &Weak<Connections>,
@@ -709,14 +698,13 @@ async fn follow_one(
 /// master: a switch announced before (while this sentinel was away or
 /// this subscription down) is caught up with here.
 async fn subscribe(
-    sentinel: &redis::ConnectionInfo,
+    sentinel: &redis::Client,
     master: &str,
     wait: Duration,
     connections: &Weak<Connections>,
 ) -> Option<redis::aio::PubSub> {
-    let client = redis::Client::open(sentinel.clone()).ok()?;
     let subscribed = tokio::time::timeout(wait, async {
-        let mut pubsub = client.get_async_pubsub().await?;
+        let mut pubsub = sentinel.get_async_pubsub().await?;
         pubsub.subscribe("+switch-master").await?;
         redis::RedisResult::Ok(pubsub)
     });
@@ -804,14 +792,9 @@ fn switched_to(payload: &str, master: &str) -> Option<String> {
 
 /// `host:port` of the master `sentinel` names for `name`, asked within
 /// `wait` (a sentinel silent or gone fails, it does not hold the others up).
-async fn named_master(
-    sentinel: redis::ConnectionInfo,
-    name: &str,
-    wait: Duration,
-) -> Result<String> {
+async fn named_master(sentinel: redis::Client, name: &str, wait: Duration) -> Result<String> {
     let ask = async {
-        let client = redis::Client::open(sentinel)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut conn = sentinel.get_multiplexed_async_connection().await?;
         redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(name)
@@ -888,25 +871,28 @@ impl RedisSettings {
         Ok(parts)
     }
 
-    /// Sentinel's master name and its sentinels' addresses.
-    fn sentinels(&self) -> Result<(String, Vec<redis::ConnectionInfo>)> {
+    /// Sentinel's master name and a client of each sentinel (with the
+    /// master's TLS, as envoyproxy/ratelimit dials both alike).
+    fn sentinels(&self) -> Result<(String, Vec<redis::Client>)> {
         let addresses = self.addresses()?;
         let (name, sentinels) = addresses
             .split_first()
             .ok_or_else(|| Error::Startup("sentinel: expected mastername,host:port,...".into()))?;
         let sentinels = sentinels
             .iter()
-            .map(|a| self.node_without_auth(a))
+            .map(|a| self.client(self.node_without_auth(a)?))
             .collect::<Result<Vec<_>>>()?;
         Ok((name.clone(), sentinels))
     }
 
-    /// A sentinel's address: sentinels here take no password.
+    /// A sentinel's address: sentinels here take no password; TLS (a
+    /// `rediss://` address) as the master's.
     fn node_without_auth(&self, address: &str) -> Result<redis::ConnectionInfo> {
-        let url = if address.contains("://") {
-            address.to_owned()
-        } else {
-            format!("redis://{address}")
+        let url = match (address.split_once("://"), self.tls.is_some()) {
+            (Some((_, rest)), true) => format!("rediss://{rest}"),
+            (Some(_), false) => address.to_owned(),
+            (None, true) => format!("rediss://{address}"),
+            (None, false) => format!("redis://{address}"),
         };
         url.as_str()
             .into_connection_info()

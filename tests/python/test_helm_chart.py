@@ -759,8 +759,6 @@ BAD_COMBINATIONS = {
                                      "redis.tls.enabled"),
     "redis-tls-secret-unused": ({"redis": {"url": "r:6379", "tls": {"enabled": True, "existingSecret": "t",
                                                                     "caCert": False}}}, "unused"),
-    "sentinel-tls-secret": ({"redis": {"mode": "sentinel", "url": "s1:26379", "sentinel": {"masterName": "m"},
-                                       "tls": {"enabled": True, "existingSecret": "t"}}}, "system roots"),
     "grpc-client-ca-without-secret": ({"grpcTls": {"clientCA": True}}, "grpcTls.existingSecret"),
 }
 

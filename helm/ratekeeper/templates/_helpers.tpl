@@ -159,9 +159,6 @@ EXPECTED_REPLICAS: expectedReplicas, else autoscaling.maxReplicas with the HPA
 {{- if not (or $redis.tls.caCert $redis.tls.clientCert) }}
 {{- fail "redis.tls.existingSecret is unused: set redis.tls.caCert and/or redis.tls.clientCert" }}
 {{- end }}
-{{- if eq $redis.mode "sentinel" }}
-{{- fail "redis.mode sentinel: TLS with the system roots only (ratekeeper supports no custom CA nor client certificate there): leave redis.tls.existingSecret empty" }}
-{{- end }}
 {{- end }}
 {{- if and .Values.grpcTls.clientCA (not .Values.grpcTls.existingSecret) }}
 {{- fail "grpcTls.clientCA needs grpcTls.existingSecret (its ca.crt)" }}
