@@ -456,7 +456,7 @@ pub fn incoming(
                         stream.get_mut().0.close_after(lifetime);
                         let _ = tx.send(Ok(Accepted::Tls(Box::new(stream)))).await;
                     }
-                    Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                    Ok(Err(error)) => crate::tls::handshake_failed(&error, None),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
             });

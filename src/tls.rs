@@ -19,6 +19,7 @@ use rustls::{
     SignatureScheme,
 };
 
+use crate::log_pace::Paced;
 use crate::{Error, Result};
 
 /// Where the server's TLS material lives.
@@ -121,15 +122,9 @@ pub fn client_config(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Res
 /// [`client_config`] reads them, naming the file that is wrong: for a
 /// client that takes the files' bytes and would only fail when it
 /// connects (the Redis client).
+/// A certificate and a key that do not match are refused here too.
 pub fn check_client_files(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Result<()> {
-    if let Some(ca) = ca {
-        read_roots(ca)?;
-    }
-    if let Some((cert, key)) = identity {
-        read_certs(cert)?;
-        read_key(key)?;
-    }
-    Ok(())
+    client_config(ca, identity).map(drop)
 }
 
 fn bad(what: &Path, e: &dyn std::fmt::Display) -> Error {
@@ -147,8 +142,12 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
-    // Never print the key or its parse error's contents: only the path.
-    PrivateKeyDer::from_pem_file(path).map_err(|_| bad(path, &"not a PEM private key"))
+    // Never print the key or its parse error's contents: only the path,
+    // and why it could not be read (no such file, its permissions).
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        rustls::pki_types::pem::Error::Io(io) => bad(path, &io),
+        _ => bad(path, &"not a PEM private key"),
+    })
 }
 
 fn read_roots(path: &Path) -> Result<RootCertStore> {
@@ -157,6 +156,32 @@ fn read_roots(path: &Path) -> Result<RootCertStore> {
         roots.add(cert).map_err(|e| bad(path, &e))?;
     }
     Ok(roots)
+}
+
+/// Logs a failed TLS handshake. A client certificate refused (none,
+/// untrusted, expired, for another name) at WARN, paced, as
+/// envoyproxy/ratelimit logs "error validating client": a misconfigured
+/// client is found from the logs. Anything else (a port scan, a plaintext
+/// client, a load balancer's TCP check) at DEBUG.
+pub fn handshake_failed(error: &std::io::Error, peer: Option<std::net::SocketAddr>) {
+    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let certificate_refused = error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+            )
+        });
+    if !certificate_refused {
+        tracing::debug!(%error, peer, "TLS handshake failed");
+        return;
+    }
+    static LOG: Paced = Paced::new();
+    if let Some(left_out) = LOG.admit() {
+        tracing::warn!(%error, peer, left_out, "TLS handshake failed: the client's certificate was refused");
+    }
 }
 
 /// Client certificates checked by the CA, then for one name

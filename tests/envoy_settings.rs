@@ -95,6 +95,38 @@ async fn their_certificate_without_their_switch_serves_plaintext() {
     assert!(stderr.contains("no-such.pem"), "{stderr}");
 }
 
+/// TLS files that could never work stop the start, naming the file and
+/// why: a key that is missing (not "not a PEM private key"), and a Redis
+/// client certificate whose key is another's (not a connection refused
+/// for ever after).
+#[test]
+fn tls_files_that_cannot_work_are_named_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_certs(dir.path(), "IP:127.0.0.1");
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let limits = file("limits");
+    let stderr = refused(&[
+        ("CONFIG_DIR", &limits),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", &file("server.crt")),
+        ("GRPC_SERVER_TLS_KEY", &file("nope.key")),
+    ]);
+    let missing = format!("TLS: {}: No such file or directory", file("nope.key"));
+    assert!(stderr.contains(&missing), "{stderr}");
+    let stderr = refused(&[
+        ("CONFIG_DIR", &limits),
+        ("REDIS_URL", "127.0.0.1:1"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", &file("client.crt")),
+        ("REDIS_TLS_CLIENT_KEY", &file("server.key")),
+    ]);
+    assert!(
+        stderr.contains(&format!("TLS: {}: ", file("client.crt"))),
+        "{stderr}"
+    );
+}
+
 /// A value no deployment means is refused before anything starts: a
 /// misspelt level (it would silence every log, errors included), and
 /// connection or thread counts that would exhaust the machine.

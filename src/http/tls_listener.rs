@@ -58,7 +58,7 @@ async fn accept_forever(
                 Ok(Ok(stream)) => {
                     let _ = tx.send((stream, peer)).await;
                 }
-                Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                Ok(Err(error)) => crate::tls::handshake_failed(&error, Some(peer)),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });

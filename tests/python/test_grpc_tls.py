@@ -66,6 +66,8 @@ def test_mutual_tls_and_rotation(start_server, certs):
         for anonymous in ({"root": certs / "ca.crt"}, {"root": None}):
             with pytest.raises(grpc.RpcError):
                 ask(addr, client=None, **anonymous)
+        # A refused client is found from the logs, as theirs logs it at WARN.
+        assert "the client's certificate was refused" in server.log()
 
         # Rotate: a new CA signs a new server certificate, written in place.
         make_ca(certs, "ca2")
