@@ -289,7 +289,37 @@ fn rate(limit: &Limit) -> Compiled<Rate> {
         charges: limit.charges,
     };
     check_rate(&rate).map_err(|reason| CompileError::new(at, reason))?;
+    if let Some(loss) = bucket_rounding_loss(&rate) {
+        tracing::warn!("{at}: {loss}");
+    }
     Ok(rate)
+}
+
+/// What a token or leaky bucket's rate loses to whole microseconds, when
+/// it is more than 1%: its hits are spaced by the interval rounded up
+/// (never faster than configured), which at high rates admits less.
+fn bucket_rounding_loss(rate: &Rate) -> Option<String> {
+    if !rate.algorithm.has_burst() {
+        return None;
+    }
+    let (period_us, limit) = (
+        rate.unit.seconds() * 1_000_000,
+        u64::from(rate.requests_per_unit),
+    );
+    let rounded = gcra::emission_interval_us(period_us / 1_000, limit);
+    let admitted = period_us / rounded;
+    if admitted.saturating_mul(100) >= limit.saturating_mul(99) {
+        return None;
+    }
+    Some(format!(
+        "{} of {limit} per {}: a hit every {:.3} µs, rounded up to {rounded} µs (buckets keep \
+         whole microseconds), admits at most {admitted} per {}; fixed_window or \
+         sliding_window count such rates exactly",
+        rate.algorithm,
+        rate.unit,
+        period_us as f64 / limit as f64,
+        rate.unit
+    ))
 }
 
 /// Checks a rate's numbers against its algorithm.
@@ -361,4 +391,42 @@ fn concurrency_rule(
         path: path.to_owned(),
     });
     Ok(Some(rules.len() - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Unit;
+
+    fn loss(algorithm: Algorithm, requests_per_unit: u32, unit: Unit) -> Option<String> {
+        bucket_rounding_loss(&Rate {
+            requests_per_unit,
+            unit,
+            algorithm,
+            burst: None,
+            name: None,
+            charges: None,
+        })
+    }
+
+    #[test]
+    fn a_bucket_rate_rounded_down_by_more_than_a_percent_is_named() {
+        // 0.6 µs a hit rounds to 1 µs: 60M a minute, not 100M.
+        let warned = loss(Algorithm::TokenBucket, 100_000_000, Unit::Minute).unwrap();
+        assert!(
+            warned.contains("admits at most 60000000 per minute"),
+            "{warned}"
+        );
+        // 2.4 µs rounds to 3: 20M of 25M.
+        let warned = loss(Algorithm::LeakyBucket, 25_000_000, Unit::Minute).unwrap();
+        assert!(warned.contains("at most 20000000"), "{warned}");
+        // Whole microseconds, or within 1%: nothing to say.
+        assert_eq!(loss(Algorithm::TokenBucket, 20_000_000, Unit::Minute), None);
+        assert_eq!(loss(Algorithm::TokenBucket, 999_000, Unit::Hour), None);
+        // Counters count exactly.
+        assert_eq!(
+            loss(Algorithm::FixedWindow, 100_000_000, Unit::Minute),
+            None
+        );
+    }
 }
