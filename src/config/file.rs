@@ -114,7 +114,7 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
     let syntax = |e: serde_yaml::Error| ConfigError {
         file: file.to_owned(),
         line: e.location().map(|l| l.line()),
-        reason: strip_location(&e.to_string()),
+        reason: explained(strip_location(&e.to_string())),
     };
     // The documents that hold merge keys, read whole (only when the text
     // could hold one: the typed reading below is the fast path).
@@ -289,6 +289,18 @@ fn parsed_text(value: &serde_yaml::Value) -> Option<String> {
 /// serde_yaml writes " at line L column C" into its messages (a syntax
 /// error's in the middle, before what it was parsing); the line goes in its
 /// own field, so every such location is cut.
+/// A YAML reader's message, with what it means here where it says too
+/// little.
+fn explained(message: String) -> String {
+    if message == "recursion limit exceeded" {
+        // serde_yaml's depth limit: each descriptor level is a sequence
+        // and a mapping.
+        return "nested too deeply (the YAML reader's limit: about 60 levels of descriptors)"
+            .into();
+    }
+    message
+}
+
 fn strip_location(message: &str) -> String {
     const AT: &str = " at line ";
     let mut stripped = String::with_capacity(message.len());

@@ -817,3 +817,21 @@ fn an_empty_domain_and_a_rule_replacing_itself_name_their_line() {
         "{e}"
     );
 }
+
+#[test]
+fn descriptors_nested_past_the_yaml_readers_limit_are_refused_saying_so() {
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    let mut indent = String::new();
+    for level in 0..100 {
+        text += &format!("{indent}  - key: k{level}\n{indent}    descriptors:\n");
+        indent += "    ";
+    }
+    text += &format!(
+        "{indent}  - key: last\n{indent}    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("deep.yaml"), text).unwrap();
+    let e = Config::load_dir(dir.path()).unwrap_err();
+    assert!(e.reason.contains("nested too deeply"), "{e}");
+    assert!(e.line.is_some(), "{e}");
+}
