@@ -68,6 +68,14 @@ pub fn requested_ttl(
     if asked.seconds < 0 || asked.nanos < 0 {
         return Err(negative());
     }
+    // Past a second is not a Duration (its nanos are below 10^9), though
+    // the conversion would carry it into the seconds.
+    if asked.nanos >= 1_000_000_000 {
+        return Err(Status::invalid_argument(format!(
+            "{field}.nanos must be below 1000000000, not {}",
+            asked.nanos
+        )));
+    }
     let ttl = Duration::try_from(*asked).map_err(|_| negative())?;
     if ttl < min || ttl > max {
         return Err(Status::invalid_argument(format!(
@@ -113,5 +121,14 @@ mod tests {
             let e = requested_ttl(Some(&ask(bad)), range, "lease_ttl").unwrap_err();
             assert!(e.message().starts_with("lease_ttl must"), "{}", e.message());
         }
+        let unnormalized = prost_types::Duration {
+            seconds: 0,
+            nanos: i32::MAX,
+        };
+        let e = requested_ttl(Some(&unnormalized), range, "ttl").unwrap_err();
+        assert_eq!(
+            e.message(),
+            "ttl.nanos must be below 1000000000, not 2147483647"
+        );
     }
 }
