@@ -546,6 +546,8 @@ async fn sentinel_over_tls_takes_the_masters_ca_and_client_certificate() {
         ("REDIS_TLS_CLIENT_CERT", &file("client.crt")),
         ("REDIS_TLS_CLIENT_KEY", &file("client.key")),
         ("FAILURE_MODE", "unavailable"),
+        // A loaded machine (CI) can take more than the default 20 ms.
+        ("REDIS_TIMEOUT_MS", "2000"),
     ];
     let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
     let mut client = server.client().await;
