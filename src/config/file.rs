@@ -286,9 +286,6 @@ fn parsed_text(value: &serde_yaml::Value) -> Option<String> {
     }
 }
 
-/// serde_yaml writes " at line L column C" into its messages (a syntax
-/// error's in the middle, before what it was parsing); the line goes in its
-/// own field, so every such location is cut.
 /// A YAML reader's message, with what it means here where it says too
 /// little.
 fn explained(message: String) -> String {
@@ -301,6 +298,9 @@ fn explained(message: String) -> String {
     message
 }
 
+/// serde_yaml writes " at line L column C" into its messages (a syntax
+/// error's in the middle, before what it was parsing); the line goes in its
+/// own field, so every such location is cut.
 fn strip_location(message: &str) -> String {
     const AT: &str = " at line ";
     let mut stripped = String::with_capacity(message.len());
