@@ -1361,3 +1361,33 @@ async fn a_failover_to_an_empty_server_drops_the_over_limit_cache() {
     );
     server.stop().await;
 }
+
+/// With scripts only (`--redis-scripts-only`, a Redis without functions),
+/// the health probe's limiter call runs on a replica too (a script that
+/// writes nothing is not refused there): `ROLE` says that the primary was
+/// demoted in place, so the probe fails and the connections are replaced,
+/// and once the server is a primary again the probe passes.
+#[tokio::test]
+async fn with_scripts_only_the_probe_notices_a_primary_demoted_in_place() {
+    let a = RedisServer::start();
+    let b = RedisServer::start();
+    let store = a.store_with(None, false);
+    store.ping().await.expect("the probe on a primary");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut redis_at(a.port))
+        .unwrap();
+    let error = store.ping().await.expect_err("the probe on a replica");
+    assert!(error.to_string().contains("replica"), "{error}");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut redis_at(a.port))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(error) = store.ping().await {
+        assert!(Instant::now() < deadline, "still failing: {error}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

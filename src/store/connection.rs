@@ -564,12 +564,7 @@ impl Connections {
                     // with the server: a sentinel behind the others may name
                     // a demoted master. (A server that denies ROLE is taken
                     // at the sentinel's word.)
-                    let role = redis::cmd("ROLE").query_async::<Vec<Value>>(first).await;
-                    let named_role = role.ok().and_then(|role| {
-                        role.first()
-                            .and_then(|r| redis::from_redis_value::<String>(r.clone()).ok())
-                    });
-                    if named_role.is_some_and(|role| role != "master") {
+                    if role(first).await.is_some_and(|role| role != "master") {
                         return Err(Error::Store(format!(
                             "{master}, named master by a sentinel, is not one (yet)"
                         )));
@@ -809,6 +804,18 @@ async fn named_master(sentinel: redis::Client, name: &str, wait: Duration) -> Re
         Ok(Err(error)) => Err(error.into()),
         Err(_) => Err(Error::Store("the sentinel did not answer in time".into())),
     }
+}
+
+/// What the server behind `conn` says it is (`ROLE`: `master`, `slave`,
+/// `sentinel`); `None` when it does not answer that (a proxy or an ACL
+/// that denies `ROLE`).
+pub async fn role(conn: &mut impl ConnectionLike) -> Option<String> {
+    let role = redis::cmd("ROLE")
+        .query_async::<Vec<Value>>(conn)
+        .await
+        .ok()?;
+    role.first()
+        .and_then(|r| redis::from_redis_value::<String>(r.clone()).ok())
 }
 
 /// Whether `error` shows that the connection it came on leads nowhere

@@ -19,7 +19,7 @@ use redis::Script;
 use super::batcher::{Batcher, BudgetOps, Checks};
 use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
-use super::connection::{Connections, PoolReader, RedisSettings};
+use super::connection::{role, Connections, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass};
@@ -888,8 +888,9 @@ impl RedisStore {
     /// Round trip to Redis, for the health probe: the limiter called with
     /// no checks (it touches no key). Unlike a `PING`, it meets what
     /// requests would: a server that no longer takes writes (a demoted
-    /// primary refuses a function call with `READONLY`, and the connections
-    /// are replaced), or a limiter gone (loaded again). So a replica whose
+    /// primary refuses a function call with `READONLY`; with scripts only,
+    /// `ROLE` says so; the connections are replaced), or a limiter gone
+    /// (loaded again). So a replica whose
     /// requests are all answered by the over-limit cache still notices a
     /// failover. It bypasses the breaker, and closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
@@ -905,6 +906,18 @@ impl RedisStore {
                 return Err(Error::Store(format!(
                     "the limiter without checks returned {reply:?}"
                 )));
+            }
+            // A script that writes nothing runs on a replica too: with
+            // scripts only, ROLE says whether the server still takes writes.
+            if !self.limiter.uses_functions()
+                && role(&mut conn).await.is_some_and(|role| role == "slave")
+            {
+                let demoted = redis::RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                    "the server is a replica (ROLE)",
+                ));
+                caller.connections.failed(Some(&demoted));
+                return Err(demoted.into());
             }
             Ok(())
         }
