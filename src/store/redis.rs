@@ -909,7 +909,10 @@ impl RedisStore {
             }
             // A script that writes nothing runs on a replica too: with
             // scripts only, ROLE says whether the server still takes writes.
+            // (Not on a cluster, where a keyless command reaches any node
+            // and a failover moves slots: MOVED says where.)
             if !self.limiter.uses_functions()
+                && self.topology != Topology::Cluster
                 && role(&mut conn).await.is_some_and(|role| role == "slave")
             {
                 let demoted = redis::RedisError::from((
