@@ -911,16 +911,17 @@ impl RedisStore {
             // scripts only, ROLE says whether the server still takes writes.
             // (Not on a cluster, where a keyless command reaches any node
             // and a failover moves slots: MOVED says where.)
-            if !self.limiter.uses_functions()
-                && self.topology != Topology::Cluster
-                && role(&mut conn).await.is_some_and(|role| role == "slave")
-            {
-                let demoted = redis::RedisError::from((
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                    "the server is a replica (ROLE)",
-                ));
-                caller.connections.failed(Some(&demoted));
-                return Err(demoted.into());
+            if !self.limiter.uses_functions() && self.topology != Topology::Cluster {
+                let primary = async {
+                    match role(&mut conn).await.as_deref() {
+                        Some("slave") => Err(redis::RedisError::from((
+                            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                            "the server is a replica (ROLE)",
+                        ))),
+                        _ => Ok(()),
+                    }
+                };
+                self.probe("the health probe's ROLE", primary).await?;
             }
             Ok(())
         }
