@@ -302,11 +302,12 @@ fn bucket_rounding_loss(rate: &Rate) -> Option<String> {
     if !rate.algorithm.has_burst() {
         return None;
     }
-    let (period_us, limit) = (
-        rate.unit.seconds() * 1_000_000,
+    let (period_ms, limit) = (
+        rate.unit.seconds() * 1_000,
         u64::from(rate.requests_per_unit),
     );
-    let rounded = gcra::emission_interval_us(period_us / 1_000, limit);
+    let rounded = gcra::emission_interval_us(period_ms, limit);
+    let period_us = period_ms * 1_000;
     let admitted = period_us / rounded;
     if admitted.saturating_mul(100) >= limit.saturating_mul(99) {
         return None;
