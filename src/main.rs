@@ -138,6 +138,15 @@ struct Cli {
     /// Replicas sharing the limits, for `failure_mode: local`.
     #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
     expected_replicas: u32,
+    /// Most counters `failure_mode: local` keeps (about 145 bytes each);
+    /// past it new keys are decided as new every time.
+    #[arg(
+        long,
+        env = "LOCAL_FALLBACK_MAX_KEYS",
+        default_value_t = ratekeeper::service::rls::DEFAULT_LOCAL_FALLBACK_KEYS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    local_fallback_max_keys: usize,
     /// Multiplexed connections to Redis, in all: spread over the serving
     /// threads, at least one each.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4, value_parser = redis_settings::at_most_1024)]
@@ -488,6 +497,7 @@ fn limiter_settings(cli: &Cli) -> Result<LimiterSettings> {
         headers,
         failure_mode: cli.failure_mode.into(),
         expected_replicas: cli.expected_replicas,
+        local_fallback_max_keys: Some(cli.local_fallback_max_keys),
         max_detailed_series: cli.max_detailed_metric_series,
         stop_increment_when_over_limit: cli.envoy.stop_cache_key_increment_when_overlimit,
         values: if cli.hash_descriptor_values {

@@ -65,6 +65,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Requests whose store call failed, decided by this replica alone (failure mode local).",
     ),
     (
+        "ratekeeper_local_fallback_untracked",
+        "Counters failure mode local did not write for a new key: it held LOCAL_FALLBACK_MAX_KEYS.",
+    ),
+    (
         "ratekeeper_store_give_backs_dropped",
         "Give-backs of failed reserves or acquires not started: too many waiting.",
     ),

@@ -691,6 +691,68 @@ async fn failure_modes_per_domain_and_health() {
     }
 }
 
+/// `failure_mode: local` keeps at most LOCAL_FALLBACK_MAX_KEYS counters
+/// (each of 64 shards its share, here 1): a key past the cap is decided as
+/// new every time and counted, while the keys already held keep counting.
+#[tokio::test]
+async fn local_failure_mode_keeps_at_most_its_max_keys() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let server = Ratekeeper::start(
+        "domain: l\nfailure_mode: local\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "100",
+            "--local-fallback-max-keys",
+            "64",
+        ],
+    );
+    let client = server.client().await;
+    drop(redis);
+    let ask = |value: String| {
+        let mut client = client.clone();
+        async move {
+            let r = client
+                .should_rate_limit(request("l", vec![descriptor(&[("k", &value)])]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(degraded(&r).as_deref(), Some("local"));
+            r.overall_code == Code::OverLimit as i32
+        }
+    };
+    // Each key twice: a key held is refused the second time (1 an hour).
+    let (mut held, mut untracked) = (0, 0);
+    for i in 0..200 {
+        let value = format!("v{i}");
+        assert!(
+            !ask(value.clone()).await,
+            "{value}: a first request is admitted"
+        );
+        if ask(value).await {
+            held += 1;
+        } else {
+            untracked += 1;
+        }
+    }
+    assert!(held <= 64 && held > 0, "held {held}");
+    assert!(untracked >= 200 - 64, "untracked {untracked}");
+    // The first key found an empty store: still held, still refused.
+    assert!(ask("v0".into()).await);
+    // Both requests of every key not held went uncounted.
+    let metrics = server.metrics();
+    let line = format!("ratekeeper_local_fallback_untracked {}", 2 * untracked);
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "no {line:?} in\n{metrics}"
+    );
+    assert!(server.logs().contains("LOCAL_FALLBACK_MAX_KEYS"));
+}
+
 /// The store alone (no server, so no background health probe): once the
 /// circuit is open, a request after the cool-down must itself probe Redis
 /// and close it.

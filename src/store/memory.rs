@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -96,12 +97,32 @@ pub struct MemoryStore {
     /// after the markers, never before.
     given_back: Mutex<budget::GivenBack>,
     clock: Arc<dyn Clock>,
+    /// Most counters a shard holds (`usize::MAX`: no cap; see
+    /// [`Self::with_max_keys`]).
+    shard_capacity: usize,
+    /// New counters not written for the cap, in all.
+    untracked: AtomicU64,
 }
 
 impl MemoryStore {
     /// A store reading time from `clock`, with a background sweeper (when
     /// called inside a Tokio runtime) that stops when the store is dropped.
     pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+        Self::with_shard_capacity(clock, usize::MAX)
+    }
+
+    /// [`Self::new`], holding about `max_keys` live counters at most (each
+    /// shard its share). Past that a new key's counter is not written: the
+    /// key is decided as a new one every time, so its requests are admitted
+    /// up to the limit each, while every counter already held keeps
+    /// counting. Counters leave as the sweeper drops them (a full pass
+    /// over the shards every 4 s) or as they are deleted. For
+    /// `failure_mode: local`, whose keys an outage alone decides.
+    pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Arc<Self> {
+        Self::with_shard_capacity(clock, max_keys.div_ceil(SHARDS).max(1))
+    }
+
+    fn with_shard_capacity(clock: Arc<dyn Clock>, shard_capacity: usize) -> Arc<Self> {
         let store = Arc::new(MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             digest: RandomState::new(),
@@ -109,6 +130,8 @@ impl MemoryStore {
             markers: Mutex::new(HashMap::new()),
             given_back: Mutex::default(),
             clock,
+            shard_capacity,
+            untracked: AtomicU64::new(0),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep_forever(Arc::downgrade(&store)));
@@ -228,7 +251,17 @@ impl MemoryStore {
     pub fn apply(&self, checks: &[Check], all_or_nothing: bool) -> Vec<Outcome> {
         let now = self.clock.now_ms();
         let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
-        batch::evaluate(&mut table, checks, all_or_nothing, now)
+        let outcomes = batch::evaluate(&mut table, checks, all_or_nothing, now);
+        if table.untracked > 0 {
+            self.untracked.fetch_add(table.untracked, Ordering::Relaxed);
+        }
+        outcomes
+    }
+
+    /// New counters not written because the store held its most (see
+    /// [`Self::with_max_keys`]), since it was made.
+    pub fn untracked(&self) -> u64 {
+        self.untracked.load(Ordering::Relaxed)
     }
 
     /// The shards of `keys`, locked in shard order (so that two callers
@@ -248,6 +281,8 @@ impl MemoryStore {
                 .map(|&i| (i, Self::lock(&self.shards[i])))
                 .collect(),
             ids,
+            capacity: self.shard_capacity,
+            untracked: 0,
         }
     }
 
@@ -405,6 +440,10 @@ async fn sweep_forever(store: Weak<MemoryStore>) {
 struct LockedShards<'a> {
     guards: Vec<(usize, MutexGuard<'a, Shard>)>,
     ids: Vec<(&'a str, KeyId)>,
+    /// The store's `shard_capacity`.
+    capacity: usize,
+    /// New counters this request did not write for it.
+    untracked: u64,
 }
 
 impl LockedShards<'_> {
@@ -437,10 +476,17 @@ impl batch::Table for LockedShards<'_> {
     fn write(&mut self, key: &str, state: State, expires_at_ms: u64) {
         // Only the request's own keys are written, and their shards are
         // locked: a miss here would be a bug in `evaluate`, not input.
+        let capacity = self.capacity;
         let Some((shard, id)) = self.shard(key) else {
             debug_assert!(false, "write to a key outside the request");
             return;
         };
+        // A counter taken to be written back was removed from this shard,
+        // so only a new key can find it full.
+        if shard.len() >= capacity && !shard.contains_key(&id) {
+            self.untracked += 1;
+            return;
+        }
         shard.insert(
             id,
             Slot {
@@ -484,6 +530,28 @@ mod tests {
         assert_eq!(store.len(), 10_000);
         let again = &store.apply(&[check("k42", 1, 1)], true)[0];
         assert!(again.over);
+    }
+
+    /// At its most keys a shard writes no new counter (the key is decided
+    /// afresh each time, and counted), keeps counting those it holds, and
+    /// takes new ones again once the sweeper drops expired counters.
+    #[test]
+    fn a_full_store_decides_new_keys_afresh_until_counters_expire() {
+        let clock = Arc::new(ManualClock::new(10_000));
+        let store = MemoryStore::with_max_keys(clock.clone(), SHARDS);
+        let shard = |key: &str| MemoryStore::shard_of(store.id(key));
+        let newcomer = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| shard(k) == shard("held"))
+            .unwrap();
+        let over = |key: &str| store.apply(&[check(key, 1, 1)], true)[0].over;
+        assert!(!over("held") && over("held") && over("held"));
+        assert!(!over(&newcomer) && !over(&newcomer));
+        assert_eq!((store.untracked(), store.len()), (2, 1));
+        clock.advance(1_000);
+        store.sweep(0, SHARDS);
+        assert!(!over(&newcomer) && over(&newcomer));
+        assert_eq!(store.untracked(), 2);
     }
 
     /// The evaluator takes each state out of its shard: one it did not

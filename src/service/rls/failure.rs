@@ -20,8 +20,16 @@ use super::outcomes::Failed;
 use super::plan::{Applied, Plan};
 use super::respond::{allow_all, current_limit, status};
 use crate::limiter::{Check, Outcome};
+use crate::log_pace::Paced;
 use crate::store::{MemoryStore, Store};
 use crate::vocab::FailureMode;
+
+/// Most counters `failure_mode: local` keeps unless told
+/// (`LOCAL_FALLBACK_MAX_KEYS`): about 145 MB (BENCHMARKS.md's resident
+/// size per in-memory counter), a bound a pod's memory limit can plan for;
+/// an outage meeting tens of thousands of new keys a second fills it in
+/// under a minute, and the keys it met first keep their counters.
+pub const DEFAULT_LOCAL_FALLBACK_KEYS: usize = 1_000_000;
 
 /// What the failure mode makes of a request.
 #[derive(Debug)]
@@ -36,20 +44,47 @@ pub enum Fallback {
     Outcomes(Vec<Outcome>),
 }
 
-/// This replica's counters for `failure_mode: local`, on the store's clock.
+/// This replica's counters for `failure_mode: local`, on the store's
+/// clock, at most `max_keys` of them ([`MemoryStore::with_max_keys`]).
 #[derive(Debug)]
 pub struct LocalFallback {
     store: Arc<MemoryStore>,
     /// Replicas expected to share each limit (at least 1).
     replicas: u64,
+    max_keys: usize,
 }
 
 impl LocalFallback {
-    pub fn new(store: &Store, expected_replicas: u32) -> Self {
+    pub fn new(store: &Store, expected_replicas: u32, max_keys: usize) -> Self {
         LocalFallback {
-            store: MemoryStore::new(store.clock()),
+            store: MemoryStore::with_max_keys(store.clock(), max_keys),
             replicas: u64::from(expected_replicas.max(1)),
+            max_keys,
         }
+    }
+
+    /// This replica's counters' outcomes for `shares`; a key the store
+    /// had no room for is counted and logged (paced).
+    fn apply(&self, shares: &[Check], all_or_nothing: bool) -> Vec<Outcome> {
+        static FULL: Paced = Paced::new();
+        let before = self.store.untracked();
+        let outcomes = self.store.apply(shares, all_or_nothing);
+        let untracked = self.store.untracked();
+        if untracked > before {
+            // Absolute, not an increment of the difference: concurrent
+            // requests would each add the others' too.
+            metrics::counter!("ratekeeper_local_fallback_untracked").absolute(untracked);
+            if let Some(skipped) = FULL.admit() {
+                tracing::warn!(
+                    max_keys = self.max_keys,
+                    untracked,
+                    skipped,
+                    "failure_mode local holds LOCAL_FALLBACK_MAX_KEYS counters: new keys are \
+                     decided as new every time (admitted up to their limit) until counters expire"
+                );
+            }
+        }
+        outcomes
     }
 
     /// Applies `mode` to a request whose store call `failed`.
@@ -79,7 +114,7 @@ impl LocalFallback {
             FailureMode::Closed => Fallback::Answer(degraded(refuse_all(&plan.applied), mode)),
             FailureMode::Local => {
                 let shares: Vec<Check> = plan.checks.iter().map(|c| self.share(c)).collect();
-                Fallback::Outcomes(self.store.apply(&shares, all_or_nothing))
+                Fallback::Outcomes(self.apply(&shares, all_or_nothing))
             }
         }
     }
@@ -108,7 +143,7 @@ impl LocalFallback {
                     .iter()
                     .map(|&i| self.share(&plan.checks[i]))
                     .collect();
-                self.store.apply(&shares, all_or_nothing)
+                self.apply(&shares, all_or_nothing)
             }
             _ => Vec::new(),
         }
@@ -218,7 +253,11 @@ mod tests {
         ]);
         let plan = Plan::new(&request, rules, &LimiterSettings::default()).expect("plan");
         let clock = Arc::new(ManualClock::new(60_000));
-        let local = LocalFallback::new(&Store::Memory(MemoryStore::new(clock)), 3);
+        let local = LocalFallback::new(
+            &Store::Memory(MemoryStore::new(clock)),
+            3,
+            DEFAULT_LOCAL_FALLBACK_KEYS,
+        );
         let answer = |mode| match local.fall_back(mode, failed(plan.checks.len()), &plan, true) {
             Fallback::Answer(response) => response,
             other => panic!("{mode}: {other:?}"),
@@ -288,7 +327,11 @@ mod tests {
         };
         let answered = vec![Some(stored(2)), None, Some(stored(99))];
         let clock = Arc::new(ManualClock::new(60_000));
-        let local = LocalFallback::new(&Store::Memory(MemoryStore::new(clock)), 3);
+        let local = LocalFallback::new(
+            &Store::Memory(MemoryStore::new(clock)),
+            3,
+            DEFAULT_LOCAL_FALLBACK_KEYS,
+        );
         let with = |mode| {
             let failed = Failed {
                 error: Error::Store("down".into()),

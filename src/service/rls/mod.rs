@@ -36,6 +36,7 @@ use tonic::{Request, Response, Status};
 
 pub use self::admin::{AdminError, DescriptorState, LimitState};
 use self::call_stats::{CallError, CallStats};
+pub use self::failure::DEFAULT_LOCAL_FALLBACK_KEYS;
 use self::failure::{degraded, Fallback, LocalFallback};
 use self::outcomes::Source;
 pub(crate) use self::plan::{Applied, Plan};
@@ -64,6 +65,9 @@ pub struct LimiterSettings {
     /// Replicas sharing the limits: `failure_mode: local` enforces each limit
     /// divided by this.
     pub expected_replicas: u32,
+    /// Most counters `failure_mode: local` keeps (`None`:
+    /// [`DEFAULT_LOCAL_FALLBACK_KEYS`]).
+    pub local_fallback_max_keys: Option<usize>,
     /// Most distinct `detailed_metric` label values (then `overflow`).
     pub max_detailed_series: usize,
     /// Raw or hashed descriptor values in keys and labels.
@@ -146,6 +150,9 @@ impl RateLimiter {
             local: Arc::new(LocalFallback::new(
                 stores.main(),
                 settings.expected_replicas,
+                settings
+                    .local_fallback_max_keys
+                    .unwrap_or(DEFAULT_LOCAL_FALLBACK_KEYS),
             )),
             over: stores.map(|store| {
                 Arc::new(match settings.over_cache_keys {
