@@ -258,6 +258,70 @@ async fn a_bucket_settle_never_gives_back_hits_spent_by_others() {
     }
 }
 
+/// The queue drains in order: what drained while a reservation stood first
+/// counts as its own, so settling it below its estimate gives back less
+/// than if it had taken only the actual, when others wait behind it (the
+/// limit README's bucket row states). A fixed window has no such order.
+#[tokio::test]
+async fn a_bucket_settle_counts_what_drained_ahead_of_the_queue_as_its_own() {
+    for backend in Backend::all() {
+        let (server, clock) = clocked_server_on(&backend).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let cases = [
+            ("token_bucket", 600, 700),
+            ("leaky_bucket", 600, 700),
+            ("fixed_window", 600, 600),
+        ];
+        for (algorithm, left, alone_left) in cases {
+            let at = format!("{}/{algorithm}", backend.name());
+            let a = reserve(&mut client, algorithm, "drain", 600).await;
+            let b = reserve(&mut client, algorithm, "drain", 400).await;
+            assert!(a.granted && b.granted, "{at}");
+            // 6 s: 100 hits' worth drained, all of them A's.
+            clock.advance(6_000);
+            settle(&mut client, &a.reservation_id, 0).await;
+            let s = settle(&mut client, &b.reservation_id, 400).await;
+            assert_eq!(remaining(&s.statuses), [left], "{at}");
+            // B alone, the same 6 s later: what drained was B's.
+            let alone = reserve(&mut client, algorithm, "alone", 400).await;
+            clock.advance(6_000);
+            let s = settle(&mut client, &alone.reservation_id, 400).await;
+            assert_eq!(remaining(&s.statuses), [alone_left], "{at}: B alone");
+            clock.advance(60_000);
+        }
+        server.stop().await;
+    }
+}
+
+/// A reservation granted on a leaky bucket queues as a request does, and
+/// says how long until its turn, as `ShouldRateLimit` tells an admitted
+/// request there; other algorithms have no queue and answer no wait.
+#[tokio::test]
+async fn a_leaky_bucket_reservation_says_how_long_until_its_turn() {
+    let millis = |d: Option<prost_types::Duration>| {
+        d.map(|d| d.seconds * 1_000 + i64::from(d.nanos / 1_000_000))
+    };
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = server_on(&backend).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        // 1,000 a minute: 60 ms a hit.
+        let first = reserve(&mut client, "leaky_bucket", "q", 100).await;
+        let second = reserve(&mut client, "leaky_bucket", "q", 100).await;
+        assert_eq!(millis(first.wait), Some(0), "{name}: nothing ahead");
+        assert_eq!(millis(second.wait), Some(6_000), "{name}: 100 hits ahead");
+        let mut rls = server.client().await;
+        let third = rls.should_rate_limit(spend("leaky_bucket", "q", 100)).await;
+        let third = third.expect("spend").into_inner().statuses[0].duration_until_reset;
+        assert_eq!(third.map(|d| d.seconds), Some(12), "{name}: 200 hits ahead");
+        for other in ["fixed_window", "token_bucket"] {
+            let r = reserve(&mut client, other, "q", 100).await;
+            assert!(r.granted && r.wait.is_none(), "{name}/{other}: {r:?}");
+        }
+        server.stop().await;
+    }
+}
+
 /// A bucket's give-backs (`<key>:given` and `:given.log` in Redis) live as
 /// long as a reservation on it may settle, and a minute more: made by a
 /// granted reservation, kept by each as long as its TTL, never shortened

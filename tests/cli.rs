@@ -87,6 +87,27 @@ fn validate_of_a_good_directory_prints_one_summary_line() {
     assert_eq!(text(&out.stderr), "");
 }
 
+/// What loads but may not do what its author meant is said with the file
+/// and line: a `*` in a descriptor key (a pattern there, literal here) and
+/// a bucket rate whole microseconds cannot space.
+#[test]
+fn validate_warns_with_the_file_and_line_of_what_it_loads_differently() {
+    let file = "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: \"star*\"\n    rate_limit: {unit: minute, requests_per_unit: 9}\n  - key: fast\n    rate_limit: {unit: minute, requests_per_unit: 100000000, algorithm: token_bucket}\n";
+    let dir = dir_with(&[("w.yaml", file)]);
+    let d = dir.path().display().to_string();
+    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = text(&out.stderr);
+    for warning in [
+        format!(" WARN {d}/w.yaml:5: descriptors[1]: descriptor key \"star*\" holds '*'"),
+        format!(
+            " WARN {d}/w.yaml:8: descriptors[2].rate_limit: token_bucket of 100000000 per minute"
+        ),
+    ] {
+        assert!(stderr.contains(&warning), "no {warning:?} in {stderr}");
+    }
+}
+
 /// A key repeated in a mapping: their loader takes the last one, and so
 /// does ours, with a warning naming the file and the line.
 #[test]

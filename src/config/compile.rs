@@ -52,36 +52,45 @@ impl fmt::Display for CompileError {
 
 type Compiled<T> = Result<T, CompileError>;
 
-/// Checks and compiles one domain.
-pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
+/// Checks and compiles one domain; with it, what does not stop it but its
+/// author should hear (each where and why, for the caller to locate and log).
+pub fn compile(description: DomainDescription) -> Compiled<(DomainConfig, Vec<CompileError>)> {
     let domain = description.domain;
     let charges = description.charges;
     if domain.is_empty() {
         return Err(CompileError::new("domain", "the domain must not be empty"));
     }
     let mut rules = Vec::new();
+    let (mut warnings, mut rate_warnings) = (Vec::new(), Vec::new());
     let metric_levels = value_metric::levels(&description.descriptors);
-    let root = build_level(description.descriptors, "", &mut |limits, at, path| {
+    let rate_rule = &mut |limits: Limits, at: &str, path: &str| {
         let share = limits.share_threshold;
-        let index = rate_rule(limits, path, &domain, &mut rules)?;
+        let index = rate_rule(limits, path, &domain, &mut rules, &mut rate_warnings)?;
         if let (Some(i), Some(levels)) = (index, metric_levels.get(at)) {
             let rule: &mut Rule = &mut rules[i];
             rule.metrics = RuleMetrics::ours_only(&domain, path);
             rule.metric_levels = Some(levels.clone());
         }
         Ok((index, share))
-    })?;
+    };
+    let root = build_level(description.descriptors, "", rate_rule, &mut warnings)?;
+    warnings.append(&mut rate_warnings);
     for rate in rules.iter_mut().flat_map(|rule| rule.rates.iter_mut()) {
         rate.charges = rate.charges.or(charges);
     }
     let mut concurrency_rules = Vec::new();
-    let concurrency_root = build_level(description.concurrency, "", &mut |c, at, path| {
-        Ok((
-            concurrency_rule(c, at, path, &mut concurrency_rules)?,
-            false,
-        ))
-    })?;
-    Ok(DomainConfig {
+    let concurrency_root = build_level(
+        description.concurrency,
+        "",
+        &mut |c, at, path| {
+            Ok((
+                concurrency_rule(c, at, path, &mut concurrency_rules)?,
+                false,
+            ))
+        },
+        &mut warnings,
+    )?;
+    let config = DomainConfig {
         name: domain,
         rules: RuleTree { root, rules },
         concurrency: RuleTree {
@@ -93,7 +102,8 @@ pub fn compile(description: DomainDescription) -> Compiled<DomainConfig> {
             response_headers: description.response_headers,
             failure_mode: description.failure_mode,
         },
-    })
+    };
+    Ok((config, warnings))
 }
 
 /// What a node's payload compiles to: its rule's index (or none), and
@@ -106,6 +116,7 @@ fn build_level<P>(
     nodes: Vec<RawNode<P>>,
     parent: &str,
     rule: &mut impl FnMut(P, &str, &str) -> Compiled<NodeRule>,
+    warnings: &mut Vec<CompileError>,
 ) -> Compiled<Level> {
     let mut level = Level::default();
     let mut seen = HashSet::new();
@@ -121,6 +132,16 @@ fn build_level<P>(
             return Err(CompileError::new(
                 &at,
                 "the descriptor key must not be empty",
+            ));
+        }
+        if key.contains('*') {
+            warnings.push(CompileError::new(
+                &at,
+                format!(
+                    "descriptor key {key:?} holds '*', matched here as it is: only values are \
+                     patterns (envoyproxy/ratelimit matches such a key as a pattern over \
+                     `key_value`, so other keys reach it there)"
+                ),
             ));
         }
         let label = value_metric::label(&key, value.as_deref());
@@ -150,7 +171,7 @@ fn build_level<P>(
         let compiled = Node {
             rule: rule_index,
             shared: wildcard.filter(|_| share).cloned(),
-            children: build_level(children, &path, rule)?,
+            children: build_level(children, &path, rule, warnings)?,
         };
         let nodes: &mut KeyNodes = level.keys.entry(key).or_default();
         match value {
@@ -170,6 +191,7 @@ fn rate_rule(
     path: &str,
     domain: &str,
     rules: &mut Vec<Rule>,
+    warnings: &mut Vec<CompileError>,
 ) -> Compiled<Option<usize>> {
     if node.limits.is_empty() {
         return Ok(None);
@@ -206,7 +228,7 @@ fn rate_rule(
             }
             continue;
         }
-        let rate = rate(&limit)?;
+        let rate = rate(&limit, warnings)?;
         if let Some(twin) = rates.iter().find(|r| r.counter_id() == rate.counter_id()) {
             return Err(CompileError::new(
                 at,
@@ -272,7 +294,7 @@ fn config_value(v: &prost_types::Value) -> envoy_types::pb::google::protobuf::Va
 }
 
 /// The rate of one limited (not `unlimited`) policy.
-fn rate(limit: &Limit) -> Compiled<Rate> {
+fn rate(limit: &Limit, warnings: &mut Vec<CompileError>) -> Compiled<Rate> {
     let at = limit.at.as_str();
     let Some(unit) = limit.unit else {
         return Err(CompileError::new(at, "the unit is missing"));
@@ -290,7 +312,7 @@ fn rate(limit: &Limit) -> Compiled<Rate> {
     };
     check_rate(&rate).map_err(|reason| CompileError::new(at, reason))?;
     if let Some(loss) = bucket_rounding_loss(&rate) {
-        tracing::warn!("{at}: {loss}");
+        warnings.push(CompileError::new(at, loss));
     }
     Ok(rate)
 }

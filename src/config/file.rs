@@ -103,7 +103,11 @@ pub fn parse(file: &Path, text: &str) -> Result<Vec<DomainConfig>, ConfigError> 
     let mut domains = Vec::new();
     for (doc, raw) in documents(file, text)? {
         let description = describe(raw).map_err(|e| located(file, text, doc, e))?;
-        domains.push(compile(description).map_err(|e| located(file, text, doc, e))?);
+        let (domain, warnings) = compile(description).map_err(|e| located(file, text, doc, e))?;
+        for warning in warnings {
+            tracing::warn!("{}", located(file, text, doc, warning));
+        }
+        domains.push(domain);
     }
     Ok(domains)
 }

@@ -37,7 +37,10 @@ pub fn load_with(
             };
             ConfigError::new(&source, format!("{at}: {}", e.reason))
         };
-        let compiled = describe(message).and_then(compile).map_err(fail)?;
+        let (compiled, warnings) = describe(message).and_then(compile).map_err(fail)?;
+        for warning in warnings {
+            tracing::warn!("{}", fail(warning));
+        }
         domains.push((source, compiled));
     }
     Config::from_domains_with(domains, options)

@@ -42,7 +42,7 @@ use super::wire::{duration, requested_ttl, Entries};
 use crate::config::watch::SharedConfig;
 use crate::config::Config;
 use crate::headers::LimitState;
-use crate::limiter::{Charges, Check, Outcome, MAX_HITS};
+use crate::limiter::{Algorithm, Charges, Check, Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
 use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
 use crate::store::{Role, Settled, Stores};
@@ -135,6 +135,11 @@ impl Budget {
                 retry_after_ms(&plan.checks, &outcomes).map(duration)
             },
             ttl: Some(duration(ttl_ms)),
+            wait: if granted {
+                leaky_wait_ms(&plan.checks, &outcomes).map(duration)
+            } else {
+                None
+            },
         })
     }
 
@@ -350,6 +355,19 @@ fn retry_after_ms(checks: &[Check], outcomes: &[Outcome]) -> Option<u64> {
         return None;
     }
     Some(refusing().map(|(_, o)| o.reset_ms).max().unwrap_or(0))
+}
+
+/// The wait before a granted reservation's turn: the longest a leaky
+/// bucket that took its estimate reports (for an admitted hit, its
+/// `reset_ms` is the queue ahead of it, as `ShouldRateLimit` answers it);
+/// None when no leaky bucket took it.
+fn leaky_wait_ms(checks: &[Check], outcomes: &[Outcome]) -> Option<u64> {
+    checks
+        .iter()
+        .zip(outcomes)
+        .filter(|(check, _)| check.algorithm == Algorithm::LeakyBucket && check.enforce)
+        .map(|(_, outcome)| outcome.reset_ms)
+        .max()
 }
 
 fn store_failed(error: crate::Error) -> Status {

@@ -78,11 +78,14 @@ pub fn returnable(id: String, max: usize, what: &str, made_of: &str) -> Result<S
     Ok(id)
 }
 
-/// The first 40 characters of `s`: enough to recognise a bad id in an
-/// error message, never a megabyte echoed back.
-pub fn truncate(s: &str) -> &str {
-    let end = s.char_indices().nth(40).map_or(s.len(), |(i, _)| i);
-    &s[..end]
+/// The first 40 characters of `s`, and `…` when there were more: enough
+/// to recognise a bad id in an error message, never a megabyte echoed back,
+/// and never a cut part read as a whole one (a TTL of 300000 as 3000).
+pub fn truncate(s: &str) -> String {
+    match s.char_indices().nth(40) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -100,7 +103,8 @@ mod tests {
         for bad in ["a", "zz", "ff", "+1", "é"] {
             assert_eq!(from_hex(bad), None, "{bad}");
         }
-        assert_eq!(truncate(&"é".repeat(50)).chars().count(), 40);
+        assert_eq!(truncate(&"é".repeat(50)), format!("{}…", "é".repeat(40)));
+        assert_eq!(truncate(&"é".repeat(40)), "é".repeat(40));
     }
 
     #[test]

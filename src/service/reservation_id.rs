@@ -108,11 +108,14 @@ impl ReservationId {
         };
         let bad = |what: &str| format!("malformed reservation id {:?}: {what}", truncate(id));
         let mut parts = rest.split('.');
-        let nonce = parts.next().filter(|n| is_nonce(n));
-        let ttl_ms = parts.next().and_then(|t| t.parse::<u64>().ok());
-        let descriptors = parts.next().and_then(|d| d.parse::<usize>().ok());
-        let (Some(nonce), Some(ttl_ms), Some(descriptors)) = (nonce, ttl_ms, descriptors) else {
-            return Err(bad("no nonce, TTL and descriptor count"));
+        let Some(nonce) = parts.next().filter(|n| is_nonce(n)) else {
+            return Err(bad("its nonce is not 32 hex digits"));
+        };
+        let Some(ttl_ms) = parts.next().and_then(|t| t.parse::<u64>().ok()) else {
+            return Err(bad("its TTL is not a whole number of milliseconds"));
+        };
+        let Some(descriptors) = parts.next().and_then(|d| d.parse::<usize>().ok()) else {
+            return Err(bad("its descriptor count is not a whole number"));
         };
         // Only the service mints ids, always with a TTL in range: a TTL
         // outside it is a forgery (the store's marker keeps its own expiry).
@@ -222,7 +225,18 @@ mod tests {
             (format!("{n}.300000.1.0:5:{key}"), "not a reservation id"),
             (format!("r1.{n}.300000.1"), "keys"),
             (format!("r1.short.300000.1.0:5:{key}"), "nonce"),
-            (format!("r1.{n}.ttl.1.0:5:{key}"), "nonce"),
+            (
+                format!("r1.{n}.ttl.1.0:5:{key}"),
+                "its TTL is not a whole number",
+            ),
+            (
+                format!("r1.{n}.-5.1.0:5:{key}"),
+                "its TTL is not a whole number",
+            ),
+            (
+                format!("r1.{n}.300000.x.0:5:{key}"),
+                "descriptor count is not",
+            ),
             (format!("r1.{n}.999.1.0:5:{key}"), "TTL outside"),
             (format!("r1.{n}.3600001.1.0:5:{key}"), "TTL outside"),
             (format!("r1.{n}.{}.1.0:5:{key}", u64::MAX), "TTL outside"),

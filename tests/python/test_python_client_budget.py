@@ -28,6 +28,8 @@ descriptors:
   - key: plan
     value: internal
     rate_limit: {{unlimited: true}}
+  - key: queue
+    rate_limit: {{unit: minute, requests_per_unit: {BUDGET}, algorithm: leaky_bucket}}
 """
 DEFAULT_TTL = timedelta(minutes=5)
 
@@ -79,6 +81,16 @@ def test_reserve_then_settle_gives_the_unused_estimate_back(rk, client, user):
         again = client.settle(r.reservation_id, 99)
         assert (again.settled, again.already_settled) == (40, True)
         assert again.statuses[0].remaining == BUDGET - 40
+
+
+def test_a_leaky_bucket_reservation_says_when_its_turn_comes(client):
+    """1,000 a minute: 60 ms a hit, so a second reservation of 100 waits 6 s."""
+    queue = [{"queue": f"py-queue-{uuid.uuid4().hex[:12]}"}]
+    first, second = (client.reserve(DOMAIN, queue, 100) for _ in range(2))
+    assert first.granted and second.granted
+    assert first.wait == timedelta(0)
+    assert timedelta(seconds=5.9) <= second.wait <= timedelta(seconds=6)
+    assert client.reserve(DOMAIN, [{"user_id": "py-no-queue"}], 1).wait is None
 
 
 def test_refused_when_the_estimate_does_not_fit(client, user):

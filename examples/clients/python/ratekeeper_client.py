@@ -279,8 +279,10 @@ class Reservation:
     (nothing to settle). statuses: one BudgetStatus per descriptor, in
     order. retry_after: when refused, how long until the estimate would fit.
     ttl: settle within it; a reservation never settled stays charged at its
-    estimate. error: set only when fail_open granted a call the service did
-    not answer.
+    estimate. wait: when granted on a leaky_bucket limit, how long until the
+    reservation's turn in its queue (start the work after it; 0: now);
+    None otherwise. error: set only when fail_open granted a call the
+    service did not answer.
     """
 
     granted: bool
@@ -289,6 +291,7 @@ class Reservation:
     retry_after: Optional[timedelta] = None
     ttl: Optional[timedelta] = None
     error: Optional[str] = None
+    wait: Optional[timedelta] = None
 
 
 @dataclass(frozen=True)
@@ -590,6 +593,7 @@ class RateLimitClient:
             statuses=_budget_statuses(response.statuses),
             retry_after=_optional_duration(response, "retry_after"),
             ttl=_optional_duration(response, "ttl"),
+            wait=_optional_duration(response, "wait"),
         )
 
     def settle(self, reservation_id: str, actual: int, attempts: int = 3) -> Settlement:
