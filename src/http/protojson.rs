@@ -159,10 +159,19 @@ impl Visitor<'_> for IntegerVisitor {
         }
     }
 
+    /// As protojson: the string holds a JSON number and nothing around it
+    /// (`"3"`, `"3.0"`, `"3e0"`; not `"+3"` nor `" 3"`), read as one.
     fn visit_str<E: de::Error>(self, text: &str) -> Result<Integer, E> {
-        text.parse()
-            .map(Integer)
-            .map_err(|_| E::custom(format!("{text:?} is not an unsigned integer")))
+        let number = (text.trim() == text)
+            .then(|| serde_json::from_str::<serde_json::Number>(text).ok())
+            .flatten()
+            .ok_or_else(|| E::custom(format!("{text:?} is not an unsigned integer")))?;
+        match (number.as_u64(), number.as_i64(), number.as_f64()) {
+            (Some(n), _, _) => self.visit_u64(n),
+            (None, Some(n), _) => self.visit_i64(n),
+            (None, None, Some(n)) => self.visit_f64(n),
+            _ => Err(E::custom(format!("{text:?} is not an unsigned integer"))),
+        }
     }
 }
 
@@ -336,7 +345,7 @@ mod tests {
              "hitsAddend": 7, "limit": {"requestsPerUnit": 10, "unit": "MINUTE"}}]}"#;
         let proto = br#"{"domain": "web", "hits_addend": 3, "descriptors": [
             {"entries": [{"key": "user", "value": "a"}, {"key": "path", "value": null}],
-             "hits_addend": "7", "limit": {"requests_per_unit": 10.0, "unit": 2}}]}"#;
+             "hits_addend": "7e0", "limit": {"requests_per_unit": 10.0, "unit": 2}}]}"#;
         for body in [&camel[..], &proto[..]] {
             let request = parse_request(body).unwrap();
             assert_eq!(request.domain, "web");
@@ -355,8 +364,12 @@ mod tests {
 
     #[test]
     fn bad_requests_say_what_is_wrong() {
-        let cases: [(&[u8], &str); 7] = [
+        let cases: [(&[u8], &str); 11] = [
             (b"{", "EOF"),
+            (br#"{"hitsAddend": "+3"}"#, "\"+3\" is not an unsigned integer"),
+            (br#"{"hitsAddend": " 3"}"#, "\" 3\" is not an unsigned integer"),
+            (br#"{"hitsAddend": "-1"}"#, "-1 is negative"),
+            (br#"{"hitsAddend": "1.5"}"#, "1.5 is not an unsigned integer"),
             (br#"{"domian": "web"}"#, "unknown field `domian`"),
             (br#"{"hitsAddend": -1}"#, "-1 is negative"),
             (br#"{"hitsAddend": 4294967296}"#, "does not fit in a uint32"),
