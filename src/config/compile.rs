@@ -63,7 +63,7 @@ pub fn compile(description: DomainDescription) -> Compiled<(DomainConfig, Vec<Co
     let mut rules = Vec::new();
     let (mut warnings, mut rate_warnings) = (Vec::new(), Vec::new());
     let metric_levels = value_metric::levels(&description.descriptors);
-    let rate_rule = &mut |limits: Limits, at: &str, path: &str| {
+    let rule_of = &mut |limits: Limits, at: &str, path: &str| {
         let share = limits.share_threshold;
         let index = rate_rule(limits, path, &domain, &mut rules, &mut rate_warnings)?;
         if let (Some(i), Some(levels)) = (index, metric_levels.get(at)) {
@@ -73,7 +73,7 @@ pub fn compile(description: DomainDescription) -> Compiled<(DomainConfig, Vec<Co
         }
         Ok((index, share))
     };
-    let root = build_level(description.descriptors, "", rate_rule, &mut warnings)?;
+    let root = build_level(description.descriptors, "", rule_of, &mut warnings)?;
     warnings.append(&mut rate_warnings);
     for rate in rules.iter_mut().flat_map(|rule| rule.rates.iter_mut()) {
         rate.charges = rate.charges.or(charges);
