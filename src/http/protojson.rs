@@ -366,10 +366,19 @@ mod tests {
     fn bad_requests_say_what_is_wrong() {
         let cases: [(&[u8], &str); 11] = [
             (b"{", "EOF"),
-            (br#"{"hitsAddend": "+3"}"#, "\"+3\" is not an unsigned integer"),
-            (br#"{"hitsAddend": " 3"}"#, "\" 3\" is not an unsigned integer"),
+            (
+                br#"{"hitsAddend": "+3"}"#,
+                "\"+3\" is not an unsigned integer",
+            ),
+            (
+                br#"{"hitsAddend": " 3"}"#,
+                "\" 3\" is not an unsigned integer",
+            ),
             (br#"{"hitsAddend": "-1"}"#, "-1 is negative"),
-            (br#"{"hitsAddend": "1.5"}"#, "1.5 is not an unsigned integer"),
+            (
+                br#"{"hitsAddend": "1.5"}"#,
+                "1.5 is not an unsigned integer",
+            ),
             (br#"{"domian": "web"}"#, "unknown field `domian`"),
             (br#"{"hitsAddend": -1}"#, "-1 is negative"),
             (br#"{"hitsAddend": 4294967296}"#, "does not fit in a uint32"),
