@@ -12,7 +12,8 @@
 //! - [`server`] binds the gRPC server: the rate limit service, the
 //!   concurrency and budget services, gRPC health, reflection, and the config watcher;
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
-//!   them and deals them to the [`lanes`], one single-threaded runtime per
+//!   them ([`grpc_only`] answers what is not a gRPC call as grpc-go does)
+//!   and deals them to the [`lanes`], one single-threaded runtime per
 //!   core, each serving its connections start to finish with its own copy
 //!   of the services, bound to its own store connections.
 //! - [`service`] holds the gRPC services. [`service::rls`] decides a
@@ -75,6 +76,7 @@ pub mod config;
 pub mod dogstatsd;
 pub mod duration;
 pub mod error;
+pub mod grpc_only;
 pub mod headers;
 pub mod health;
 pub mod http;

@@ -16,6 +16,7 @@ use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
+use crate::grpc_only::GrpcOnlyLayer;
 use crate::health::Readiness;
 use crate::http;
 use crate::incoming::{deal, incoming, Dealt, Listener};
@@ -279,12 +280,16 @@ struct LaneServices<'a, H> {
 
 type LaneServing = JoinHandle<std::result::Result<(), tonic::transport::Error>>;
 
+/// The gRPC server builder, with the answer to requests that are not gRPC.
+type GrpcServer =
+    tonic::transport::Server<tower_layer::Stack<GrpcOnlyLayer, tower_layer::Identity>>;
+
 /// Starts gRPC on every lane: each serves its own copy of the services,
 /// bound to its own Redis connections (see `lanes`), on the connections
 /// dealt to it through the returned senders.
 fn serve_on_lanes<H: Health>(
     lanes: &Lanes,
-    builder: tonic::transport::Server,
+    builder: GrpcServer,
     services: LaneServices<'_, H>,
     limits: &ConnectionLimits,
     stopping: &tokio::sync::watch::Receiver<bool>,
@@ -345,8 +350,9 @@ fn serve_on_lanes<H: Health>(
 /// then sends the GOAWAY at that age: given `max_connection_age_grace` as
 /// well, tonic 0.14 sends no GOAWAY at all and drops the connection at age
 /// + grace. That drop is `incoming`'s instead.
-fn grpc_builder(limits: &ConnectionLimits) -> tonic::transport::Server {
+fn grpc_builder(limits: &ConnectionLimits) -> GrpcServer {
     tonic::transport::Server::builder()
+        .layer(GrpcOnlyLayer)
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
         .max_concurrent_streams(limits.max_streams)
         .http2_keepalive_interval(Some(limits.keepalive_interval))

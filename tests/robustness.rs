@@ -158,13 +158,33 @@ proptest! {
     }
 }
 
-#[tokio::test]
-async fn random_bytes_on_the_grpc_port_leave_the_server_serving() {
-    let server = TestServer::start(
+/// A server on the memory store, its clock pinned.
+async fn memory_server() -> TestServer {
+    TestServer::start(
         &[LIMITS],
         Backend::Memory.store(Arc::new(ManualClock::new(1_800_000_000_000))),
     )
-    .await;
+    .await
+}
+
+/// The server still serves, and counts: the first request on its key of 5
+/// a window leaves 4.
+async fn assert_still_counting(server: &TestServer) {
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("d", vec![descriptor(&[("a", "1")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "still serving, and counting"
+    );
+}
+
+#[tokio::test]
+async fn random_bytes_on_the_grpc_port_leave_the_server_serving() {
+    let server = memory_server().await;
     let addr = server.addr;
     // A fixed xorshift sequence of garbage, some of it after a valid preface.
     let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -192,16 +212,58 @@ async fn random_bytes_on_the_grpc_port_leave_the_server_serving() {
     })
     .await
     .unwrap();
-    let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("d", vec![descriptor(&[("a", "1")])]))
-        .await
+    assert_still_counting(&server).await;
+    server.stop().await;
+}
+
+/// What is not a gRPC call gets grpc-go's answer on the gRPC port: a GET
+/// HTTP 405 and a JSON POST HTTP 415, each with a gRPC status, before any
+/// service sees it (an HTTP probe aimed at the port fails, as there).
+#[tokio::test]
+async fn requests_that_are_not_grpc_get_405_and_415() {
+    use tonic::codegen::http::{header, Method, Request, StatusCode};
+    use tonic::codegen::Service;
+
+    let server = memory_server().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
         .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.statuses[0].limit_remaining, 4,
-        "still serving, and counting"
-    );
+        .connect()
+        .await
+        .unwrap();
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let cases = [
+        (
+            Method::GET,
+            "application/grpc",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "13",
+        ),
+        (
+            Method::POST,
+            "application/json",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "3",
+        ),
+        (Method::POST, "", StatusCode::UNSUPPORTED_MEDIA_TYPE, "3"),
+    ];
+    for (method, content_type, status, grpc_status) in cases {
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(format!("http://{}{path}", server.addr));
+        if !content_type.is_empty() {
+            request = request.header(header::CONTENT_TYPE, content_type);
+        }
+        let request = request.body(tonic::body::Body::empty()).unwrap();
+        let mut channel = channel.clone();
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .unwrap();
+        let response = channel.call(request).await.unwrap();
+        let at = format!("{method} {content_type:?}");
+        assert_eq!(response.status(), status, "{at}");
+        assert_eq!(response.headers()["grpc-status"], grpc_status, "{at}");
+    }
+    assert_still_counting(&server).await;
     server.stop().await;
 }
 
@@ -209,11 +271,7 @@ async fn random_bytes_on_the_grpc_port_leave_the_server_serving() {
 async fn slowloris_connections_are_cut_and_others_served() {
     use std::io::Read;
     // The test server gives 500 ms for the HTTP/2 preface.
-    let server = TestServer::start(
-        &[LIMITS],
-        Backend::Memory.store(Arc::new(ManualClock::new(1_800_000_000_000))),
-    )
-    .await;
+    let server = memory_server().await;
     let addr = server.addr;
     let stalled = tokio::task::spawn_blocking(move || {
         let mut sockets = Vec::new();
