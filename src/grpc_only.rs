@@ -1,11 +1,12 @@
-//! What the gRPC port answers a request that is not a gRPC call, as
-//! grpc-go (envoyproxy/ratelimit's server) answers it: a method other than
-//! POST gets HTTP 405, a content type other than `application/grpc` (alone,
-//! or followed by `+subtype` or `;parameters`) HTTP 415, each with the
-//! gRPC status and message grpc-go sends. Without it tonic took such a
-//! request for a call: a JSON POST failed decoding as INTERNAL, a GET got
-//! UNIMPLEMENTED under HTTP 200 (so an HTTP probe pointed at the gRPC port
-//! passed), and both counted as the service's own errors.
+//! What the gRPC port answers an HTTP/2 request that is not a gRPC call,
+//! as grpc-go (envoyproxy/ratelimit's server) answers it: a content type
+//! other than `application/grpc` (alone, or followed by `+subtype` or
+//! `;parameters`, case as written) gets HTTP 415, then a method other than
+//! POST HTTP 405, each with the gRPC status and message grpc-go sends.
+//! Without it tonic took such a request for a call: a JSON POST failed
+//! decoding as INTERNAL, a GET got UNIMPLEMENTED under HTTP 200 (an HTTP/2
+//! client took that for success), and both counted as the service's own
+//! errors. (HTTP/1 never reaches here: the port speaks HTTP/2 only.)
 
 use std::future::{ready, Ready};
 use std::task::{Context, Poll};
@@ -59,13 +60,6 @@ where
 
 /// The answer to a request that is not a gRPC call; `None` for a call.
 fn refusal(method: &Method, content_type: Option<&HeaderValue>) -> Option<Response<Body>> {
-    if method != Method::POST {
-        return Some(answer(
-            StatusCode::METHOD_NOT_ALLOWED,
-            Code::Internal,
-            &format!("the gRPC port takes POST requests, not {method}"),
-        ));
-    }
     let bytes = content_type.map_or(&b""[..], HeaderValue::as_bytes);
     if !is_grpc(bytes) {
         let text = String::from_utf8_lossy(bytes);
@@ -75,15 +69,22 @@ fn refusal(method: &Method, content_type: Option<&HeaderValue>) -> Option<Respon
             &format!("invalid gRPC request content-type {text:?}"),
         ));
     }
+    if method != Method::POST {
+        let method = method.as_str();
+        return Some(answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Code::Internal,
+            &format!("Received a HEADERS frame with :method {method:?} which should be POST"),
+        ));
+    }
     None
 }
 
-/// `application/grpc`, alone or followed by `+subtype` or `;parameters`
-/// (grpc-go's `grpcutil.ContentSubtype`; the type compared without case).
+/// `application/grpc`, alone or followed by `+subtype` or `;parameters`,
+/// as written (grpc-go's `grpcutil.ContentSubtype`).
 fn is_grpc(content_type: &[u8]) -> bool {
     const GRPC: &[u8] = b"application/grpc";
-    content_type.len() >= GRPC.len()
-        && content_type[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+    content_type.starts_with(GRPC)
         && matches!(content_type.get(GRPC.len()), None | Some(b'+' | b';'))
 }
 
@@ -104,7 +105,6 @@ mod tests {
             "application/grpc",
             "application/grpc+proto",
             "application/grpc;charset=utf-8",
-            "Application/GRPC",
         ] {
             assert!(is_grpc(grpc.as_bytes()), "{grpc}");
         }
@@ -113,6 +113,7 @@ mod tests {
             "application/json",
             "application/grpcx",
             "application/grp",
+            "Application/GRPC",
             "é",
         ] {
             assert!(!is_grpc(other.as_bytes()), "{other}");
@@ -122,14 +123,17 @@ mod tests {
     #[test]
     fn a_get_is_405_and_a_json_post_415_with_grpc_statuses() {
         let json = HeaderValue::from_static("application/json");
-        let get = refusal(&Method::GET, None).expect("refused");
+        let grpc = HeaderValue::from_static("application/grpc");
+        let get = refusal(&Method::GET, Some(&grpc)).expect("refused");
         assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(get.headers()["grpc-status"], "13");
+        // The content type is judged first, as grpc-go judges it.
+        let bare_get = refusal(&Method::GET, None).expect("refused");
+        assert_eq!(bare_get.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
         let post = refusal(&Method::POST, Some(&json)).expect("refused");
         assert_eq!(post.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
         assert_eq!(post.headers()["grpc-status"], "3");
         assert_eq!(post.headers()[header::CONTENT_TYPE], "application/grpc");
-        let grpc = HeaderValue::from_static("application/grpc");
         assert!(refusal(&Method::POST, Some(&grpc)).is_none());
     }
 }

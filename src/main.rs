@@ -138,8 +138,9 @@ struct Cli {
     /// Replicas sharing the limits, for `failure_mode: local`.
     #[arg(long, env = "EXPECTED_REPLICAS", default_value_t = 1)]
     expected_replicas: u32,
-    /// Most counters `failure_mode: local` keeps (about 145 bytes each);
-    /// past it new keys are decided as new every time.
+    /// Most counters `failure_mode: local` keeps (a count of keys, rounded
+    /// up to a multiple of 64; a fixed window's takes about 145 bytes); past
+    /// it new keys are decided as new every time.
     #[arg(
         long,
         env = "LOCAL_FALLBACK_MAX_KEYS",

@@ -158,6 +158,14 @@ impl Server {
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let (reporter, health) = crate::health::health_reporter(stopping.clone());
         let readiness = Readiness::new(reporter);
+        // Before any connection is dealt: tonic-health starts the server
+        // (service "") SERVING, which a prober must not see before the
+        // store is warmed up.
+        readiness
+            .reporter()
+            .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+            .await;
+        readiness.set(false).await;
 
         let lanes = Lanes::start(self.lanes)?;
         let per_second = self.store.iter().nth(1).map(|(_, store)| store.kind());
@@ -180,8 +188,6 @@ impl Server {
             health,
         };
         let (dealt, mut serving) = serve_on_lanes(&lanes, builder, services, limits, &stopping)?;
-        // The probe first: its first step sets the health statuses before
-        // the first connection is dealt.
         let mut probe = tokio::spawn(probe_store(
             self.store.clone(),
             lanes.handles().to_vec(),
@@ -448,12 +454,8 @@ async fn probe_store(
     needs_store: bool,
     needs_domains: Option<SharedConfig>,
 ) {
-    readiness
-        .reporter()
-        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
-        .await;
+    // Not ready until the stores answer (set so before serving began).
     let mut shown = false;
-    readiness.set(shown).await;
     let count = stores.iter().count();
     let (mut ever_up, mut was_up) = (vec![false; count], vec![None; count]);
     loop {

@@ -100,14 +100,16 @@ struct RawConcurrency {
 pub fn parse(file: &Path, text: &str) -> Result<Vec<DomainConfig>, ConfigError> {
     // A byte-order mark, which their loader's libyaml reads as one.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut domains = Vec::new();
+    let (mut domains, mut warnings) = (Vec::new(), Vec::new());
     for (doc, raw) in documents(file, text)? {
         let description = describe(raw).map_err(|e| located(file, text, doc, e))?;
-        let (domain, warnings) = compile(description).map_err(|e| located(file, text, doc, e))?;
-        for warning in warnings {
-            tracing::warn!("{}", located(file, text, doc, warning));
-        }
+        let (domain, found) = compile(description).map_err(|e| located(file, text, doc, e))?;
+        warnings.extend(found.into_iter().map(|w| located(file, text, doc, w)));
         domains.push(domain);
+    }
+    // Said once the whole file compiles: a file refused has only its error.
+    for warning in warnings {
+        tracing::warn!("{warning}");
     }
     Ok(domains)
 }

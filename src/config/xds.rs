@@ -25,10 +25,11 @@ pub fn load_with(
     snapshot: &[RateLimitConfig],
     options: LoadOptions,
 ) -> Result<Config, ConfigError> {
-    let mut domains = Vec::with_capacity(snapshot.len());
+    let (mut domains, mut warnings) = (Vec::with_capacity(snapshot.len()), Vec::new());
     for (i, message) in snapshot.iter().enumerate() {
         let source = source_name(i, message);
-        let fail = |e: CompileError| {
+        // Where an error or a warning is, in this message.
+        let located = |e: CompileError| {
             let at = match e.at.as_str() {
                 "" => format!("domain {:?}", message.domain),
                 // The domain itself: its name says nothing more.
@@ -37,13 +38,16 @@ pub fn load_with(
             };
             ConfigError::new(&source, format!("{at}: {}", e.reason))
         };
-        let (compiled, warnings) = describe(message).and_then(compile).map_err(fail)?;
-        for warning in warnings {
-            tracing::warn!("{}", fail(warning));
-        }
+        let (compiled, found) = describe(message).and_then(compile).map_err(located)?;
+        warnings.extend(found.into_iter().map(located));
         domains.push((source, compiled));
     }
-    Config::from_domains_with(domains, options)
+    let config = Config::from_domains_with(domains, options)?;
+    // Said once the whole snapshot loads: one refused has only its error.
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(config)
 }
 
 /// How errors name message `i`: by its `name`, else by its place.

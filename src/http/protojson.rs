@@ -122,7 +122,7 @@ fn uint32(value: Option<Integer>, field: &str) -> Result<u32, String> {
 }
 
 /// An unsigned integer, as protojson reads one: a JSON number (`3`, `3.0`,
-/// `3e0`) or a string of digits.
+/// `3e0`), or a string holding one.
 struct Integer(u64);
 
 impl<'de> Deserialize<'de> for Integer {
@@ -137,7 +137,7 @@ impl Visitor<'_> for IntegerVisitor {
     type Value = Integer;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an unsigned integer (a number or a string of digits)")
+        f.write_str("an unsigned integer (a number, or a string holding one)")
     }
 
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Integer, E> {

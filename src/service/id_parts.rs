@@ -78,14 +78,23 @@ pub fn returnable(id: String, max: usize, what: &str, made_of: &str) -> Result<S
     Ok(id)
 }
 
-/// The first 40 characters of `s`, and `…` when there were more: enough
-/// to recognise a bad id in an error message, never a megabyte echoed back,
-/// and never a cut part read as a whole one (a TTL of 300000 as 3000).
-pub fn truncate(s: &str) -> String {
+/// `s` quoted, its first 40 characters only and `…` after the quote when
+/// there were more: enough to recognise a bad id in an error message,
+/// never a megabyte echoed back, and never a cut part read as a whole one
+/// (a TTL of 300000 as 3000).
+pub fn quote_start(s: &str) -> String {
     match s.char_indices().nth(40) {
-        Some((end, _)) => format!("{}…", &s[..end]),
-        None => s.to_owned(),
+        Some((end, _)) => format!("{:?}…", &s[..end]),
+        None => format!("{s:?}"),
     }
+}
+
+/// A decimal count: ASCII digits only (no sign, no space, as ids are
+/// minted), and within `u64`.
+pub fn count(s: &str) -> Option<u64> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse().ok())
+        .flatten()
 }
 
 #[cfg(test)]
@@ -103,8 +112,15 @@ mod tests {
         for bad in ["a", "zz", "ff", "+1", "é"] {
             assert_eq!(from_hex(bad), None, "{bad}");
         }
-        assert_eq!(truncate(&"é".repeat(50)), format!("{}…", "é".repeat(40)));
-        assert_eq!(truncate(&"é".repeat(40)), "é".repeat(40));
+        assert_eq!(
+            quote_start(&"é".repeat(50)),
+            format!("\"{}\"…", "é".repeat(40))
+        );
+        assert_eq!(quote_start("r1.x"), "\"r1.x\"");
+        assert_eq!(count("300000"), Some(300_000));
+        for bad in ["", "+3", " 3", "-3", "3x", "18446744073709551616"] {
+            assert_eq!(count(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use super::id_parts::{from_hex, is_nonce, push_hex, random_nonce, truncate};
+use super::id_parts::{count, from_hex, is_nonce, push_hex, quote_start, random_nonce};
 use crate::config::file::LEASE_TTL_RANGE;
 use crate::keys::{counter_key, Values};
 use crate::store::LeaseRef;
@@ -70,10 +70,10 @@ impl LeaseId {
         if id.len() > MAX_LEASE_ID_BYTES {
             return Err(format!("lease id longer than {MAX_LEASE_ID_BYTES} bytes"));
         }
-        let bad = || format!("malformed lease id {:?}", truncate(id));
+        let bad = || format!("malformed lease id {}", quote_start(id));
         let mut parts = id.split('.');
         let member = parts.next().filter(|m| is_nonce(m));
-        let ttl_ms = parts.next().and_then(|t| t.parse::<u64>().ok());
+        let ttl_ms = parts.next().and_then(count);
         let (Some(member), Some(ttl_ms)) = (member, ttl_ms) else {
             return Err(bad());
         };
@@ -83,8 +83,8 @@ impl LeaseId {
         let (min, max) = LEASE_TTL_RANGE;
         if !(min.as_millis()..=max.as_millis()).contains(&u128::from(ttl_ms)) {
             return Err(format!(
-                "lease id {:?} carries a TTL outside {min:?}..={max:?}",
-                truncate(id)
+                "lease id {} carries a TTL outside {min:?}..={max:?}",
+                quote_start(id)
             ));
         }
         let keys = parts

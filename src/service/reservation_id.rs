@@ -22,7 +22,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::caps::MAX_DESCRIPTORS;
-use super::id_parts::{from_hex, is_nonce, push_hex, random_nonce, truncate};
+use super::id_parts::{count, from_hex, is_nonce, push_hex, quote_start, random_nonce};
 
 /// The version prefix of every reservation id this format mints.
 pub const PREFIX: &str = "r1.";
@@ -102,19 +102,23 @@ impl ReservationId {
         }
         let Some(rest) = id.strip_prefix(PREFIX) else {
             return Err(format!(
-                "{:?} is not a reservation id of this version (they start with {PREFIX:?})",
-                truncate(id)
+                "{} is not a reservation id of this version (they start with {PREFIX:?})",
+                quote_start(id)
             ));
         };
-        let bad = |what: &str| format!("malformed reservation id {:?}: {what}", truncate(id));
+        let bad = |what: &str| format!("malformed reservation id {}: {what}", quote_start(id));
         let mut parts = rest.split('.');
         let Some(nonce) = parts.next().filter(|n| is_nonce(n)) else {
             return Err(bad("its nonce is not 32 hex digits"));
         };
-        let Some(ttl_ms) = parts.next().and_then(|t| t.parse::<u64>().ok()) else {
+        let Some(ttl_ms) = parts.next().and_then(count) else {
             return Err(bad("its TTL is not a whole number of milliseconds"));
         };
-        let Some(descriptors) = parts.next().and_then(|d| d.parse::<usize>().ok()) else {
+        let Some(descriptors) = parts
+            .next()
+            .and_then(count)
+            .and_then(|d| usize::try_from(d).ok())
+        else {
             return Err(bad("its descriptor count is not a whole number"));
         };
         // Only the service mints ids, always with a TTL in range: a TTL
@@ -145,8 +149,8 @@ impl ReservationId {
 /// One `<descriptor>:<limit>:<hex key>` part, if well formed.
 fn reserved_key(part: &str, descriptors: usize, key_prefix: &str) -> Option<ReservedKey> {
     let mut fields = part.splitn(3, ':');
-    let descriptor = fields.next()?.parse::<usize>().ok()?;
-    let limit = fields.next()?.parse::<u64>().ok()?;
+    let descriptor = usize::try_from(count(fields.next()?)?).ok()?;
+    let limit = count(fields.next()?)?;
     let key = from_hex(fields.next()?)?;
     (descriptor < descriptors && is_counter_key(&key, key_prefix)).then_some(ReservedKey {
         key,
@@ -233,6 +237,11 @@ mod tests {
                 format!("r1.{n}.-5.1.0:5:{key}"),
                 "its TTL is not a whole number",
             ),
+            (
+                format!("r1.{n}.+300000.1.0:5:{key}"),
+                "its TTL is not a whole number",
+            ),
+            (format!("r1.{n}.300000.1.+0:5:{key}"), "keys"),
             (
                 format!("r1.{n}.300000.x.0:5:{key}"),
                 "descriptor count is not",

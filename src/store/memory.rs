@@ -111,8 +111,8 @@ impl MemoryStore {
         Self::with_shard_capacity(clock, usize::MAX)
     }
 
-    /// [`Self::new`], holding about `max_keys` live counters at most (each
-    /// shard its share). Past that a new key's counter is not written: the
+    /// [`Self::new`], holding at most `max_keys` live counters rounded up to
+    /// a multiple of the shards (each shard its share, at least one). Past that a new key's counter is not written: the
     /// key is decided as a new one every time, so its requests are admitted
     /// up to the limit each, while every counter already held keeps
     /// counting. Counters leave as the sweeper drops them (a full pass
@@ -282,6 +282,7 @@ impl MemoryStore {
                 .collect(),
             ids,
             capacity: self.shard_capacity,
+            taken: Vec::new(),
             untracked: 0,
         }
     }
@@ -442,17 +443,45 @@ struct LockedShards<'a> {
     ids: Vec<(&'a str, KeyId)>,
     /// The store's `shard_capacity`.
     capacity: usize,
+    /// With a capacity: the counters taken out and not yet written back,
+    /// whose places in their shards are theirs (kept only under a cap).
+    taken: Vec<KeyId>,
     /// New counters this request did not write for it.
     untracked: u64,
 }
 
 impl LockedShards<'_> {
-    fn shard(&mut self, key: &str) -> Option<(&mut Shard, KeyId)> {
+    fn id_of(&self, key: &str) -> Option<KeyId> {
         let at = self.ids.binary_search_by(|(k, _)| (*k).cmp(key)).ok()?;
-        let id = self.ids[at].1;
+        Some(self.ids[at].1)
+    }
+
+    fn shard(&mut self, key: &str) -> Option<(&mut Shard, KeyId)> {
+        let id = self.id_of(key)?;
         let index = MemoryStore::shard_of(id);
         let (_, guard) = self.guards.iter_mut().find(|(i, _)| *i == index)?;
         Some((guard, id))
+    }
+
+    /// Under a cap, whether `id`'s counter may be written: one taken out
+    /// goes back whatever its shard holds now (its place was kept for
+    /// it), one still there is replaced, and a new one fits only beside
+    /// the places kept for the others taken from its shard.
+    fn room_for(&mut self, id: KeyId) -> bool {
+        if let Some(at) = self.taken.iter().position(|t| *t == id) {
+            self.taken.swap_remove(at);
+            return true;
+        }
+        let index = MemoryStore::shard_of(id);
+        let kept = self
+            .taken
+            .iter()
+            .filter(|t| MemoryStore::shard_of(**t) == index)
+            .count();
+        self.guards
+            .iter()
+            .find(|(i, _)| *i == index)
+            .is_some_and(|(_, shard)| shard.contains_key(&id) || shard.len() + kept < self.capacity)
     }
 }
 
@@ -466,27 +495,27 @@ impl batch::Table for LockedShards<'_> {
     }
 
     fn take(&mut self, key: &str, now_ms: u64) -> Option<(State, u64)> {
+        let capped = self.capacity != usize::MAX;
         let (shard, id) = self.shard(key)?;
-        shard
-            .remove(&id)
-            .filter(|slot| slot.expires_at_ms > now_ms)
-            .map(|slot| (slot.state, slot.expires_at_ms))
+        let slot = shard.remove(&id)?;
+        if capped {
+            self.taken.push(id);
+        }
+        (slot.expires_at_ms > now_ms).then_some((slot.state, slot.expires_at_ms))
     }
 
     fn write(&mut self, key: &str, state: State, expires_at_ms: u64) {
+        let capped = self.capacity != usize::MAX;
+        if capped && !self.id_of(key).is_some_and(|id| self.room_for(id)) {
+            self.untracked += 1;
+            return;
+        }
         // Only the request's own keys are written, and their shards are
         // locked: a miss here would be a bug in `evaluate`, not input.
-        let capacity = self.capacity;
         let Some((shard, id)) = self.shard(key) else {
             debug_assert!(false, "write to a key outside the request");
             return;
         };
-        // A counter taken to be written back was removed from this shard,
-        // so only a new key can find it full.
-        if shard.len() >= capacity && !shard.contains_key(&id) {
-            self.untracked += 1;
-            return;
-        }
         shard.insert(
             id,
             Slot {
@@ -552,6 +581,39 @@ mod tests {
         store.sweep(0, SHARDS);
         assert!(!over(&newcomer) && over(&newcomer));
         assert_eq!(store.untracked(), 2);
+    }
+
+    /// A request's counters already held go back to a full shard whatever
+    /// order its checks write in: a new key of the same request, written
+    /// first, does not take their places (it found room only beside them).
+    #[test]
+    fn a_full_shard_keeps_the_counters_a_request_took_from_it() {
+        let clock = Arc::new(ManualClock::new(10_000));
+        let store = MemoryStore::with_max_keys(clock.clone(), 2 * SHARDS);
+        let shard = |key: &str| MemoryStore::shard_of(store.id(key));
+        let mut same = (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|k| shard(k) == shard("held"));
+        let (other, newcomer) = (same.next().unwrap(), same.next().unwrap());
+        // Two a shard: "held" and `other` fill it.
+        store.apply(&[check("held", 1, 1)], true);
+        store.apply(&[check(&other, 1, 1)], true);
+        for all_or_nothing in [false, true] {
+            let outcomes = store.apply(
+                &[
+                    check(&newcomer, 1, 1),
+                    check("held", 1, 1),
+                    check(&other, 5, 0),
+                ],
+                all_or_nothing,
+            );
+            assert!(!outcomes[0].over && outcomes[1].over, "{outcomes:?}");
+            assert!(store.apply(&[check("held", 1, 1)], true)[0].over);
+            assert!(store.apply(&[check(&other, 1, 1)], true)[0].over);
+        }
+        assert_eq!(store.len(), 2);
+        // The newcomer's, once: refused all or nothing, it wrote nothing.
+        assert_eq!(store.untracked(), 1);
     }
 
     /// The evaluator takes each state out of its shard: one it did not

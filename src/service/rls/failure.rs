@@ -25,8 +25,9 @@ use crate::store::{MemoryStore, Store};
 use crate::vocab::FailureMode;
 
 /// Most counters `failure_mode: local` keeps unless told
-/// (`LOCAL_FALLBACK_MAX_KEYS`): about 145 MB (BENCHMARKS.md's resident
-/// size per in-memory counter), a bound a pod's memory limit can plan for;
+/// (`LOCAL_FALLBACK_MAX_KEYS`): about 145 MB of fixed windows
+/// (BENCHMARKS.md's resident size per in-memory counter; a sliding log
+/// holds its entries on top), a bound a pod's memory limit can plan for;
 /// an outage meeting tens of thousands of new keys a second fills it in
 /// under a minute, and the keys it met first keep their counters.
 pub const DEFAULT_LOCAL_FALLBACK_KEYS: usize = 1_000_000;
@@ -52,6 +53,9 @@ pub struct LocalFallback {
     /// Replicas expected to share each limit (at least 1).
     replicas: u64,
     max_keys: usize,
+    /// `ratekeeper_local_fallback_untracked`, registered once: a lookup by
+    /// name on every request would cost a registry lookup each.
+    untracked: metrics::Counter,
 }
 
 impl LocalFallback {
@@ -60,6 +64,7 @@ impl LocalFallback {
             store: MemoryStore::with_max_keys(store.clock(), max_keys),
             replicas: u64::from(expected_replicas.max(1)),
             max_keys,
+            untracked: metrics::counter!("ratekeeper_local_fallback_untracked"),
         }
     }
 
@@ -73,7 +78,7 @@ impl LocalFallback {
         if untracked > before {
             // Absolute, not an increment of the difference: concurrent
             // requests would each add the others' too.
-            metrics::counter!("ratekeeper_local_fallback_untracked").absolute(untracked);
+            self.untracked.absolute(untracked);
             if let Some(skipped) = FULL.admit() {
                 tracing::warn!(
                     max_keys = self.max_keys,
