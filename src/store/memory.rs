@@ -112,12 +112,13 @@ impl MemoryStore {
     }
 
     /// [`Self::new`], holding at most `max_keys` live counters rounded up to
-    /// a multiple of the shards (each shard its share, at least one). Past that a new key's counter is not written: the
-    /// key is decided as a new one every time, so its requests are admitted
-    /// up to the limit each, while every counter already held keeps
-    /// counting. Counters leave as the sweeper drops them (a full pass
-    /// over the shards every 4 s) or as they are deleted. For
-    /// `failure_mode: local`, whose keys an outage alone decides.
+    /// a multiple of the shards (each shard its share, at least one). Past
+    /// that a new key's counter is not written: the key is decided as a new
+    /// one every time, so its requests are admitted up to the limit each,
+    /// while every counter already held keeps counting. Counters leave as
+    /// the sweeper drops them (a full pass over the shards every 4 s) or as
+    /// they are deleted. For `failure_mode: local`, whose keys an outage
+    /// alone decides.
     pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Arc<Self> {
         Self::with_shard_capacity(clock, max_keys.div_ceil(SHARDS).max(1))
     }
