@@ -157,15 +157,7 @@ impl Server {
 
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let (reporter, health) = crate::health::health_reporter(stopping.clone());
-        let readiness = Readiness::new(reporter);
-        // Before any connection is dealt: tonic-health starts the server
-        // (service "") SERVING, which a prober must not see before the
-        // store is warmed up.
-        readiness
-            .reporter()
-            .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
-            .await;
-        readiness.set(false).await;
+        let readiness = not_ready_yet(reporter).await;
 
         let lanes = Lanes::start(self.lanes)?;
         let per_second = self.store.iter().nth(1).map(|(_, store)| store.kind());
@@ -437,6 +429,19 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(ENVOY_RLS_DESCRIPTOR)
         .register_encoded_file_descriptor_set(crate::pb::RATEKEEPER_DESCRIPTOR)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// Readiness as it must stand before any connection is dealt: alive, not
+/// ready (tonic-health starts the server, service "", SERVING, which a
+/// prober must not see before the store is warmed up).
+async fn not_ready_yet(reporter: tonic_health::server::HealthReporter) -> Readiness {
+    let readiness = Readiness::new(reporter);
+    readiness
+        .reporter()
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
+    readiness.set(false).await;
+    readiness
 }
 
 /// Keeps readiness ([`Readiness`]: gRPC health, HTTP `/healthcheck`) in

@@ -1170,44 +1170,6 @@ async fn connections_to_a_silent_peer_are_replaced() {
     server.stop().await;
 }
 
-/// A replica is not ready until its store has warmed up, from the first
-/// answer on (tonic-health starts the server SERVING: a prober quick off
-/// the mark saw that, and a test read the store before its warm-up);
-/// liveness is SERVING from the start.
-#[tokio::test]
-async fn health_is_not_serving_from_the_first_answer_until_the_store_warms_up() {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
-
-    let mut redis = RedisServer::start();
-    let settings = redis.settings(true);
-    redis.kill();
-    let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));
-    let server = TestServer::start(&[LIMITS_OPEN], store).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
-    for (service, expected) in [
-        ("", ServingStatus::NotServing),
-        ("liveness", ServingStatus::Serving),
-    ] {
-        let status = health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
-        assert_eq!(status, expected as i32, "{service:?}");
-    }
-    server.stop().await;
-}
-
 /// Connections replaced on the same server (here after a silence) keep
 /// what was learnt from it: the store's generation, which empties the
 /// over-limit cache, moves only for another server. Single's connections
