@@ -1,8 +1,8 @@
-//! Accepted gRPC connections, each with a deadline for the HTTP/2 preface:
-//! a client that connects and then sends nothing (or dribbles bytes, the
-//! slowloris attack) is cut after `handshake_timeout` instead of holding a
-//! socket and a task forever. Once the preface is in, HTTP/2 keepalive pings
-//! (see `server`) take over the detection of stuck peers. With TLS the
+//! Accepted gRPC connections, each with a deadline for the HTTP/2 preface
+//! (`preface`): a client that connects and then sends nothing (or dribbles
+//! bytes, the slowloris attack) is cut after `handshake_timeout` instead of
+//! holding a socket and a task forever. Once the preface is in, HTTP/2
+//! keepalive pings (see `server`) take over the detection of stuck peers. With TLS the
 //! handshake happens here too, off the accept loop. One task accepts and
 //! deals the connections to the serving lanes (see `lanes`); its
 //! [`accept`], which pauses after a failed accept, serves the HTTP
@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::preface::Prefaced;
 use crate::tls::ReloadingTls;
 
 /// Bytes of the HTTP/2 client preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
@@ -149,12 +150,9 @@ impl AsyncWrite for Socket {
 /// A connection that must deliver its first bytes in time, and that is
 /// closed once past its maximum age and grace.
 pub struct Deadlined {
-    inner: Socket,
-    /// Running until the preface has arrived.
-    deadline: Option<Pin<Box<Sleep>>>,
+    inner: Prefaced<Socket>,
     /// When reads and writes start failing (see [`Deadlined::close_after`]).
     closing: Option<Pin<Box<Sleep>>>,
-    received: usize,
     /// Counts the connection in its lane's load while it is open.
     _load: Load,
 }
@@ -162,10 +160,8 @@ pub struct Deadlined {
 impl Deadlined {
     fn new(inner: Socket, timeout: Duration, load: Load) -> Self {
         Deadlined {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+            inner: Prefaced::new(inner, timeout, PREFACE_BYTES, "no HTTP/2 preface in time"),
             closing: None,
-            received: 0,
             _load: load,
         }
     }
@@ -235,25 +231,9 @@ impl AsyncRead for Deadlined {
         if this.past_end() {
             return Poll::Ready(Err(past_end()));
         }
-        let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         if read.is_pending() && this.past_end_or_wake(cx) {
             return Poll::Ready(Err(past_end()));
-        }
-        if let Some(deadline) = &mut this.deadline {
-            if let Poll::Ready(Ok(())) = read {
-                this.received += buf.filled().len() - before;
-                if this.received >= PREFACE_BYTES {
-                    this.deadline = None;
-                    return read;
-                }
-            }
-            if deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no HTTP/2 preface in time",
-                )));
-            }
         }
         read
     }
@@ -287,7 +267,7 @@ impl Connected for Deadlined {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        match &self.inner {
+        match self.inner.get_ref() {
             Socket::Tcp(stream) => stream.connect_info(),
             // No IP addresses on a Unix socket.
             Socket::Unix(_) => TcpConnectInfo {

@@ -12,7 +12,8 @@
 //! - [`server`] binds the gRPC server: the rate limit service, the
 //!   concurrency and budget services, gRPC health, reflection, and the config watcher;
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
-//!   them ([`grpc_only`] answers what is not a gRPC call as grpc-go does)
+//!   them ([`preface`]: the HTTP/2 preface in time; [`grpc_only`] answers
+//!   what is not a gRPC call as grpc-go does)
 //!   and deals them to the [`lanes`], one single-threaded runtime per
 //!   core, each serving its connections start to finish with its own copy
 //!   of the services, bound to its own store connections.
@@ -89,6 +90,7 @@ pub mod log_pace;
 pub mod metric_help;
 pub mod otel;
 pub mod pb;
+pub mod preface;
 pub mod random;
 pub mod read_stats;
 pub mod rules;

@@ -26,6 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
 use ratekeeper::clock::SystemClock;
+use ratekeeper::config::watch::SharedConfig;
 use ratekeeper::config::xds_client::{self, Backoff, ClientTls, XdsSettings, TYPE_URL};
 use ratekeeper::config::Config;
 use ratekeeper::pb::rls_conf::{
@@ -651,6 +652,48 @@ async fn the_client_redials_a_restarted_server_and_resyncs() {
         codes(&mut client, "d", "other", 2).await,
         [Code::Ok, Code::OverLimit]
     );
+}
+
+#[tokio::test]
+async fn a_server_that_never_speaks_http2_is_dropped_and_dialled_again() {
+    // Takes connections, reads what comes, and answers nothing (a wrong
+    // port, a stuck proxy): without a deadline on its preface, the stream
+    // would wait for the first keepalive ping, 5.5 minutes on.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let (accepted, mut dials) = mpsc::unbounded_channel();
+    let silent = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let _ = accepted.send(Instant::now());
+            tokio::spawn(async move {
+                let mut sink = tokio::io::sink();
+                let _ = tokio::io::copy(&mut socket, &mut sink).await;
+            });
+        }
+    });
+    let unused = AdsServer {
+        port,
+        runtime: None,
+    };
+    let mut settings = settings(&Certs::make(), &unused);
+    settings.tls = None;
+    let _loaded = xds_client::spawn(settings, SharedConfig::awaiting_first());
+    let first = tokio::time::timeout(Duration::from_secs(5), dials.recv())
+        .await
+        .expect("the client dials")
+        .expect("a first connection");
+    let second = tokio::time::timeout(Duration::from_secs(20), dials.recv())
+        .await
+        .expect("dialled again within the preface deadline and a back-off")
+        .expect("a second connection");
+    let waited = second - first;
+    assert!(
+        waited >= Duration::from_secs(9) && waited < Duration::from_secs(12),
+        "dropped after 10 s without a preface: {waited:?}"
+    );
+    silent.abort();
 }
 
 #[tokio::test]

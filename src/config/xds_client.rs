@@ -10,7 +10,10 @@
 //! the reason in `error_detail`, and the running limits stay. A broken
 //! stream is dialled again after a jittered exponential back-off, and the
 //! new stream asks for everything again (an empty version: the server's
-//! versions may have restarted with it).
+//! versions may have restarted with it). A server that takes the
+//! connection and sends no HTTP/2 preface within 10 s counts as broken
+//! (`crate::preface`), as grpc-go counts it, rather than a stream that
+//! waits for its first keepalive ping, 5.5 minutes on.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -37,6 +40,7 @@ use tonic::transport::Channel;
 use super::watch::{record_load, SharedConfig};
 use super::{Config, LoadOptions};
 use crate::pb::rls_conf::RateLimitConfig;
+use crate::preface::Prefaced;
 
 /// The resource type asked for.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -381,7 +385,7 @@ fn request(
 pub async fn channel(server: &str, tls: Option<ClientTls>) -> Result<Channel, String> {
     tonic::transport::Endpoint::from_shared(format!("http://{}", address(server)))
         .map_err(|e| format!("bad server address {server:?}: {e}"))?
-        .connect_timeout(Duration::from_secs(10))
+        .connect_timeout(SERVER_PREFACE_TIMEOUT)
         // An xDS stream can stay silent for days: pings find a dead peer.
         // grpc-go servers (Envoy Gateway's) refuse pings more often than
         // every 5 minutes by default.
@@ -426,10 +430,18 @@ struct Connector {
     tls: Option<ClientTls>,
 }
 
-type Connecting = Pin<Box<dyn Future<Output = std::io::Result<TokioIo<Box<dyn Io>>>> + Send>>;
+/// How long the server has, once connected, to send its HTTP/2 preface
+/// (a SETTINGS frame: at least a frame header's 9 bytes); as the connect
+/// timeout, which grpc-go's wait for it shares.
+const SERVER_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection to the server, that fails if it sends no preface in time.
+type Connection = TokioIo<Prefaced<Box<dyn Io>>>;
+
+type Connecting = Pin<Box<dyn Future<Output = std::io::Result<Connection>> + Send>>;
 
 impl tonic::codegen::Service<Uri> for Connector {
-    type Response = TokioIo<Box<dyn Io>>;
+    type Response = Connection;
     type Error = std::io::Error;
     type Future = Connecting;
 
@@ -443,12 +455,20 @@ impl tonic::codegen::Service<Uri> for Connector {
             let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
             let tcp = TcpStream::connect(authority.as_str()).await?;
             let _ = tcp.set_nodelay(true);
-            let Some(tls) = tls else {
-                return Ok(TokioIo::new(Box::new(tcp) as Box<dyn Io>));
+            let stream: Box<dyn Io> = match tls {
+                None => Box::new(tcp),
+                Some(tls) => {
+                    let connector = tokio_rustls::TlsConnector::from(tls.config);
+                    Box::new(connector.connect(tls.server_name, tcp).await?)
+                }
             };
-            let connector = tokio_rustls::TlsConnector::from(tls.config);
-            let stream = connector.connect(tls.server_name, tcp).await?;
-            Ok(TokioIo::new(Box::new(stream) as Box<dyn Io>))
+            Ok(TokioIo::new(Prefaced::new(
+                stream,
+                SERVER_PREFACE_TIMEOUT,
+                9,
+                "the server sent no HTTP/2 preface within 10 s of connecting: is it an xDS \
+                 server, and does it speak TLS where CONFIG_GRPC_XDS_SERVER_USE_TLS is set?",
+            )))
         })
     }
 }
