@@ -451,8 +451,8 @@ async fn bad_input_gets_clear_errors() {
             "at most 256",
         ),
         (
-            request(&"d".repeat(257), vec![descriptor(&[("k", "v")])]),
-            "longer than 256 bytes",
+            request(&"d".repeat(1025), vec![descriptor(&[("k", "v")])]),
+            "longer than 1024 bytes",
         ),
     ];
     for (req, message) in cases {

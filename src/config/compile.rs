@@ -52,6 +52,11 @@ impl fmt::Display for CompileError {
 
 type Compiled<T> = Result<T, CompileError>;
 
+/// Longest domain, in bytes, a limits file or snapshot may define and a
+/// request may name: above Envoy Gateway's longest (a listener's
+/// `<namespace>/<gateway>/<listener>`, up to 63 + 253 + 253 bytes).
+pub const MAX_DOMAIN_BYTES: usize = 1024;
+
 /// Checks and compiles one domain; with it, what does not stop it but its
 /// author should hear (each where and why, for the caller to locate and log).
 pub fn compile(description: DomainDescription) -> Compiled<(DomainConfig, Vec<CompileError>)> {
@@ -59,6 +64,16 @@ pub fn compile(description: DomainDescription) -> Compiled<(DomainConfig, Vec<Co
     let charges = description.charges;
     if domain.is_empty() {
         return Err(CompileError::new("domain", "the domain must not be empty"));
+    }
+    if domain.len() > MAX_DOMAIN_BYTES {
+        // Requests naming it would be refused: its limits would never apply.
+        return Err(CompileError::new(
+            "domain",
+            format!(
+                "the domain is {} bytes, longer than the {MAX_DOMAIN_BYTES} a request may name",
+                domain.len()
+            ),
+        ));
     }
     let mut rules = Vec::new();
     let (mut warnings, mut rate_warnings) = (Vec::new(), Vec::new());

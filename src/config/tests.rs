@@ -272,6 +272,18 @@ fn refuses_unknown_keys_with_line() {
 }
 
 #[test]
+fn refuses_a_domain_no_request_could_name_with_line() {
+    let long = "d".repeat(1025);
+    let e = error(&format!("# limits\ndomain: {long}\ndescriptors: []\n"));
+    assert_eq!(e.line, Some(2), "{e}");
+    assert_eq!(
+        e.reason,
+        "domain: the domain is 1025 bytes, longer than the 1024 a request may name"
+    );
+    assert!(load(&format!("domain: {}\n", &long[1..])).is_ok());
+}
+
+#[test]
 fn refuses_bad_unit_with_line() {
     let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n");
     assert!(e.reason.contains("unknown unit \"fortnight\""), "{e}");

@@ -14,6 +14,7 @@
 use tonic::Status;
 
 use super::wire::Entries;
+use crate::config::compile::MAX_DOMAIN_BYTES;
 
 /// Largest accepted gRPC message, in bytes: gRPC's default, which
 /// envoyproxy/ratelimit keeps.
@@ -22,8 +23,6 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_DESCRIPTORS: usize = 1024;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 256;
-/// Longest domain, in bytes.
-pub const MAX_DOMAIN_BYTES: usize = 256;
 
 /// Checks a request's domain and descriptors against the caps and Envoy's
 /// own rules (a domain, at least one descriptor, no empty entry key);
