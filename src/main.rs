@@ -634,14 +634,22 @@ fn main_redis<'a>(cli: &'a Cli, url: &'a str) -> Result<Redis<'a>> {
     })
 }
 
-/// The limits directory's limits. With FORCE_START_WITHOUT_INITIAL_CONFIG a
-/// directory that cannot be loaded yet (missing, or a bad file) starts the
-/// server with no limits; the watcher loads it when it changes.
+/// The limits directory's limits. A runtime directory not there yet (see
+/// [`LimitsDir::not_there_yet`]) starts the server with no limits, as
+/// envoyproxy/ratelimit starts; with FORCE_START_WITHOUT_INITIAL_CONFIG
+/// any directory that cannot be loaded yet (missing, or a bad file) starts
+/// it awaiting its first limits. Either way the watcher loads the limits
+/// once they can be.
 fn load_files(
     dir: &LimitsDir,
     load_options: LoadOptions,
     envoy: &EnvoySettings,
 ) -> Result<SharedConfig> {
+    if dir.not_there_yet() {
+        tracing::warn!(%dir, "the limits directory does not exist yet: no limits until it does");
+        record_load(true);
+        return Ok(SharedConfig::new(Config::default()));
+    }
     let config = Config::load(dir, load_options);
     record_load(config.is_ok());
     match config {

@@ -277,6 +277,59 @@ async fn the_runtime_layout_loads_every_file_under_the_app_directory() {
     assert!(limited(&server).await);
 }
 
+/// A runtime directory not there yet starts the service with no limits,
+/// as envoyproxy/ratelimit starts (its runtime watches RUNTIME_ROOT's
+/// parent), and its limits apply once a symlink swap makes it. Without
+/// RUNTIME_WATCH_ROOT (the directory itself is watched there), or with no
+/// parent to watch, the start stops, as theirs does.
+#[tokio::test]
+async fn a_runtime_root_made_after_the_start_is_loaded_then() {
+    let root = tempfile::tempdir().unwrap();
+    write(&root.path().join("v1/rl/config/l.yaml"), LIMITS);
+    let current = root.path().join("current");
+    let current_env = current.display().to_string();
+    let env = [
+        ("RUNTIME_ROOT", current_env.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+    ];
+    let server = Ratekeeper::spawn_in(root.path(), &[], &env);
+    assert!(!limited(&server).await, "no limits before the directory");
+    std::os::unix::fs::symlink(root.path().join("v1"), &current).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !limited(&server).await {
+        assert!(Instant::now() < deadline, "{}", server.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        server
+            .logs()
+            .contains("the limits directory does not exist yet"),
+        "{}",
+        server.logs()
+    );
+
+    let missing = root.path().join("later").display().to_string();
+    let orphan = root.path().join("no/parent/current").display().to_string();
+    for env in [
+        [
+            ("RUNTIME_ROOT", missing.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+        ],
+        [
+            ("RUNTIME_ROOT", orphan.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("RUNTIME_WATCH_ROOT", "true"),
+        ],
+    ] {
+        let stderr = refused(&env);
+        assert!(
+            stderr.contains("cannot read the limits directory"),
+            "{env:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn memcache_is_refused_at_start() {
     let stderr = refused(&[("BACKEND_TYPE", "memcache")]);

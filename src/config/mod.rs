@@ -65,6 +65,16 @@ impl LimitsDir {
             LimitsDir::Runtime(runtime) => runtime.files(),
         }
     }
+
+    /// Whether the directory is missing where it may yet appear, as
+    /// [`runtime::Runtime::not_there_yet`] says (a `--config-dir` must be
+    /// there at start).
+    pub fn not_there_yet(&self) -> bool {
+        match self {
+            LimitsDir::Flat(_) => false,
+            LimitsDir::Runtime(runtime) => runtime.not_there_yet(),
+        }
+    }
 }
 
 impl std::fmt::Display for LimitsDir {

@@ -35,6 +35,23 @@ impl Runtime {
         }
     }
 
+    /// Whether the limits directory is missing but may yet appear where
+    /// envoyproxy/ratelimit would see it: with `watch_root` its runtime
+    /// watches `root`'s parent (a symlink swap creates `root` there), so
+    /// it starts with no limits and loads them once they appear; else it
+    /// watches the directory itself, and a missing one stops the start.
+    pub fn not_there_yet(&self) -> bool {
+        let watched = match self.root.parent() {
+            Some(parent) if parent.as_os_str().is_empty() => Path::new("."),
+            Some(parent) => parent,
+            None => return false,
+        };
+        self.watch_root
+            && !self.subdirectory.is_empty()
+            && !self.base().exists()
+            && watched.is_dir()
+    }
+
     /// The limits files, sorted by path.
     pub fn files(&self) -> Result<Vec<PathBuf>, ConfigError> {
         // goruntime loads nothing without a subdirectory to watch.
