@@ -29,20 +29,28 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let line = line(SystemTime::now(), event.metadata().level(), |fields| {
-            event.record(fields)
-        });
+        let level = level_name(event.metadata().level());
+        let line = line(SystemTime::now(), level, |fields| event.record(fields));
         writeln!(writer, "{line}")
     }
 }
 
+/// The line a start-up error ends the process with, at logrus' `fatal`
+/// level, as their `logger.Fatalf` writes it (tracing has no such level).
+pub fn fatal(message: &str) -> String {
+    line(SystemTime::now(), "fatal", |fields| {
+        fields.message = Some(message.to_owned())
+    })
+    .to_string()
+}
+
 /// One log line's object: the time, the level and what `record` visits.
-fn line(now: SystemTime, level: &Level, record: impl FnOnce(&mut Fields)) -> Value {
+fn line(now: SystemTime, level: &'static str, record: impl FnOnce(&mut Fields)) -> Value {
     let mut fields = Fields::default();
     record(&mut fields);
     let mut object = Map::new();
     object.insert("@timestamp".into(), rfc3339_nano(now).into());
-    object.insert("level".into(), level_name(level).into());
+    object.insert("level".into(), level.into());
     object.insert("@message".into(), fields.message.unwrap_or_default().into());
     for (name, value) in fields.others {
         let name = if object.contains_key(&name) {
@@ -168,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_line_has_their_names_and_keeps_a_clashing_field() {
-        let line = line(UNIX_EPOCH, &Level::WARN, |fields| {
+        let line = line(UNIX_EPOCH, level_name(&Level::WARN), |fields| {
             fields.message = Some("store down".into());
             fields.others.push(("store".into(), "main".into()));
             fields.others.push(("level".into(), 3.into()));
@@ -177,5 +185,8 @@ mod tests {
             line.to_string(),
             r#"{"@message":"store down","@timestamp":"1970-01-01T00:00:00Z","fields.level":3,"level":"warning","store":"main"}"#
         );
+        let fatal: Value = serde_json::from_str(&fatal("cannot listen")).expect("JSON");
+        assert_eq!(fatal["level"], "fatal");
+        assert_eq!(fatal["@message"], "cannot listen");
     }
 }

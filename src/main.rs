@@ -367,6 +367,8 @@ fn log_format(format: &str) -> LogFormat {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
+    // The server's logs may be JSON lines, and so is its last word then.
+    let mut json_logs = false;
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
         let dir = cli
             .envoy
@@ -377,10 +379,15 @@ async fn main() {
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
+        json_logs = log_format(&cli.log_format) == LogFormat::Json;
         run(cli).await
     };
     if let Err(error) = result {
-        eprintln!("ratekeeper: {error}");
+        if json_logs {
+            eprintln!("{}", ratekeeper::log_json::fatal(&error.to_string()));
+        } else {
+            eprintln!("ratekeeper: {error}");
+        }
         std::process::exit(1);
     }
 }

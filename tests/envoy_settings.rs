@@ -330,6 +330,26 @@ async fn a_runtime_root_made_after_the_start_is_loaded_then() {
     }
 }
 
+/// With LOG_FORMAT=json the error that stops the start is a JSON line too,
+/// at logrus' `fatal` level, as their `logger.Fatalf` writes it.
+#[test]
+fn a_start_up_error_is_a_fatal_json_line_with_json_logs() {
+    let stderr = refused(&[("BACKEND_TYPE", "memcache"), ("LOG_FORMAT", "json")]);
+    for line in stderr.lines() {
+        let line: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        assert!(line["@timestamp"].is_string(), "{line}");
+    }
+    let last: serde_json::Value =
+        serde_json::from_str(stderr.lines().last().expect("a line")).expect("JSON");
+    assert_eq!(last["level"], "fatal", "{last}");
+    let message = last["@message"].as_str().expect("@message");
+    assert!(
+        message.contains("BACKEND_TYPE=memcache is not supported"),
+        "{message}"
+    );
+}
+
 #[test]
 fn memcache_is_refused_at_start() {
     let stderr = refused(&[("BACKEND_TYPE", "memcache")]);
