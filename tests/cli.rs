@@ -108,27 +108,33 @@ fn validate_warns_with_the_file_and_line_of_what_it_loads_differently() {
     }
 }
 
-/// A key repeated in a mapping: their loader takes the last one, and so
-/// does ours, with a warning naming the file and the line.
+/// A key repeated in a mapping: read as their loader reads it (a repeated
+/// `rate_limit` adds to the first, field by field), with a warning naming
+/// the file and the line.
 #[test]
-fn validate_warns_about_a_repeated_key_and_takes_the_last() {
+fn validate_warns_about_a_repeated_key_and_reads_it_as_theirs() {
     let repeated = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
     let dir = dir_with(&[("r.yaml", repeated)]);
     let d = dir.path().display().to_string();
     let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
-    // The last one counts: its bad unit is refused.
+    // The later unit counts: its bad unit is refused.
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            " WARN {d}/r.yaml:3: descriptors[0]: duplicate field `rate_limit`: the last one counts"
+            " WARN {d}/r.yaml:3: descriptors[0]: duplicate field `rate_limit`: read as \
+             envoyproxy/ratelimit reads the file"
         )),
         "{stderr}"
     );
     assert!(stderr.contains("fortnight"), "{stderr}");
 
-    let fine = repeated.replace("fortnight", "minute");
-    std::fs::write(dir.path().join("r.yaml"), fine).unwrap();
+    // The second adds to the first: the first's unit stays.
+    let added = repeated.replace(
+        "{unit: fortnight, requests_per_unit: 1}",
+        "{requests_per_unit: 7}",
+    );
+    std::fs::write(dir.path().join("r.yaml"), added).unwrap();
     let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }

@@ -150,8 +150,8 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
 }
 
 /// Document `doc` of `text` read again, as their loader reads it, when
-/// the typed reading refused it for a key repeated in a mapping: the last
-/// one counts, with a warning naming the first repeat. Any other error
+/// the typed reading refused it for a key repeated in a mapping (see
+/// [`LastWins`]), with a warning naming the first repeat. Any other error
 /// stands.
 fn with_repeated_keys(
     file: &Path,
@@ -178,7 +178,10 @@ fn with_repeated_keys(
         Some(l) => format!("{}:{}", file.display(), l.line()),
         None => file.display().to_string(),
     };
-    tracing::warn!("{at}: {message}: the last one counts, as envoyproxy/ratelimit reads the file");
+    tracing::warn!(
+        "{at}: {message}: read as envoyproxy/ratelimit reads the file (a repeated `rate_limit` \
+         or `metadata` adds to the first, any other key's last value counts)"
+    );
     merged(value)
 }
 

@@ -1,7 +1,11 @@
 //! A YAML document read as envoyproxy/ratelimit's loader (yaml.v2) reads
-//! one with a key twice in a mapping: the last one counts. serde_yaml
-//! refuses such a mapping, and a file their service starts with must start
-//! ours too; the loader warns, as a repeated key is most often a mistake.
+//! one with a key twice in a mapping: the last one counts, except that a
+//! repeated `rate_limit` or `metadata` mapping adds to the first (yaml.v2
+//! decodes a struct pointer or map field into the value already there, and
+//! those are their format's only such fields; a list or a scalar is made
+//! anew). serde_yaml refuses such a mapping, and a file their service
+//! starts with must start ours too; the loader warns, as a repeated key is
+//! most often a mistake.
 
 use std::fmt;
 
@@ -74,8 +78,15 @@ impl<'de> de::Visitor<'de> for ValueVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut mapping = Mapping::new();
         while let Some((LastWins(key), LastWins(item))) = map.next_entry()? {
-            // Replaces a repeated key's item, where the key first stood.
-            mapping.insert(key, item);
+            match (mapping.get_mut(&key), item) {
+                (Some(Value::Mapping(first)), Value::Mapping(later)) if adds_up(&key) => {
+                    first.extend(later);
+                }
+                // Replaces a repeated key's item, where the key first stood.
+                (_, item) => {
+                    mapping.insert(key, item);
+                }
+            }
         }
         Ok(Value::Mapping(mapping))
     }
@@ -89,6 +100,11 @@ impl<'de> de::Visitor<'de> for ValueVisitor {
             value,
         })))
     }
+}
+
+/// Whether a repeated `key`'s mapping adds to the first one's.
+fn adds_up(key: &Value) -> bool {
+    matches!(key.as_str(), Some("rate_limit" | "metadata"))
 }
 
 #[cfg(test)]
@@ -106,5 +122,23 @@ mod tests {
             value.as_mapping().unwrap().keys().collect::<Vec<_>>(),
             ["a", "b", "c"]
         );
+    }
+
+    #[test]
+    fn a_repeated_rate_limit_or_metadata_mapping_adds_to_the_first() {
+        let text = "rate_limit: {unit: minute, requests_per_unit: 2}\n\
+                    metadata: {a: {x: 1}, a: {y: 2}, b: 1}\n\
+                    rate_limit: {requests_per_unit: 7}\n\
+                    metadata: {c: 3}\n\
+                    other: {p: 1}\n\
+                    other: {q: 2}\n\
+                    rate_limit: none\n";
+        let doc = serde_yaml::Deserializer::from_str(text).next().unwrap();
+        let LastWins(value) = LastWins::deserialize(doc).unwrap();
+        let expected: Value = serde_yaml::from_str(
+            "rate_limit: none\nmetadata: {a: {y: 2}, b: 1, c: 3}\nother: {q: 2}\n",
+        )
+        .unwrap();
+        assert_eq!(value, expected);
     }
 }
