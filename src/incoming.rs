@@ -2,8 +2,8 @@
 //! (`preface`): a client that connects and then sends nothing (or dribbles
 //! bytes, the slowloris attack) is cut after `handshake_timeout` instead of
 //! holding a socket and a task forever. Once the preface is in, HTTP/2
-//! keepalive pings (see `server`) take over the detection of stuck peers. With TLS the
-//! handshake happens here too, off the accept loop. One task accepts and
+//! keepalive pings (see `server`) take over the detection of stuck peers.
+//! With TLS the handshake happens here too, off the accept loop. One task accepts and
 //! deals the connections to the serving lanes (see `lanes`); its
 //! [`accept`], which pauses after a failed accept, serves the HTTP
 //! listeners too (`http`). gRPC may also listen on a Unix socket
