@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::compile::{compile, CompileError};
 use super::description::{self as desc, DomainDescription};
+use super::flow_depth;
 use super::yaml_last_wins::LastWins;
 use super::yaml_lines::line_of;
 use super::DomainConfig;
@@ -122,6 +123,16 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
         line: e.location().map(|l| l.line()),
         reason: explained(strip_location(&e.to_string())),
     };
+    if let Some(line) = flow_depth::too_deep(text) {
+        return Err(ConfigError {
+            file: file.to_owned(),
+            line: Some(line),
+            reason: format!(
+                "flow collections ([...], {{...}}) nested more than {} deep",
+                flow_depth::MAX_FLOW_DEPTH
+            ),
+        });
+    }
     // The documents that hold merge keys, read whole (only when the text
     // could hold one: the typed reading below is the fast path).
     let mut merging = Vec::new();

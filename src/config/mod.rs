@@ -9,6 +9,7 @@
 pub mod compile;
 pub mod description;
 pub mod file;
+mod flow_depth;
 mod merge;
 pub mod runtime;
 mod value_metric;
@@ -127,8 +128,9 @@ impl Config {
     pub fn check(dir: &LimitsDir, options: LoadOptions) -> Result<Config, Vec<ConfigError>> {
         let files = dir.files().map_err(|error| vec![error])?;
         let parsed = files.into_iter().map(|path| {
-            let text = std::fs::read_to_string(&path)
+            let bytes = std::fs::read(&path)
                 .map_err(|e| ConfigError::new(&path, format!("cannot read: {e}")))?;
+            let text = utf8(&path, bytes)?;
             let domains = file::parse(&path, &text)?;
             Ok((path, domains))
         });
@@ -286,6 +288,21 @@ fn first(errors: Vec<ConfigError>, source: &Path) -> ConfigError {
         .into_iter()
         .next()
         .unwrap_or_else(|| ConfigError::new(source, "the limits could not be loaded"))
+}
+
+/// A limits file's text; not UTF-8 text (as YAML must be), an error at
+/// the line of the first byte that is not.
+fn utf8(path: &Path, bytes: Vec<u8>) -> Result<String, ConfigError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = valid.len() - valid.iter().rposition(|&b| b == b'\n').map_or(0, |n| n + 1) + 1;
+        ConfigError {
+            file: path.to_owned(),
+            line: Some(line),
+            reason: format!("the text is not UTF-8 from column {column}"),
+        }
+    })
 }
 
 /// The limits files in `dir`, sorted by name.

@@ -283,6 +283,21 @@ fn refuses_a_domain_no_request_could_name_with_line() {
     assert!(load(&format!("domain: {}\n", &long[1..])).is_ok());
 }
 
+/// Flow collections nested past serde_yaml's limit are refused before the
+/// parse, whose time grows with the square of their depth.
+#[test]
+fn refuses_deep_flow_nesting_before_parsing_it() {
+    let e = error(&format!(
+        "domain: d\ndescriptors: {}\n",
+        "[".repeat(200_000)
+    ));
+    assert_eq!(e.line, Some(2), "{e}");
+    assert_eq!(
+        e.reason,
+        "flow collections ([...], {...}) nested more than 128 deep"
+    );
+}
+
 #[test]
 fn refuses_bad_unit_with_line() {
     let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n");
@@ -478,6 +493,17 @@ fn load_dir_skips_hidden_and_non_yaml_and_follows_symlinks() {
     std::fs::write(dir.path().join(".hidden.yaml"), "domain: hidden\n").unwrap();
     let config = Config::load_dir(dir.path()).unwrap();
     assert_eq!(config.domain_names(), vec!["a", "b"]);
+}
+
+#[test]
+fn a_file_that_is_not_utf8_is_refused_at_the_line_of_its_first_bad_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = b"domain: d\ndescriptors:\n  - key: k\xff\n";
+    std::fs::write(dir.path().join("l.yaml"), text).unwrap();
+    let errors = Config::check_dir(dir.path()).unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].line, Some(3), "{}", errors[0]);
+    assert_eq!(errors[0].reason, "the text is not UTF-8 from column 11");
 }
 
 /// A limits file's name on what cannot be read as one is an error naming
