@@ -115,8 +115,8 @@ mod tests {
             format!("value: a{many}\n"),
             format!("value: a-{many}\n"),
             format!("# {many}\nvalue: x # {many}\n"),
-            format!("{}", "- value: x[\n".repeat(200)),
-            format!("{}", "- {key: \"[[\", value: '{{'}\n".repeat(200)),
+            "- value: x[\n".repeat(200),
+            "- {key: \"[[\", value: '{{'}\n".repeat(200),
         ] {
             assert_eq!(too_deep(&text), None, "{text:.60}");
         }
