@@ -485,10 +485,11 @@ async fn force_start_without_initial_config_serves_until_the_limits_directory_ap
     );
     let mut client = server.client().await;
     let ask = || request("web", vec![descriptor(&[("user", "a")])]);
-    // No limits yet: an error, as theirs, so Envoy's failure_mode_deny decides.
-    let e = client.should_rate_limit(ask()).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-    assert_eq!(e.message(), "no rate limit configuration loaded");
+    // No directory yet: no limits, as theirs (its runtime loads an empty
+    // snapshot), so every request is allowed.
+    let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert!(answer.statuses[0].current_limit.is_none(), "{answer:?}");
 
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("limits.yaml"), LIMITS).unwrap();
@@ -578,8 +579,10 @@ fn a_listener_on_every_ipv4_address_takes_ipv6_too() {
 #[test]
 fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
     let root = tempfile::tempdir().unwrap();
+    // Not even RUNTIME_ROOT's parent, which theirs would watch (with it,
+    // the start goes on without limits: tests/envoy_settings.rs).
     let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .env("RUNTIME_ROOT", root.path().join("data"))
+        .env("RUNTIME_ROOT", root.path().join("missing/data"))
         .env("RUNTIME_SUBDIRECTORY", "ratelimit")
         .env_remove("FORCE_START_WITHOUT_INITIAL_CONFIG")
         .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
