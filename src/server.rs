@@ -16,6 +16,7 @@ use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
+use crate::descriptor_cap::DescriptorCap;
 use crate::grpc_only::GrpcOnlyLayer;
 use crate::health::Readiness;
 use crate::http;
@@ -304,12 +305,19 @@ fn serve_on_lanes<H: Health>(
     for (index, lane) in lanes.handles().iter().enumerate() {
         let (deal_to, connections) = mpsc::channel(64);
         dealt.push(deal_to);
-        let rls = RateLimitServiceServer::new(services.limiter.for_lane(index))
-            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
-        let concurrency = ConcurrencyServiceServer::new(services.concurrency.for_lane(index))
-            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
-        let budget = BudgetServiceServer::new(services.budget.for_lane(index))
-            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        // Their requests' descriptors are counted before they are decoded.
+        let rls = DescriptorCap(
+            RateLimitServiceServer::new(services.limiter.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES),
+        );
+        let concurrency = DescriptorCap(
+            ConcurrencyServiceServer::new(services.concurrency.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES),
+        );
+        let budget = DescriptorCap(
+            BudgetServiceServer::new(services.budget.for_lane(index))
+                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES),
+        );
         // Each lane its own age, ±10% as grpc-go's: connections opened
         // together but dealt to different lanes move at different times.
         let age = limits

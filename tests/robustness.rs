@@ -216,6 +216,26 @@ async fn random_bytes_on_the_grpc_port_leave_the_server_serving() {
     server.stop().await;
 }
 
+/// A request of two million empty descriptors (4 MB on the wire, some
+/// 240 MB decoded) is refused as its bytes arrive, before it is decoded;
+/// one at the cap is served.
+#[tokio::test]
+async fn descriptors_past_the_cap_are_refused_before_decoding() {
+    let server = memory_server().await;
+    let mut client = server.client().await;
+    let many = request("d", vec![RateLimitDescriptor::default(); 2_000_000]);
+    let e = client.should_rate_limit(many).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(
+        e.message(),
+        "more than 1024 descriptors: at most 1024 are accepted per request"
+    );
+    let at_cap = request("d", vec![descriptor(&[("a", "1")]); 1024]);
+    let answer = client.should_rate_limit(at_cap).await.unwrap().into_inner();
+    assert_eq!(answer.statuses.len(), 1024);
+    server.stop().await;
+}
+
 /// What is not a gRPC call gets grpc-go's answer on the gRPC port: a GET
 /// HTTP 405 and a JSON POST HTTP 415, each with a gRPC status, before any
 /// service sees it (an HTTP probe aimed at the port fails, as there).

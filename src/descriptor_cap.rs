@@ -1,0 +1,336 @@
+//! The descriptor cap (`service::caps::MAX_DESCRIPTORS`) applied to a
+//! request's bytes as they arrive, before tonic decodes them: decoded, a
+//! 4 MiB `ShouldRateLimit` of two million empty descriptors is some 240 MB
+//! of structs, refused by the cap only afterwards. The services whose
+//! requests carry descriptors (the rate limit, concurrency and budget
+//! services; field 2 of each such message) are wrapped in [`DescriptorCap`],
+//! which counts field 2's length-delimited occurrences at the top of each
+//! message and ends the request with `INVALID_ARGUMENT` at the first past
+//! the cap. Other messages of those services have no such field 2 (a
+//! settle's is a number). A compressed or malformed message is left to the
+//! decoder.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http_body::{Body as HttpBody, Frame};
+use tonic::body::Body;
+use tonic::codegen::http::Request;
+use tonic::codegen::{Bytes, Service};
+use tonic::server::NamedService;
+use tonic::Status;
+
+use crate::service::caps::MAX_DESCRIPTORS;
+
+/// A gRPC service whose requests' descriptors are counted as they arrive.
+#[derive(Debug, Clone)]
+pub struct DescriptorCap<S>(pub S);
+
+impl<S: NamedService> NamedService for DescriptorCap<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S: Service<Request<Body>>> Service<Request<Body>> for DescriptorCap<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> S::Future {
+        self.0.call(request.map(|body| {
+            Body::new(Counted {
+                inner: body,
+                scan: Scan::default(),
+            })
+        }))
+    }
+}
+
+/// A request body, failing once its descriptors pass the cap.
+struct Counted {
+    inner: Body,
+    scan: Scan,
+}
+
+impl HttpBody for Counted {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &frame {
+            if let Some(data) = frame.data_ref() {
+                if self.scan.feed(data) > MAX_DESCRIPTORS {
+                    return Poll::Ready(Some(Err(Status::invalid_argument(format!(
+                        "more than {MAX_DESCRIPTORS} descriptors: at most {MAX_DESCRIPTORS} \
+                         are accepted per request"
+                    )))));
+                }
+            }
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Where the scan of a request's bytes is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// A gRPC frame's 5-byte header (compressed flag, big-endian length).
+    Header {
+        read: u8,
+        compressed: bool,
+        length: u64,
+    },
+    /// A field's tag, a varint (`value` so far, `shift` bits in).
+    Tag { value: u64, shift: u32 },
+    /// A varint field's value.
+    Varint,
+    /// A length-delimited field's length.
+    Length { value: u64, shift: u32 },
+    /// `n` bytes of a field's value (or a compressed message) to pass.
+    Skip { n: u64 },
+    /// Malformed: nothing more is counted (the decoder will say why).
+    Lost,
+}
+
+/// Counts the length-delimited fields 2 at the top of a stream of gRPC
+/// messages, fed in pieces of any size.
+#[derive(Debug, Clone, Copy)]
+struct Scan {
+    at: At,
+    /// Bytes of the current message still to come.
+    left: u64,
+    count: usize,
+}
+
+impl Default for Scan {
+    fn default() -> Self {
+        Scan {
+            at: At::Header {
+                read: 0,
+                compressed: false,
+                length: 0,
+            },
+            left: 0,
+            count: 0,
+        }
+    }
+}
+
+impl Scan {
+    /// Reads `bytes`; the count of fields so far in the current message.
+    fn feed(&mut self, mut bytes: &[u8]) -> usize {
+        while !bytes.is_empty() && self.at != At::Lost {
+            if let At::Skip { n } = self.at {
+                let step = n.min(bytes.len() as u64) as usize;
+                bytes = &bytes[step..];
+                self.consumed(step as u64);
+                self.at = match n - step as u64 {
+                    0 => self.next_field(),
+                    n => At::Skip { n },
+                };
+                continue;
+            }
+            let byte = bytes[0];
+            bytes = &bytes[1..];
+            self.at = match self.at {
+                At::Header {
+                    read,
+                    compressed,
+                    length,
+                } => self.header(read, compressed, length, byte),
+                At::Tag { value, shift } => match self.varint(value, shift, byte) {
+                    Varint::Done(tag) => self.tag(tag),
+                    Varint::More(value, shift) => At::Tag { value, shift },
+                    Varint::Bad => At::Lost,
+                },
+                At::Varint => match self.varint(0, 0, byte) {
+                    Varint::Done(_) => self.next_field(),
+                    _ => At::Varint,
+                },
+                At::Length { value, shift } => match self.varint(value, shift, byte) {
+                    Varint::Done(length) => self.length(length),
+                    Varint::More(value, shift) => At::Length { value, shift },
+                    Varint::Bad => At::Lost,
+                },
+                At::Skip { .. } | At::Lost => At::Lost,
+            };
+        }
+        self.count
+    }
+
+    /// A header byte: after the fifth, the message (or a compressed one,
+    /// passed whole).
+    fn header(&mut self, read: u8, compressed: bool, length: u64, byte: u8) -> At {
+        let (compressed, length) = match read {
+            0 => (byte != 0, 0),
+            _ => (compressed, length << 8 | u64::from(byte)),
+        };
+        if read < 4 {
+            return At::Header {
+                read: read + 1,
+                compressed,
+                length,
+            };
+        }
+        self.left = length;
+        self.count = 0;
+        match (compressed, length) {
+            (_, 0) => self.next_field(),
+            (true, n) => At::Skip { n },
+            (false, _) => At::Tag { value: 0, shift: 0 },
+        }
+    }
+
+    /// A byte of a varint read `shift` bits in, `value` so far.
+    fn varint(&mut self, value: u64, shift: u32, byte: u8) -> Varint {
+        self.consumed(1);
+        if shift > 63 {
+            return Varint::Bad;
+        }
+        let value = value | u64::from(byte & 0x7f) << shift;
+        match byte & 0x80 {
+            0 => Varint::Done(value),
+            _ => Varint::More(value, shift + 7),
+        }
+    }
+
+    /// What follows a field's tag.
+    fn tag(&mut self, tag: u64) -> At {
+        match tag & 7 {
+            0 => At::Varint,
+            1 => At::Skip { n: 8 },
+            2 => {
+                if tag >> 3 == 2 {
+                    self.count += 1;
+                }
+                At::Length { value: 0, shift: 0 }
+            }
+            5 => At::Skip { n: 4 },
+            _ => At::Lost,
+        }
+    }
+
+    /// What follows a length-delimited field's length: its bytes.
+    fn length(&mut self, length: u64) -> At {
+        match length {
+            0 => self.next_field(),
+            n if n > self.left => At::Lost,
+            n => At::Skip { n },
+        }
+    }
+
+    /// The next field's tag, or the next message's header.
+    fn next_field(&self) -> At {
+        match self.left {
+            0 => At::Header {
+                read: 0,
+                compressed: false,
+                length: 0,
+            },
+            _ => At::Tag { value: 0, shift: 0 },
+        }
+    }
+
+    /// `n` bytes of the message read.
+    fn consumed(&mut self, n: u64) {
+        self.left = self.left.saturating_sub(n);
+    }
+}
+
+/// A varint after one more byte.
+enum Varint {
+    Done(u64),
+    More(u64, u32),
+    Bad,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use prost::Message;
+
+    /// `message` as gRPC frames it.
+    fn framed(message: &impl Message) -> Vec<u8> {
+        let body = message.encode_to_vec();
+        let mut framed = vec![0];
+        framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&body);
+        framed
+    }
+
+    fn request(descriptors: usize, value: &str) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "d".repeat(300),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "k".into(),
+                        value: value.into(),
+                    }],
+                    ..Default::default()
+                };
+                descriptors
+            ],
+            hits_addend: 300,
+        }
+    }
+
+    #[test]
+    fn counts_the_descriptors_whatever_the_pieces() {
+        for (n, value) in [
+            (0, ""),
+            (1, "v"),
+            (3, ""),
+            (1025, "v"),
+            (2, &"x".repeat(70_000)[..]),
+        ] {
+            let bytes = framed(&request(n, value));
+            for piece in [1, 2, 7, 4096, bytes.len()] {
+                let mut scan = Scan::default();
+                let mut count = 0;
+                for chunk in bytes.chunks(piece) {
+                    count = scan.feed(chunk);
+                }
+                assert_eq!(count, n, "{n} descriptors in pieces of {piece}");
+                assert_eq!(
+                    scan.at,
+                    At::Header {
+                        read: 0,
+                        compressed: false,
+                        length: 0
+                    }
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_compressed_or_malformed_message_is_not_counted() {
+        let mut compressed = framed(&request(3, ""));
+        compressed[0] = 1;
+        assert_eq!(Scan::default().feed(&compressed), 0);
+        // A length past the message's end: lost, and nothing more counted.
+        let mut scan = Scan::default();
+        assert_eq!(scan.feed(&[0, 0, 0, 0, 4, 0x12, 0x7f, 0x12, 0x00]), 1);
+        assert_eq!(scan.at, At::Lost);
+        assert_eq!(scan.feed(&[0x12, 0x00, 0x12, 0x00]), 1);
+    }
+}
