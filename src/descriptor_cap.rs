@@ -3,8 +3,8 @@
 //! 4 MiB `ShouldRateLimit` of two million empty descriptors is some 240 MB
 //! of structs, refused by the cap only afterwards. The services whose
 //! requests carry descriptors (the rate limit, concurrency and budget
-//! services; field 2 of each such message) are wrapped in [`DescriptorCap`],
-//! which counts field 2's length-delimited occurrences at the top of each
+//! services; field 2 of each such message) have their request bodies
+//! wrapped by [`DescriptorCap`], which counts field 2's length-delimited occurrences at the top of each
 //! message and ends the request with `INVALID_ARGUMENT` at the first past
 //! the cap. Other messages of those services have no such field 2 (a
 //! settle's is a number). A compressed or malformed message is left to the
@@ -13,49 +13,86 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use futures_util::ready;
 use http_body::{Body as HttpBody, Frame};
-use tonic::body::Body;
 use tonic::codegen::http::Request;
 use tonic::codegen::{Bytes, Service};
 use tonic::server::NamedService;
 use tonic::Status;
 
+use crate::pb::v1::budget_service_server::BudgetServiceServer;
+use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
+use crate::service::budget::Budget;
 use crate::service::caps::MAX_DESCRIPTORS;
+use crate::service::concurrency::Concurrency;
+use crate::service::rls::RateLimiter;
 
-/// A gRPC service whose requests' descriptors are counted as they arrive.
-#[derive(Debug, Clone)]
-pub struct DescriptorCap<S>(pub S);
+/// The layer for [`tonic::transport::Server::layer`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DescriptorCapLayer;
 
-impl<S: NamedService> NamedService for DescriptorCap<S> {
-    const NAME: &'static str = S::NAME;
+impl<S> tower_layer::Layer<S> for DescriptorCapLayer {
+    type Service = DescriptorCap<S>;
+
+    fn layer(&self, inner: S) -> DescriptorCap<S> {
+        DescriptorCap { inner }
+    }
 }
 
-impl<S: Service<Request<Body>>> Service<Request<Body>> for DescriptorCap<S> {
+/// The services whose requests carry descriptors, as field 2.
+const COUNTED: [&str; 3] = [
+    <RateLimitServiceServer<RateLimiter> as NamedService>::NAME,
+    <ConcurrencyServiceServer<Concurrency> as NamedService>::NAME,
+    <BudgetServiceServer<Budget> as NamedService>::NAME,
+];
+
+/// Passes every call to `inner`, the bodies of [`COUNTED`]'s counted. In
+/// front of the router, whose boxing of each request's body then boxes the
+/// counting one: no allocation more.
+#[derive(Debug, Clone)]
+pub struct DescriptorCap<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for DescriptorCap<S>
+where
+    S: Service<Request<Counted<B>>>,
+{
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
+        self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<Body>) -> S::Future {
-        self.0.call(request.map(|body| {
-            Body::new(Counted {
-                inner: body,
-                scan: Scan::default(),
-            })
+    fn call(&mut self, request: Request<B>) -> S::Future {
+        let service = request
+            .uri()
+            .path()
+            .get(1..)
+            .and_then(|p| p.split_once('/'));
+        let counted = service.is_some_and(|(name, _)| COUNTED.contains(&name));
+        self.inner.call(request.map(|body| Counted {
+            inner: body,
+            scan: counted.then(Scan::default),
         }))
     }
 }
 
-/// A request body, failing once its descriptors pass the cap.
-struct Counted {
-    inner: Body,
-    scan: Scan,
+/// A request body, failing once its descriptors pass the cap (when it is
+/// scanned).
+pub struct Counted<B> {
+    inner: B,
+    scan: Option<Scan>,
 }
 
-impl HttpBody for Counted {
+impl<B> HttpBody for Counted<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     type Data = Bytes;
     type Error = Status;
 
@@ -63,18 +100,21 @@ impl HttpBody for Counted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &frame {
-            if let Some(data) = frame.data_ref() {
-                if self.scan.feed(data) > MAX_DESCRIPTORS {
-                    return Poll::Ready(Some(Err(Status::invalid_argument(format!(
-                        "more than {MAX_DESCRIPTORS} descriptors: at most {MAX_DESCRIPTORS} \
-                         are accepted per request"
-                    )))));
-                }
+        let this = &mut *self;
+        let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(error)) => return Poll::Ready(Some(Err(Status::from_error(error.into())))),
+            None => return Poll::Ready(None),
+        };
+        if let (Some(scan), Some(data)) = (&mut this.scan, frame.data_ref()) {
+            if scan.feed(data) > MAX_DESCRIPTORS {
+                return Poll::Ready(Some(Err(Status::invalid_argument(format!(
+                    "more than {MAX_DESCRIPTORS} descriptors: at most {MAX_DESCRIPTORS} are \
+                     accepted per request"
+                )))));
             }
         }
-        frame
+        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -16,7 +16,7 @@ use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
-use crate::descriptor_cap::DescriptorCap;
+use crate::descriptor_cap::DescriptorCapLayer;
 use crate::grpc_only::GrpcOnlyLayer;
 use crate::health::Readiness;
 use crate::http;
@@ -279,9 +279,14 @@ struct LaneServices<'a, H> {
 
 type LaneServing = JoinHandle<std::result::Result<(), tonic::transport::Error>>;
 
-/// The gRPC server builder, with the answer to requests that are not gRPC.
-type GrpcServer =
-    tonic::transport::Server<tower_layer::Stack<GrpcOnlyLayer, tower_layer::Identity>>;
+/// The gRPC server builder, with the answer to requests that are not gRPC
+/// and the count of descriptors before decoding.
+type GrpcServer = tonic::transport::Server<
+    tower_layer::Stack<
+        DescriptorCapLayer,
+        tower_layer::Stack<GrpcOnlyLayer, tower_layer::Identity>,
+    >,
+>;
 
 /// Starts gRPC on every lane: each serves its own copy of the services,
 /// bound to its own Redis connections (see `lanes`), on the connections
@@ -305,19 +310,12 @@ fn serve_on_lanes<H: Health>(
     for (index, lane) in lanes.handles().iter().enumerate() {
         let (deal_to, connections) = mpsc::channel(64);
         dealt.push(deal_to);
-        // Their requests' descriptors are counted before they are decoded.
-        let rls = DescriptorCap(
-            RateLimitServiceServer::new(services.limiter.for_lane(index))
-                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES),
-        );
-        let concurrency = DescriptorCap(
-            ConcurrencyServiceServer::new(services.concurrency.for_lane(index))
-                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES),
-        );
-        let budget = DescriptorCap(
-            BudgetServiceServer::new(services.budget.for_lane(index))
-                .max_decoding_message_size(caps::MAX_MESSAGE_BYTES),
-        );
+        let rls = RateLimitServiceServer::new(services.limiter.for_lane(index))
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let concurrency = ConcurrencyServiceServer::new(services.concurrency.for_lane(index))
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
+        let budget = BudgetServiceServer::new(services.budget.for_lane(index))
+            .max_decoding_message_size(caps::MAX_MESSAGE_BYTES);
         // Each lane its own age, ±10% as grpc-go's: connections opened
         // together but dealt to different lanes move at different times.
         let age = limits
@@ -359,6 +357,7 @@ fn serve_on_lanes<H: Health>(
 fn grpc_builder(limits: &ConnectionLimits) -> GrpcServer {
     tonic::transport::Server::builder()
         .layer(GrpcOnlyLayer)
+        .layer(DescriptorCapLayer)
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
         .max_concurrent_streams(limits.max_streams)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
