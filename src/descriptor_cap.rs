@@ -1,14 +1,14 @@
 //! The descriptor cap (`service::caps::MAX_DESCRIPTORS`) applied to a
 //! request's bytes as they arrive, before tonic decodes them: decoded, a
 //! 4 MiB `ShouldRateLimit` of two million empty descriptors is some 240 MB
-//! of structs, refused by the cap only afterwards. The services whose
-//! requests carry descriptors (the rate limit, concurrency and budget
-//! services; field 2 of each such message) have their request bodies
-//! wrapped by [`DescriptorCap`], which counts field 2's length-delimited occurrences at the top of each
-//! message and ends the request with `INVALID_ARGUMENT` at the first past
-//! the cap. Other messages of those services have no such field 2 (a
-//! settle's is a number). A compressed or malformed message is left to the
-//! decoder.
+//! of structs, refused by the cap only afterwards. The calls of the
+//! services whose requests carry descriptors (the rate limit, concurrency
+//! and budget services; field 2 of each such message) have their bodies
+//! wrapped by [`DescriptorCap`], which counts field 2's length-delimited
+//! occurrences at the top of each message and ends the call with
+//! `INVALID_ARGUMENT` at the first past the cap. Other messages of those
+//! services have no such field 2 (a settle's is a number). A compressed or
+//! malformed message is left to the decoder.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
