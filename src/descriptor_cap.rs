@@ -24,7 +24,7 @@ use tonic::Status;
 use crate::pb::v1::budget_service_server::BudgetServiceServer;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::budget::Budget;
-use crate::service::caps::MAX_DESCRIPTORS;
+use crate::service::caps::{self, MAX_DESCRIPTORS};
 use crate::service::concurrency::Concurrency;
 use crate::service::rls::RateLimiter;
 
@@ -108,10 +108,9 @@ where
         };
         if let (Some(scan), Some(data)) = (&mut this.scan, frame.data_ref()) {
             if scan.feed(data) > MAX_DESCRIPTORS {
-                return Poll::Ready(Some(Err(Status::invalid_argument(format!(
-                    "more than {MAX_DESCRIPTORS} descriptors: at most {MAX_DESCRIPTORS} are \
-                     accepted per request"
-                )))));
+                return Poll::Ready(Some(Err(Status::invalid_argument(
+                    caps::past_max_descriptors(),
+                ))));
             }
         }
         Poll::Ready(Some(Ok(frame)))
@@ -147,6 +146,15 @@ enum At {
     Lost,
 }
 
+impl At {
+    /// Before a gRPC frame's first header byte.
+    const FRAME: At = At::Header {
+        read: 0,
+        compressed: false,
+        length: 0,
+    };
+}
+
 /// Counts the length-delimited fields 2 at the top of a stream of gRPC
 /// messages, fed in pieces of any size.
 #[derive(Debug, Clone, Copy)]
@@ -160,11 +168,7 @@ struct Scan {
 impl Default for Scan {
     fn default() -> Self {
         Scan {
-            at: At::Header {
-                read: 0,
-                compressed: false,
-                length: 0,
-            },
+            at: At::FRAME,
             left: 0,
             count: 0,
         }
@@ -277,11 +281,7 @@ impl Scan {
     /// The next field's tag, or the next message's header.
     fn next_field(&self) -> At {
         match self.left {
-            0 => At::Header {
-                read: 0,
-                compressed: false,
-                length: 0,
-            },
+            0 => At::FRAME,
             _ => At::Tag { value: 0, shift: 0 },
         }
     }

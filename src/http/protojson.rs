@@ -106,16 +106,18 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
 fn descriptors<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Vec<Object<JsonDescriptor>>>, D::Error> {
-    deserializer.deserialize_option(Capped::new(caps::MAX_DESCRIPTORS, |max| {
-        format!("more than {max} descriptors: at most {max} are accepted per request")
-    }))
+    deserializer.deserialize_option(Capped::new(
+        caps::MAX_DESCRIPTORS,
+        caps::past_max_descriptors,
+    ))
 }
 
 /// A descriptor's entries: at most [`caps::MAX_ENTRIES`].
 fn entries<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Vec<Object<JsonEntry>>>, D::Error> {
-    deserializer.deserialize_option(Capped::new(caps::MAX_ENTRIES, |max| {
+    deserializer.deserialize_option(Capped::new(caps::MAX_ENTRIES, || {
+        let max = caps::MAX_ENTRIES;
         format!("a descriptor has more than {max} entries: at most {max} are accepted")
     }))
 }
@@ -124,12 +126,12 @@ fn entries<'de, D: Deserializer<'de>>(
 /// element past them, as `too_long` says.
 struct Capped<T> {
     max: usize,
-    too_long: fn(usize) -> String,
+    too_long: fn() -> String,
     element: PhantomData<T>,
 }
 
 impl<T> Capped<T> {
-    fn new(max: usize, too_long: fn(usize) -> String) -> Self {
+    fn new(max: usize, too_long: fn() -> String) -> Self {
         Capped {
             max,
             too_long,
@@ -161,7 +163,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for Capped<T> {
         let mut items = Vec::new();
         while let Some(item) = seq.next_element()? {
             if items.len() == self.max {
-                return Err(de::Error::custom((self.too_long)(self.max)));
+                return Err(de::Error::custom((self.too_long)()));
             }
             items.push(item);
         }

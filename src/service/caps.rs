@@ -24,6 +24,13 @@ pub const MAX_DESCRIPTORS: usize = 1024;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 256;
 
+/// Why a request of more than [`MAX_DESCRIPTORS`] is refused where it is
+/// counted as it is read, and stopped past the cap (`/json`'s body, a gRPC
+/// call's bytes): how many it holds is not known.
+pub fn past_max_descriptors() -> String {
+    format!("more than {MAX_DESCRIPTORS} descriptors: at most {MAX_DESCRIPTORS} are accepted per request")
+}
+
 /// Checks a request's domain and descriptors against the caps and Envoy's
 /// own rules (a domain, at least one descriptor, no empty entry key);
 /// `INVALID_ARGUMENT` naming the first offending field otherwise.
