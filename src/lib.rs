@@ -13,8 +13,8 @@
 //!   concurrency and budget services, gRPC health, reflection, and the config watcher;
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
 //!   them ([`preface`]: the HTTP/2 preface in time; [`grpc_only`] answers
-//!   what is not a gRPC call as grpc-go does; [`descriptor_cap`] counts a
-//!   request's descriptors before they are decoded)
+//!   what is not a gRPC call as grpc-go does; [`repeated_cap`] counts a
+//!   request's descriptors or lease ids before they are decoded)
 //!   and deals them to the [`lanes`], one single-threaded runtime per
 //!   core, each serving its connections start to finish with its own copy
 //!   of the services, bound to its own store connections.
@@ -75,7 +75,6 @@
 
 pub mod clock;
 pub mod config;
-pub mod descriptor_cap;
 pub mod dogstatsd;
 pub mod duration;
 pub mod error;
@@ -95,6 +94,7 @@ pub mod pb;
 pub mod preface;
 pub mod random;
 pub mod read_stats;
+pub mod repeated_cap;
 pub mod rules;
 pub mod server;
 pub mod service;

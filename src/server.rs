@@ -16,7 +16,6 @@ use tonic_health::ServingStatus;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
-use crate::descriptor_cap::DescriptorCapLayer;
 use crate::grpc_only::GrpcOnlyLayer;
 use crate::health::Readiness;
 use crate::http;
@@ -24,6 +23,7 @@ use crate::incoming::{deal, incoming, Dealt, Listener};
 use crate::lanes::Lanes;
 use crate::pb::v1::budget_service_server::BudgetServiceServer;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
+use crate::repeated_cap::RepeatedCapLayer;
 use crate::service::admin_leases::AdminLeases;
 use crate::service::holds::Holds;
 use crate::service::rls::LimiterSettings;
@@ -280,12 +280,9 @@ struct LaneServices<'a, H> {
 type LaneServing = JoinHandle<std::result::Result<(), tonic::transport::Error>>;
 
 /// The gRPC server builder, with the answer to requests that are not gRPC
-/// and the count of descriptors before decoding.
+/// and the caps on descriptors and lease ids before decoding.
 type GrpcServer = tonic::transport::Server<
-    tower_layer::Stack<
-        DescriptorCapLayer,
-        tower_layer::Stack<GrpcOnlyLayer, tower_layer::Identity>,
-    >,
+    tower_layer::Stack<RepeatedCapLayer, tower_layer::Stack<GrpcOnlyLayer, tower_layer::Identity>>,
 >;
 
 /// Starts gRPC on every lane: each serves its own copy of the services,
@@ -357,7 +354,7 @@ fn serve_on_lanes<H: Health>(
 fn grpc_builder(limits: &ConnectionLimits) -> GrpcServer {
     tonic::transport::Server::builder()
         .layer(GrpcOnlyLayer)
-        .layer(DescriptorCapLayer)
+        .layer(RepeatedCapLayer)
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
         .max_concurrent_streams(limits.max_streams)
         .http2_keepalive_interval(Some(limits.keepalive_interval))

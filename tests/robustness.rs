@@ -236,6 +236,54 @@ async fn descriptors_past_the_cap_are_refused_before_decoding() {
     server.stop().await;
 }
 
+/// Lease ids are counted the same way: a `Heartbeat` or `Release` of two
+/// million empty ids (4 MB, some 48 MB of strings decoded) is refused as it
+/// arrives; at the cap the ids are decoded and each judged.
+#[tokio::test]
+async fn lease_ids_past_the_cap_are_refused_before_decoding() {
+    use ratekeeper::pb::v1::concurrency_service_client::ConcurrencyServiceClient;
+    use ratekeeper::pb::v1::{HeartbeatRequest, ReleaseRequest};
+
+    let server = memory_server().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ConcurrencyServiceClient::new(channel);
+    let ids = |n| vec![String::new(); n];
+    let past = "more than 1000 lease ids: at most 1000 per call";
+    let e = client
+        .heartbeat(HeartbeatRequest {
+            lease_ids: ids(2_000_000),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::InvalidArgument, past)
+    );
+    let e = client
+        .release(ReleaseRequest {
+            lease_ids: ids(1_001),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::InvalidArgument, past)
+    );
+    let e = client
+        .release(ReleaseRequest {
+            lease_ids: ids(1_000),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("lease_ids[0]: "), "{e:?}");
+    server.stop().await;
+}
+
 /// What is not a gRPC call gets grpc-go's answer on the gRPC port: a GET
 /// HTTP 405 and a JSON POST HTTP 415, each with a gRPC status, before any
 /// service sees it (an HTTP probe aimed at the port fails, as there).

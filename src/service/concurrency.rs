@@ -33,6 +33,13 @@ use crate::store::{LeaseRef, LeaseSlot, Store};
 /// Most lease ids in one `Heartbeat` or `Release`.
 pub const MAX_LEASE_IDS: usize = 1_000;
 
+/// Why a `Heartbeat` or `Release` of more than [`MAX_LEASE_IDS`] is refused
+/// where its ids are counted as its bytes arrive (`repeated_cap`), and the
+/// call stopped past the cap: how many it holds is not known.
+pub fn past_max_lease_ids() -> String {
+    format!("more than {MAX_LEASE_IDS} lease ids: at most {MAX_LEASE_IDS} per call")
+}
+
 /// Most lease sets one store call of a `Heartbeat` or `Release` visits:
 /// ids of many sets each (a lease of many rules, or a forgery) are split
 /// into several calls, so that none stalls Redis (1,000 ids of 88 sets

@@ -1,14 +1,16 @@
-//! The descriptor cap (`service::caps::MAX_DESCRIPTORS`) applied to a
-//! request's bytes as they arrive, before tonic decodes them: decoded, a
-//! 4 MiB `ShouldRateLimit` of two million empty descriptors is some 240 MB
-//! of structs, refused by the cap only afterwards. The calls of the
-//! services whose requests carry descriptors (the rate limit, concurrency
-//! and budget services; field 2 of each such message) have their bodies
-//! wrapped by [`DescriptorCap`], which counts field 2's length-delimited
-//! occurrences at the top of each message and ends the call with
-//! `INVALID_ARGUMENT` at the first past the cap. Other messages of those
-//! services have no such field 2 (a settle's is a number). A compressed or
-//! malformed message is left to the decoder.
+//! The caps on a request's repeated fields (`service::caps::MAX_DESCRIPTORS`,
+//! `service::concurrency::MAX_LEASE_IDS`) applied to its bytes as they
+//! arrive, before tonic decodes them: decoded, a 4 MiB `ShouldRateLimit` of
+//! two million empty descriptors is some 240 MB of structs, a `Heartbeat`
+//! of two million empty lease ids some 48 MB of strings, each refused by
+//! its cap only afterwards. The calls of the services whose requests carry
+//! descriptors (the rate limit, concurrency and budget services; field 2 of
+//! each such message) or lease ids (field 1 of a `Heartbeat` or `Release`)
+//! have their bodies wrapped by [`Counted`], which counts that field's
+//! length-delimited occurrences at the top of each message and ends the
+//! call with `INVALID_ARGUMENT` at the first past the cap. Other messages
+//! of those services have no such field 2 (a settle's is a number). A
+//! compressed or malformed message is left to the decoder.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -25,37 +27,88 @@ use crate::pb::v1::budget_service_server::BudgetServiceServer;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::budget::Budget;
 use crate::service::caps::{self, MAX_DESCRIPTORS};
-use crate::service::concurrency::Concurrency;
+use crate::service::concurrency::{self, Concurrency, MAX_LEASE_IDS};
 use crate::service::rls::RateLimiter;
 
 /// The layer for [`tonic::transport::Server::layer`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DescriptorCapLayer;
+pub struct RepeatedCapLayer;
 
-impl<S> tower_layer::Layer<S> for DescriptorCapLayer {
-    type Service = DescriptorCap<S>;
+impl<S> tower_layer::Layer<S> for RepeatedCapLayer {
+    type Service = RepeatedCap<S>;
 
-    fn layer(&self, inner: S) -> DescriptorCap<S> {
-        DescriptorCap { inner }
+    fn layer(&self, inner: S) -> RepeatedCap<S> {
+        RepeatedCap { inner }
     }
 }
 
 /// The services whose requests carry descriptors, as field 2.
-const COUNTED: [&str; 3] = [
+const WITH_DESCRIPTORS: [&str; 3] = [
     <RateLimitServiceServer<RateLimiter> as NamedService>::NAME,
     <ConcurrencyServiceServer<Concurrency> as NamedService>::NAME,
     <BudgetServiceServer<Budget> as NamedService>::NAME,
 ];
 
-/// Passes every call to `inner`, the bodies of [`COUNTED`]'s counted. In
-/// front of the router, whose boxing of each request's body then boxes the
-/// counting one: no allocation more.
+/// The concurrency service's methods whose requests carry lease ids, as
+/// field 1.
+const WITH_LEASE_IDS: [&str; 2] = ["Heartbeat", "Release"];
+
+/// What a call's messages are counted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    Descriptors,
+    LeaseIds,
+}
+
+impl Counting {
+    /// What the call to `path` (`/<service>/<method>`) is counted for, if
+    /// anything.
+    fn of(path: &str) -> Option<Counting> {
+        let (service, method) = path.get(1..)?.split_once('/')?;
+        if service == <ConcurrencyServiceServer<Concurrency> as NamedService>::NAME
+            && WITH_LEASE_IDS.contains(&method)
+        {
+            return Some(Counting::LeaseIds);
+        }
+        WITH_DESCRIPTORS
+            .contains(&service)
+            .then_some(Counting::Descriptors)
+    }
+
+    /// The counted field's number.
+    fn field(self) -> u64 {
+        match self {
+            Counting::Descriptors => 2,
+            Counting::LeaseIds => 1,
+        }
+    }
+
+    /// The most occurrences a message may hold.
+    fn max(self) -> usize {
+        match self {
+            Counting::Descriptors => MAX_DESCRIPTORS,
+            Counting::LeaseIds => MAX_LEASE_IDS,
+        }
+    }
+
+    /// Why a message past [`Counting::max`] is refused.
+    fn past_max(self) -> String {
+        match self {
+            Counting::Descriptors => caps::past_max_descriptors(),
+            Counting::LeaseIds => concurrency::past_max_lease_ids(),
+        }
+    }
+}
+
+/// Passes every call to `inner`, the bodies of those [`Counting::of`]
+/// names counted. In front of the router, whose boxing of each request's
+/// body then boxes the counting one: no allocation more.
 #[derive(Debug, Clone)]
-pub struct DescriptorCap<S> {
+pub struct RepeatedCap<S> {
     inner: S,
 }
 
-impl<S, B> Service<Request<B>> for DescriptorCap<S>
+impl<S, B> Service<Request<B>> for RepeatedCap<S>
 where
     S: Service<Request<Counted<B>>>,
 {
@@ -68,21 +121,14 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> S::Future {
-        let service = request
-            .uri()
-            .path()
-            .get(1..)
-            .and_then(|p| p.split_once('/'));
-        let counted = service.is_some_and(|(name, _)| COUNTED.contains(&name));
-        self.inner.call(request.map(|body| Counted {
-            inner: body,
-            scan: counted.then(Scan::default),
-        }))
+        let scan = Counting::of(request.uri().path()).map(Scan::new);
+        self.inner
+            .call(request.map(|body| Counted { inner: body, scan }))
     }
 }
 
-/// A request body, failing once its descriptors pass the cap (when it is
-/// scanned).
+/// A request body, failing once its counted field passes its cap (when it
+/// is scanned).
 pub struct Counted<B> {
     inner: B,
     scan: Option<Scan>,
@@ -107,10 +153,9 @@ where
             None => return Poll::Ready(None),
         };
         if let (Some(scan), Some(data)) = (&mut this.scan, frame.data_ref()) {
-            if scan.feed(data) > MAX_DESCRIPTORS {
-                return Poll::Ready(Some(Err(Status::invalid_argument(
-                    caps::past_max_descriptors(),
-                ))));
+            if scan.feed(data) > scan.counting.max() {
+                let past_max = scan.counting.past_max();
+                return Poll::Ready(Some(Err(Status::invalid_argument(past_max))));
             }
         }
         Poll::Ready(Some(Ok(frame)))
@@ -155,27 +200,27 @@ impl At {
     };
 }
 
-/// Counts the length-delimited fields 2 at the top of a stream of gRPC
-/// messages, fed in pieces of any size.
+/// Counts the length-delimited occurrences of one field at the top of a
+/// stream of gRPC messages, fed in pieces of any size.
 #[derive(Debug, Clone, Copy)]
 struct Scan {
+    counting: Counting,
     at: At,
     /// Bytes of the current message still to come.
     left: u64,
     count: usize,
 }
 
-impl Default for Scan {
-    fn default() -> Self {
+impl Scan {
+    fn new(counting: Counting) -> Scan {
         Scan {
+            counting,
             at: At::FRAME,
             left: 0,
             count: 0,
         }
     }
-}
 
-impl Scan {
     /// Reads `bytes`; the count of fields so far in the current message.
     fn feed(&mut self, mut bytes: &[u8]) -> usize {
         while !bytes.is_empty() && self.at != At::Lost {
@@ -259,7 +304,7 @@ impl Scan {
             0 => At::Varint,
             1 => At::Skip { n: 8 },
             2 => {
-                if tag >> 3 == 2 {
+                if tag >> 3 == self.counting.field() {
                     self.count += 1;
                 }
                 At::Length { value: 0, shift: 0 }
@@ -344,7 +389,7 @@ mod tests {
         ] {
             let bytes = framed(&request(n, value));
             for piece in [1, 2, 7, 4096, bytes.len()] {
-                let mut scan = Scan::default();
+                let mut scan = Scan::new(Counting::Descriptors);
                 let mut count = 0;
                 for chunk in bytes.chunks(piece) {
                     count = scan.feed(chunk);
@@ -363,12 +408,41 @@ mod tests {
     }
 
     #[test]
+    fn heartbeats_and_releases_count_lease_ids_the_other_calls_descriptors() {
+        let of = |path: &str| Counting::of(path);
+        let concurrency = "/ratekeeper.v1.ConcurrencyService";
+        for method in ["Heartbeat", "Release"] {
+            assert_eq!(
+                of(&format!("{concurrency}/{method}")),
+                Some(Counting::LeaseIds)
+            );
+        }
+        for path in [
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            &format!("{concurrency}/AcquireConnection"),
+            &format!("{concurrency}/Hold"),
+            "/ratekeeper.v1.BudgetService/Settle",
+        ] {
+            assert_eq!(of(path), Some(Counting::Descriptors), "{path}");
+        }
+        for path in ["/grpc.health.v1.Health/Check", "", "/", "nothing"] {
+            assert_eq!(of(path), None, "{path:?}");
+        }
+        let heartbeat = crate::pb::v1::HeartbeatRequest {
+            lease_ids: vec![String::new(); 3],
+        };
+        let bytes = framed(&heartbeat);
+        assert_eq!(Scan::new(Counting::LeaseIds).feed(&bytes), 3);
+        assert_eq!(Scan::new(Counting::Descriptors).feed(&bytes), 0);
+    }
+
+    #[test]
     fn a_compressed_or_malformed_message_is_not_counted() {
         let mut compressed = framed(&request(3, ""));
         compressed[0] = 1;
-        assert_eq!(Scan::default().feed(&compressed), 0);
+        assert_eq!(Scan::new(Counting::Descriptors).feed(&compressed), 0);
         // A length past the message's end: lost, and nothing more counted.
-        let mut scan = Scan::default();
+        let mut scan = Scan::new(Counting::Descriptors);
         assert_eq!(scan.feed(&[0, 0, 0, 0, 4, 0x12, 0x7f, 0x12, 0x00]), 1);
         assert_eq!(scan.at, At::Lost);
         assert_eq!(scan.feed(&[0x12, 0x00, 0x12, 0x00]), 1);
