@@ -424,6 +424,39 @@ async fn silent_http_connections_are_closed() {
     server.stop().await;
 }
 
+/// The idle timer is the client's: a request the server takes longer to
+/// answer than `--handshake-timeout-ms` (here `/json` on a Redis that
+/// stopped answering, until the store's deadline) gets its answer, where
+/// the connection was cut with nothing sent.
+#[test]
+fn a_slow_answer_is_not_cut_by_the_idle_timer() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let rk = Ratekeeper::start(
+        LIMITS,
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--handshake-timeout-ms",
+            "200",
+            "--redis-timeout-ms",
+            "1500",
+        ],
+    );
+    let body = user_request("slow");
+    assert_eq!(http_call(&rk.http, "POST", "/json", &body).status, 200);
+    redis.pause();
+    let started = Instant::now();
+    let answer = common::try_http_exchange(&rk.http, "POST", "/json", &body);
+    let answer = answer.unwrap_or_else(|e| panic!("after {:?}: {e}", started.elapsed()));
+    // The store's failure, after its deadline (the default failure mode).
+    assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+    assert!(answer.ends_with("store: timed out"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(1000), "{answer}");
+}
+
 /// A child process stopped (SIGKILL, by PID) when dropped.
 struct Started(std::process::Child);
 

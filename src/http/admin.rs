@@ -166,7 +166,7 @@ async fn reset(
     match admin.limiter.reset(&domain, &entries).await {
         Ok((rule, keys)) => {
             tracing::info!(
-                who = %actor(&headers), peer = %peer.0, domain = %domain.escape_debug(),
+                who = %actor(&headers), peer = %peer.addr, domain = %domain.escape_debug(),
                 entries = ?entries, ?rule, keys = keys.len(), "admin: counters reset"
             );
             metrics::counter!("ratekeeper_admin_operations", "operation" => "reset").increment(1);
@@ -216,7 +216,7 @@ async fn revoke(
             tracing::info!(
                 // Escaped: a caller's text must not write lines of its own
                 // into the audit log.
-                who = %actor(&headers), peer = %peer.0, domain = %domain.escape_debug(),
+                who = %actor(&headers), peer = %peer.addr, domain = %domain.escape_debug(),
                 entries = ?entries, lease = %lease.escape_debug(), found, "admin: lease revoked"
             );
             metrics::counter!("ratekeeper_admin_operations", "operation" => "revoke").increment(1);

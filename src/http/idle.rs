@@ -1,11 +1,16 @@
 //! HTTP/1 connections that go silent are closed: a client that connects
 //! and sends nothing (or stops half-way) would otherwise hold a socket and
 //! a task for good, and enough of them exhaust the file descriptors. The
-//! clock restarts with every byte read or written.
+//! clock restarts with every byte read or written, and does not run out
+//! while a request is being answered ([`InFlight`]): the silence is then
+//! the server's, as when `/json` waits on a Redis slower than the idle
+//! timeout.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,11 +19,12 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 /// An accepted connection that fails its pending read once it has been
-/// idle for `timeout`.
+/// idle for `timeout` with no request of it being answered.
 pub struct Idle {
     inner: TcpStream,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
+    in_flight: InFlight,
 }
 
 impl Idle {
@@ -27,7 +33,14 @@ impl Idle {
             inner,
             timeout,
             deadline: Box::pin(tokio::time::sleep(timeout)),
+            in_flight: InFlight::default(),
         }
+    }
+
+    /// The count of this connection's requests being answered, for the
+    /// handlers to hold ([`InFlight::answering`]).
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.clone()
     }
 
     fn active(&mut self) {
@@ -44,6 +57,8 @@ impl AsyncRead for Idle {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            // Answering: the response, once written, restarts the clock.
+            Poll::Pending if this.in_flight.any() => Poll::Pending,
             Poll::Pending if this.deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(
                 io::Error::new(io::ErrorKind::TimedOut, "HTTP connection idle"),
             )),
@@ -75,5 +90,31 @@ impl AsyncWrite for Idle {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// How many of a connection's requests are being answered, shared by its
+/// [`Idle`] and the handlers (through [`super::Peer`]).
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    /// Counts a request as being answered until the returned guard drops.
+    pub fn answering(&self) -> Answering {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Answering(self.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// A request being answered ([`InFlight::answering`]).
+pub struct Answering(InFlight);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -20,12 +20,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, Request};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::get;
 use axum::serve::IncomingStream;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use self::idle::Idle;
+use self::idle::{Idle, InFlight};
 use crate::config::watch::SharedConfig;
 use crate::incoming;
 
@@ -41,15 +44,46 @@ pub struct Listeners {
     pub admin: Option<admin::AdminListener>,
 }
 
-/// The peer of an HTTP connection, for handlers that log who called
-/// (`ConnectInfo<Peer>`).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub SocketAddr);
+/// What handlers know of their HTTP connection (`ConnectInfo<Peer>`): who
+/// called, for the ones that log it, and its requests being answered,
+/// which hold its idle timer ([`answering`]).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    in_flight: InFlight,
+}
+
+impl Peer {
+    fn of(addr: SocketAddr, io: &Idle) -> Peer {
+        Peer {
+            addr,
+            in_flight: io.in_flight(),
+        }
+    }
+}
 
 impl Connected<IncomingStream<'_, BackingOff>> for Peer {
     fn connect_info(stream: IncomingStream<'_, BackingOff>) -> Self {
-        Peer(*stream.remote_addr())
+        Peer::of(*stream.remote_addr(), stream.io())
     }
+}
+
+/// Every route's outer layer: the request counts as being answered on its
+/// connection until its response is made, so that a handler slower than
+/// the idle timeout is not cut off.
+async fn answering(ConnectInfo(peer): ConnectInfo<Peer>, request: Request, next: Next) -> Response {
+    let _answering = peer.in_flight.answering();
+    next.run(request).await
+}
+
+/// `router` as the listeners serve it, with the connection's peer and
+/// [`answering`].
+fn with_peer(
+    router: Router,
+) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<Router, Peer> {
+    router
+        .layer(axum::middleware::from_fn(answering))
+        .into_make_service_with_connect_info::<Peer>()
 }
 
 /// The routes of the debug listener.
@@ -67,8 +101,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let addr = listener.local_addr().ok();
-    let router = router.into_make_service_with_connect_info::<Peer>();
-    let served = axum::serve(BackingOff { listener, idle }, router)
+    let served = axum::serve(BackingOff { listener, idle }, with_peer(router))
         .with_graceful_shutdown(shutdown)
         .await;
     if let Err(error) = served {

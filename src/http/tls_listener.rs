@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
 use super::idle::Idle;
-use super::Peer;
+use super::{with_peer, Peer};
 use crate::incoming;
 use crate::tls::ReloadingTls;
 
@@ -33,8 +33,7 @@ pub async fn serve_tls(
     let (tx, handshaken) = mpsc::channel(64);
     let accepting = tokio::spawn(accept_forever(listener, idle, tls, tx));
     let listener = TlsListener { handshaken, local };
-    let router = router.into_make_service_with_connect_info::<Peer>();
-    let served = axum::serve(listener, router)
+    let served = axum::serve(listener, with_peer(router))
         .with_graceful_shutdown(shutdown)
         .await;
     accepting.abort();
@@ -93,6 +92,6 @@ impl axum::serve::Listener for TlsListener {
 
 impl Connected<IncomingStream<'_, TlsListener>> for Peer {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        Peer(*stream.remote_addr())
+        Peer::of(*stream.remote_addr(), stream.io().get_ref().0)
     }
 }

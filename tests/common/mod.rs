@@ -129,6 +129,12 @@ impl RedisServer {
         wait_ready(&mut server.child, port).then_some(server)
     }
 
+    /// Stops the server without a word (SIGSTOP), as [`Sentinel::pause`];
+    /// dropping it still kills it.
+    pub fn pause(&self) {
+        pause(&self.child);
+    }
+
     /// Stops the server with SIGKILL.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -905,6 +911,16 @@ pub fn http_call(addr: &str, method: &str, path: &str, body: &str) -> HttpAnswer
     HttpAnswer { status, body }
 }
 
+/// Stops `child` with SIGSTOP: its connections stay open and it answers
+/// nothing, as a paused or partitioned process (SIGKILL still ends it).
+fn pause(child: &Child) {
+    let status = std::process::Command::new("kill")
+        .args(["-STOP", &child.id().to_string()])
+        .status()
+        .expect("kill -STOP");
+    assert!(status.success(), "kill -STOP");
+}
+
 /// A `redis-server --sentinel` watching the master at `master_port` (named
 /// `mymaster`, quorum 1, down after 500 ms), stopped by PID when dropped.
 pub struct Sentinel {
@@ -963,11 +979,7 @@ impl Sentinel {
     /// Stops the sentinel without a word (SIGSTOP): its connections stay
     /// open and it answers nothing, as a paused or partitioned process.
     pub fn pause(&self) {
-        let status = std::process::Command::new("kill")
-            .args(["-STOP", &self.child.id().to_string()])
-            .status()
-            .expect("kill -STOP");
-        assert!(status.success(), "kill -STOP");
+        pause(&self.child);
     }
 }
 
