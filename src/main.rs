@@ -424,7 +424,9 @@ async fn run(cli: Cli) -> Result<()> {
     .set(1.0);
 
     // Before the limits load: their load is counted.
-    if let Some(statsd) = cli.stats.statsd()? {
+    let statsd = cli.stats.statsd()?;
+    settings_compat::warn_statsd_while_off(statsd.is_some());
+    if let Some(statsd) = statsd {
         ratekeeper::statsd::install(statsd).await?;
     }
     let limiter = limiter_settings(&cli)?;

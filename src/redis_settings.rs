@@ -129,7 +129,10 @@ fn settings(redis: Redis<'_>, shared: &Shared<'_>) -> Result<RedisSettings> {
             None => None,
         };
         Some(RedisTls {
-            ca: shared.tls_ca.map(read).transpose()?,
+            ca: match shared.tls_ca {
+                Some(ca) => Some(ratekeeper::tls::pem_with_system_roots(&read(ca)?)),
+                None => None,
+            },
             client,
             skip_hostname_verification: shared.skip_hostname_verification,
         })

@@ -192,6 +192,9 @@ pub struct Rule {
     /// Every limit of the node (`rate_limit`, or the stacked `rate_limits`),
     /// all checked; empty when the rule is `unlimited`.
     pub rates: Vec<Rate>,
+    /// The `requests_per_unit` an `unlimited` rule was given: it limits
+    /// nothing, and `/rlconfig` prints it, as theirs does.
+    pub unlimited_requests_per_unit: u32,
     pub shadow_mode: bool,
     /// envoyproxy/ratelimit's `quota_mode`: over this rule's limit fails
     /// the request only when every quota descriptor of it is over.

@@ -31,7 +31,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("PORT", Same("")),
     ("DEBUG_HOST", Same("the debug listener serves `/rlconfig` only")),
     ("DEBUG_PORT", Same("")),
-    ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP")),
+    ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP; a client must send a valid `:authority` there (see Differences)")),
     ("GRPC_HOST", Same("with `GRPC_PORT`; `GRPC_ADDR` (own) wins")),
     ("GRPC_PORT", Same("with `GRPC_HOST`; `GRPC_ADDR` (own) wins")),
     ("GRPC_MAX_CONNECTION_AGE", Same("GOAWAY at the age (±10% jitter per serving thread, theirs per connection); Go duration syntax, default `24h`; `0` never, as grpc-go")),
@@ -261,6 +261,38 @@ pub fn warn_redis_without_url(url_given: bool) {
     }
 }
 
+/// The statsd settings among `set` (names of variables in the environment)
+/// when no statsd sink is on (`USE_STATSD` unset and no `STATSD_HOST`):
+/// theirs sends to `localhost:8125` by default, so a deployment that set
+/// only `STATSD_PORT` for a sidecar exporter got its stats there and gets
+/// none here.
+pub fn statsd_settings_while_off<'a>(set: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    const STATSD: [&str; 3] = ["STATSD_PORT", "STATS_FLUSH_INTERVAL", "EXTRA_TAGS"];
+    let mut statsd: Vec<&str> = set
+        .into_iter()
+        .filter(|name| STATSD.contains(name))
+        .collect();
+    statsd.sort_unstable();
+    statsd
+}
+
+/// Logs a warning when statsd is off (`statsd_on`: a sink was configured)
+/// and [`statsd_settings_while_off`] finds any.
+pub fn warn_statsd_while_off(statsd_on: bool) {
+    if statsd_on {
+        return;
+    }
+    let names = environment_names();
+    let statsd = statsd_settings_while_off(names.iter().map(String::as_str));
+    if !statsd.is_empty() {
+        tracing::warn!(
+            set = %statsd.join(","),
+            "statsd settings without STATSD_HOST or USE_STATSD=true: no stats are sent over \
+             statsd (theirs sends to localhost:8125 by default)"
+        );
+    }
+}
+
 /// README's table of envoyproxy/ratelimit's settings, as Markdown.
 #[cfg(test)]
 fn readme_table() -> String {
@@ -273,7 +305,20 @@ fn readme_table() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{ignored, readme_table, redis_settings_without_url, Same, SETTINGS};
+    use super::{
+        ignored, readme_table, redis_settings_without_url, statsd_settings_while_off, Same,
+        SETTINGS,
+    };
+
+    #[test]
+    fn statsd_settings_while_statsd_is_off_are_named() {
+        let set = ["STATSD_PORT", "PATH", "EXTRA_TAGS", "USE_PROMETHEUS"];
+        assert_eq!(
+            statsd_settings_while_off(set),
+            ["EXTRA_TAGS", "STATSD_PORT"]
+        );
+        assert!(statsd_settings_while_off(["PATH", "STATSD_HOST"]).is_empty());
+    }
 
     #[test]
     fn redis_settings_without_redis_url_are_named() {

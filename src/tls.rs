@@ -127,6 +127,26 @@ pub fn check_client_files(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -
     client_config(ca, identity).map(drop)
 }
 
+/// The system's roots and then `ca` (PEM), as PEM: what a client given a
+/// CA file trusts, as [`client_config`] and envoyproxy/ratelimit (which
+/// adds its CA file to the system pool), for a client that takes its roots
+/// only as PEM and trusts nothing else when given some (the Redis client).
+pub fn pem_with_system_roots(ca: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let mut pem = Vec::new();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let body = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        pem.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
+        for line in body.as_bytes().chunks(64) {
+            pem.extend_from_slice(line);
+            pem.push(b'\n');
+        }
+        pem.extend_from_slice(b"-----END CERTIFICATE-----\n");
+    }
+    pem.extend_from_slice(ca);
+    pem
+}
+
 fn bad(what: &Path, e: &dyn std::fmt::Display) -> Error {
     Error::Startup(format!("TLS: {}: {e}", what.display()))
 }

@@ -687,6 +687,42 @@ async fn redis_tls_skip_hostname_verification_checks_the_chain_only() {
     assert!(answers("true").await, "only the chain is checked");
 }
 
+/// `REDIS_TLS_CACERT` adds a CA to the system's roots, as theirs adds it to
+/// the system pool: a Redis signed by a CA the system trusts (here through
+/// `SSL_CERT_FILE`) is still reached when the file names another CA. It
+/// was refused (UnknownIssuer): the file replaced the system's roots.
+#[tokio::test]
+async fn redis_tls_cacert_adds_to_the_system_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_certs(dir.path(), "IP:127.0.0.1");
+    let redis = TlsRedis::spawn(dir.path(), &["--tls-auth-clients", "no"]);
+    let other = tempfile::tempdir().unwrap();
+    common::make_certs(other.path(), "IP:127.0.0.1");
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let system = dir.path().join("ca.crt").display().to_string();
+    let file = other.path().join("ca.crt").display().to_string();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("SSL_CERT_FILE", &system),
+        ("REDIS_TLS_CACERT", &file),
+        ("FAILURE_MODE", "unavailable"),
+        ("REDIS_TIMEOUT_MS", "2000"),
+    ];
+    let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    let mut client = server.client().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
+    while let Err(e) = client.should_rate_limit(ask()).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never answered: {e:?}\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// One HTTP/2 frame: type, flags, stream and payload.
 type Frame = (u8, u8, u32, Vec<u8>);
 

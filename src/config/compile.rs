@@ -216,6 +216,7 @@ fn rate_rule(
     let mut replaces = Vec::new();
     // Where each `replaces` list stands, for the error of one naming its own rule.
     let mut replaces_at = Vec::new();
+    let mut unlimited_requests_per_unit = 0;
     for limit in node.limits {
         let at = limit.at.as_str();
         for name in &limit.replaces {
@@ -241,6 +242,7 @@ fn rate_rule(
                     "an unlimited rate limit cannot be stacked",
                 ));
             }
+            unlimited_requests_per_unit = limit.requests_per_unit.unwrap_or(0);
             continue;
         }
         let rate = rate(&limit, warnings)?;
@@ -264,6 +266,7 @@ fn rate_rule(
     }
     rules.push(Rule {
         rates,
+        unlimited_requests_per_unit,
         shadow_mode: node.shadow_mode,
         quota_mode: node.quota_mode,
         metadata: node.metadata.as_ref().map(response_metadata),

@@ -6,6 +6,7 @@
 //! elsewhere ([`crate::server`]).
 
 pub mod admin;
+pub mod answering;
 pub mod api;
 pub mod idle;
 pub mod metrics;
@@ -20,14 +21,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::connect_info::Connected;
-use axum::extract::{ConnectInfo, Request};
-use axum::middleware::Next;
-use axum::response::Response;
-use axum::routing::get;
+use axum::routing::any;
 use axum::serve::IncomingStream;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use self::answering::Connections;
 use self::idle::{Idle, InFlight};
 use crate::config::watch::SharedConfig;
 use crate::incoming;
@@ -68,28 +67,11 @@ impl Connected<IncomingStream<'_, BackingOff>> for Peer {
     }
 }
 
-/// Every route's outer layer: the request counts as being answered on its
-/// connection until its response is made, so that a handler slower than
-/// the idle timeout is not cut off.
-async fn answering(ConnectInfo(peer): ConnectInfo<Peer>, request: Request, next: Next) -> Response {
-    let _answering = peer.in_flight.answering();
-    next.run(request).await
-}
-
-/// `router` as the listeners serve it, with the connection's peer and
-/// [`answering`].
-fn with_peer(
-    router: Router,
-) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<Router, Peer> {
-    router
-        .layer(axum::middleware::from_fn(answering))
-        .into_make_service_with_connect_info::<Peer>()
-}
-
 /// The routes of the debug listener.
 pub fn debug_router(config: SharedConfig) -> Router {
     let dump = move || async move { rlconfig::dump(&config.current()) };
-    Router::new().route("/rlconfig", get(dump))
+    // Any method, as theirs (a Go ServeMux handler) answers.
+    Router::new().route("/rlconfig", any(dump))
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then lets the
@@ -101,7 +83,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let addr = listener.local_addr().ok();
-    let served = axum::serve(BackingOff { listener, idle }, with_peer(router))
+    let served = axum::serve(BackingOff { listener, idle }, Connections::new(router))
         .with_graceful_shutdown(shutdown)
         .await;
     if let Err(error) = served {

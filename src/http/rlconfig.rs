@@ -34,9 +34,17 @@ pub fn dump(config: &Config) -> String {
 }
 
 fn dump_rule(text: &mut String, domain: &str, rule: &Rule) {
-    // An unlimited rule has no unit and no number, as theirs prints it.
+    // An unlimited rule has no unit, and the number it was given, as theirs
+    // prints it.
     if rule.is_unlimited() {
-        line(text, domain, rule, Unit::Unknown.as_str_name(), 0);
+        let requests_per_unit = rule.unlimited_requests_per_unit;
+        line(
+            text,
+            domain,
+            rule,
+            Unit::Unknown.as_str_name(),
+            requests_per_unit,
+        );
         text.push('\n');
     }
     for rate in &rule.rates {

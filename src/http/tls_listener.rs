@@ -16,8 +16,9 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
+use super::answering::Connections;
 use super::idle::Idle;
-use super::{with_peer, Peer};
+use super::Peer;
 use crate::incoming;
 use crate::tls::ReloadingTls;
 
@@ -33,7 +34,7 @@ pub async fn serve_tls(
     let (tx, handshaken) = mpsc::channel(64);
     let accepting = tokio::spawn(accept_forever(listener, idle, tls, tx));
     let listener = TlsListener { handshaken, local };
-    let served = axum::serve(listener, with_peer(router))
+    let served = axum::serve(listener, Connections::new(router))
         .with_graceful_shutdown(shutdown)
         .await;
     accepting.abort();

@@ -78,7 +78,8 @@ pub struct RedisSettings {
 /// TLS settings: PEM bytes, read from files at start-up.
 #[derive(Clone, Default)]
 pub struct RedisTls {
-    /// CA to trust instead of the system's roots.
+    /// The roots to trust (PEM) when not the system's alone: the system's
+    /// and a CA file ([`crate::tls::pem_with_system_roots`]).
     pub ca: Option<Vec<u8>>,
     /// Client certificate and key, for mutual TLS.
     pub client: Option<(Vec<u8>, Vec<u8>)>,

@@ -229,7 +229,14 @@ class Decision:
 
     @property
     def retry_after(self) -> Optional[timedelta]:
-        """When a refused request may succeed: the longest reset of the refusing descriptors."""
+        """When a refused request may succeed: the longest reset of the refusing descriptors.
+
+        A request of more hits than a limit admits at once can never
+        succeed: the service then tells the longest wait the limit has, and
+        0 once it is fully restored (README, "A request that can never
+        fit"), so a caller whose hits_addend is over a refusing status's
+        limit.requests_per_unit (a bucket's burst) must not retry it.
+        """
         resets = [s.reset_after for s in self.statuses if s.over_limit and s.reset_after is not None]
         return max(resets) if resets else None
 
