@@ -47,6 +47,14 @@ local commands = {
     local value = db[key]
     return type(value) == 'string' and value or false
   end,
+  MGET = function(...)
+    local reply = {}
+    for i, key in ipairs({ ... }) do
+      local value = db[key]
+      reply[i] = type(value) == 'string' and value or false
+    end
+    return reply
+  end,
   SETRANGE = function(key, _, value)
     db[key] = value .. string.sub(db[key], #value + 1)
     return #db[key]

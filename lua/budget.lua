@@ -25,7 +25,9 @@
 --   check:   as reserve, but takes nothing and records nothing: the
 --            outcomes of a refused reservation (for the slots a cluster
 --            reservation did not reach once one slot refused).
---   settle:  amount = the actual cost.
+--   settle:  amount = the actual cost. The marker is read with each key's
+--            last reset (lua/reset.lua), in one MGET: a key reset since
+--            the reservation gives nothing back (an excess is charged).
 --            -> {0 unknown | 1 settled now | 2 settled before, the actual
 --            it is settled at, then over, remaining, reset_ms per check,
 --            the standing after the settlement}
@@ -295,8 +297,23 @@ end
 -- A marker's fields (module doc).
 local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 
+-- The marker, then each key's last reset (lua/reset.lua), of an
+-- operation on n checks whose keys follow its marker at KEYS[k]: one
+-- command.
+local function marker_and_resets(k, n)
+  if n == 1 then
+    return redis.call('MGET', KEYS[k], KEYS[k + 1] .. ':reset')
+  end
+  local keys = { KEYS[k] }
+  for i = 1, n do
+    keys[i + 1] = KEYS[k + i] .. ':reset'
+  end
+  return redis.call('MGET', unpack(keys))
+end
+
 local function settle(p, k, n, actual, as, all_keys, keep)
-  local v = redis.call('GET', KEYS[k])
+  local got = marker_and_resets(k, n)
+  local v = got[1]
   if not v then
     return answer2(p, n, 0, 0)
   end
@@ -328,7 +345,11 @@ local function settle(p, k, n, actual, as, all_keys, keep)
   end
   for i = 1, n do
     local c = checks[i]
-    if marks[i] and actual ~= c.hits then
+    -- A key reset since the reservation lost what it took: nothing to
+    -- give back (an excess is still charged).
+    local reset = got[i + 1]
+    local erased = reset and (tonumber(reset) or 0) >= at
+    if marks[i] and actual ~= c.hits and not (erased and actual < c.hits) then
       local key, f, algo = KEYS[k + i], first(k, i), c.algo
       local s
       if actual < c.hits and algo.refund_in_window then

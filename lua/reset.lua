@@ -5,6 +5,10 @@
 -- queued as given back ahead of every reservation, so that reservations
 -- made before the reset find their hits drained and give nothing back
 -- (the TAT falls to now, and their marks must not land ahead of it).
+-- After it each key's reset is recorded (`<key>:reset`, its time in ms)
+-- for as long as a reservation made before it may settle: such a settle
+-- gives nothing back on the key (lua/budget.lua), as what the reservation
+-- took went with the reset, and hits spent since are others'.
 -- Twin: MemoryStore::delete (src/store/memory.rs).
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -21,4 +25,11 @@ for i = 1, #KEYS do
     end
   end
 end
-return redis.call('DEL', unpack(KEYS))
+local deleted = redis.call('DEL', unpack(KEYS))
+-- The longest reservation TTL and a minute (twin of RESET_KEEP_MS in
+-- src/limiter/budget.rs).
+local keep = 3660000
+for i = 1, #KEYS do
+  redis.call('SET', KEYS[i] .. ':reset', string.format('%d', now), 'PX', keep)
+end
+return deleted

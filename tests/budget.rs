@@ -187,6 +187,52 @@ async fn reserve_then_settle_per_algorithm_on_every_store() {
     }
 }
 
+/// The admin API's reset takes what a reservation had taken with it: a
+/// settle after it gives nothing back, so hits others spent since stay
+/// spent (the windows gave the reservation's unused part back from them:
+/// 600 reserved, reset, 500 spent, settled at 0 left 1000), while an
+/// actual over the estimate is still charged.
+#[tokio::test]
+async fn a_settle_after_a_reset_gives_back_nothing_of_what_others_spent() {
+    for backend in Backend::all_with_cluster() {
+        let name = backend.name();
+        let server = server_on(&backend).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let mut rls = server.client().await;
+        for algorithm in ALGORITHMS {
+            let at = format!("{name}/{algorithm}");
+            let reset = |user: &str| {
+                let (addr, path) = (
+                    server.admin.to_string(),
+                    format!("/v1/descriptor?domain=llm&entry={algorithm}%3D{user}"),
+                );
+                tokio::task::spawn_blocking(move || common::http_call(&addr, "DELETE", &path, ""))
+            };
+            let r = reserve(&mut client, algorithm, "reset", 600).await;
+            assert_eq!(reset("reset").await.unwrap().status, 200, "{at}");
+            let spent = rls.should_rate_limit(spend(algorithm, "reset", 500)).await;
+            let spent = spent.expect("spend").into_inner().statuses[0].limit_remaining;
+            assert_eq!(spent, 500, "{at}: counted from the reset");
+            let settled = settle(&mut client, &r.reservation_id, 0).await;
+            assert_eq!(
+                remaining(&settled.statuses),
+                [500],
+                "{at}: nothing given back"
+            );
+
+            let r = reserve(&mut client, algorithm, "over", 100).await;
+            assert_eq!(reset("over").await.unwrap().status, 200, "{at}");
+            let settled = settle(&mut client, &r.reservation_id, 150).await;
+            assert_eq!(
+                remaining(&settled.statuses),
+                [950],
+                "{at}: the excess charged"
+            );
+        }
+        server.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn concurrent_reserves_never_commit_more_than_the_budget() {
     for backend in Backend::all_with_cluster() {

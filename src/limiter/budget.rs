@@ -37,6 +37,13 @@ pub const GIVEN_BACK_GRACE_MS: u64 = 60_000;
 /// hour). Twin: `GIVEN_BACK_KEEP_MS` in `lua/gcra.lua`.
 pub const GIVEN_BACK_KEEP_MS: u64 = 2 * 3_600_000;
 
+/// How long the admin API's reset of a counter is remembered: the longest
+/// reservation TTL and a minute. A reservation made before the reset that
+/// settles after it gives nothing back on that counter (what it took went
+/// with the reset; hits spent since are others'). Twin: `keep` in
+/// `lua/reset.lua`.
+pub const RESET_KEEP_MS: u64 = 3_660_000;
+
 /// How many give-backs a bucket keeps by position: those with the latest
 /// marks. A settle with more than this many give-backs behind it since its
 /// reservation counts the oldest of them as ahead of it, and gives back
@@ -172,21 +179,37 @@ pub fn reserve(
     (outcomes, granted.then_some(marks))
 }
 
-/// Settles a reservation of `checks` (their `hits` the estimate) made at
-/// `reserved_at_ms` with `marks` at `actual`; returns each check's
-/// [`standing`] after it. The caller makes sure it runs once.
+/// A reservation as its settle needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Reservation<'a> {
+    /// Its checks, their `hits` the estimate.
+    pub checks: &'a [Check],
+    /// What it took from each.
+    pub marks: &'a [Mark],
+    pub reserved_at_ms: u64,
+}
+
+/// Settles `reservation` at `actual`, `erased` saying per check whether
+/// its counter was reset since; returns each check's [`standing`] after
+/// it. The caller makes sure it runs once.
 pub fn settle(
     table: &mut impl Table,
     given_back: &mut GivenBack,
-    checks: &[Check],
-    marks: &[Mark],
-    reserved_at_ms: u64,
+    reservation: Reservation<'_>,
+    erased: &[bool],
     actual: u64,
     now_ms: u64,
 ) -> Vec<Outcome> {
-    for (check, &mark) in checks.iter().zip(marks) {
+    let Reservation {
+        checks,
+        marks,
+        reserved_at_ms,
+    } = reservation;
+    for ((check, &mark), &erased) in checks.iter().zip(marks).zip(erased) {
         let Some(mark) = mark else { continue };
-        if actual == check.hits {
+        // A counter reset since the reservation lost what it took: nothing
+        // to give back (an excess is still charged). See RESET_KEEP_MS.
+        if actual == check.hits || (erased && actual < check.hits) {
             continue;
         }
         let mut state = State::load(table.read(&check.key, now_ms), check, now_ms);

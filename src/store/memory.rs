@@ -96,6 +96,10 @@ pub struct MemoryStore {
     /// What buckets' settles gave back ([`budget::GivenBack`]); locked
     /// after the markers, never before.
     given_back: Mutex<budget::GivenBack>,
+    /// When the admin API last reset a counter, per key, and until when
+    /// that is remembered ([`budget::RESET_KEEP_MS`]); locked after the
+    /// markers, never before, and never with `given_back`.
+    resets: Mutex<HashMap<String, (u64, u64)>>,
     clock: Arc<dyn Clock>,
     /// Most counters a shard holds (`usize::MAX`: no cap; see
     /// [`Self::with_max_keys`]).
@@ -130,6 +134,7 @@ impl MemoryStore {
             leases: Mutex::new(HashMap::new()),
             markers: Mutex::new(HashMap::new()),
             given_back: Mutex::default(),
+            resets: Mutex::default(),
             clock,
             shard_capacity,
             untracked: AtomicU64::new(0),
@@ -337,23 +342,39 @@ impl MemoryStore {
                     outcomes,
                 };
             }
-            None => budget::settle(
-                &mut table,
-                &mut Self::lock(&self.given_back),
-                &marker.checks,
-                &marker.marks,
-                marker.reserved_at_ms,
-                actual,
-                now,
-            ),
+            None => {
+                let erased = self.erased(keys, marker.reserved_at_ms, now);
+                let reservation = budget::Reservation {
+                    checks: &marker.checks,
+                    marks: &marker.marks,
+                    reserved_at_ms: marker.reserved_at_ms,
+                };
+                let given_back = &mut Self::lock(&self.given_back);
+                budget::settle(&mut table, given_back, reservation, &erased, actual, now)
+            }
         };
         marker.settled = Some(actual);
         Settled::Settled { outcomes }
     }
 
-    /// Deletes counters; missing keys are ignored.
+    /// Per key, whether it was reset at `at_ms` or later.
+    fn erased(&self, keys: &[String], at_ms: u64, now_ms: u64) -> Vec<bool> {
+        let resets = Self::lock(&self.resets);
+        keys.iter()
+            .map(|key| {
+                resets
+                    .get(key)
+                    .is_some_and(|&(reset, until)| until > now_ms && reset >= at_ms)
+            })
+            .collect()
+    }
+
+    /// Deletes counters, missing keys ignored, and remembers when (see
+    /// [`budget::RESET_KEEP_MS`]).
     pub fn delete(&self, keys: &[String]) {
         let now = self.clock.now_ms();
+        let until = now.saturating_add(budget::RESET_KEEP_MS);
+        Self::lock(&self.resets).extend(keys.iter().map(|key| (key.clone(), (now, until))));
         for key in keys {
             let id = self.id(key);
             let removed = Self::lock(&self.shards[Self::shard_of(id)]).remove(&id);
@@ -421,6 +442,7 @@ impl MemoryStore {
             });
             Self::lock(&self.markers).retain(|_, (_, expiry)| *expiry > now);
             Self::lock(&self.given_back).sweep(now);
+            Self::lock(&self.resets).retain(|_, (_, until)| *until > now);
         }
     }
 }
