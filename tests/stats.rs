@@ -793,15 +793,29 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
         ],
     );
 
-    // The next call on the old connections fails (connection lost): the
-    // pool replaces both, on the restarted server (whose data is gone, so
-    // the cache is dropped too, by the next request that asks it).
-    main.restart();
+    // The next call on the old connections fails (connection lost): both
+    // count as closed while Redis is down, as their pool closes a
+    // connection a call failed on (an alert on `cx_active == 0` fires),
+    // then the pool replaces them on the restarted server (whose data is
+    // gone, so the cache is dropped too, by the next request that asks it).
+    main.kill();
     let mut client = server.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let down = [
+        "ratelimit_redis_pool_cx_local_close 2",
+        "ratelimit_redis_pool_cx_active 0",
+    ];
+    while !down.iter().all(|series| server.metrics().contains(series)) {
+        assert!(Instant::now() < deadline, "{}", server.metrics());
+        let one = request("web", vec![descriptor(&[("user", "b")])]);
+        client.should_rate_limit(one).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    main.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !server
         .metrics()
-        .contains("ratelimit_redis_pool_cx_local_close 2")
+        .contains("ratelimit_redis_pool_cx_active 2")
     {
         assert!(Instant::now() < deadline, "{}", server.metrics());
         let one = request("web", vec![descriptor(&[("user", "b")])]);
@@ -816,6 +830,7 @@ async fn redis_pool_and_local_cache_stats_are_theirs() {
         &[
             "ratelimit_redis_pool_cx_active 2",
             "ratelimit_redis_pool_cx_total 4",
+            "ratelimit_redis_pool_cx_local_close 2",
             "ratelimit_redis_per_second_pool_cx_total 1",
         ],
     )

@@ -228,19 +228,26 @@ pub struct Connections {
     /// The `run_id` of the server the connections reached last (single and
     /// sentinel; `None` until a replacement has asked).
     run_id: Mutex<Option<String>>,
-    /// Connections put in use, and taken out of use by a replacement, in
-    /// all: see [`PoolCounts`].
+    /// Connections put in use, and taken out of use by a replacement or
+    /// found broken, in all: see [`PoolCounts`].
     opened: AtomicU64,
     closed: AtomicU64,
+    /// The connections in use were found broken (a call's error showed
+    /// them stale, or they went silent) and neither answered since nor
+    /// were replaced: they count as closed, as their radix pool closes a
+    /// connection a call failed on, so `cx_active` falls during an outage.
+    broken: AtomicBool,
 }
 
 /// What envoyproxy/ratelimit's pool stats (`cx_active`, `cx_total`,
 /// `cx_local_close`) say, counted in the connections this handle keeps: a
 /// multiplexed connection (single, sentinel) or a cluster connection is
 /// one. Single's connections count from start-up (they connect on first
-/// use, the warm-up); a replacement closes the old ones and opens new
-/// ones. A connection the redis crate re-makes by itself inside a
-/// connection manager after a drop is not seen here.
+/// use, the warm-up); connections found broken are closed (and opened
+/// again if a call answers on them before they are replaced); a
+/// replacement closes the old ones (unless already closed as broken) and
+/// opens new ones. A connection the redis crate re-makes by itself inside
+/// a connection manager after a drop is not seen here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolCounts {
     /// In use now.
@@ -342,6 +349,7 @@ impl Connections {
             runtime: OnceLock::new(),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
             failing_since_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             generation,
@@ -381,7 +389,10 @@ impl Connections {
 
     /// The pool stats' counts, read when stats are sent.
     pub fn counts(&self) -> PoolCounts {
-        let active = self.current.read().unwrap_or_else(|p| p.into_inner()).len();
+        let active = match self.broken.load(Ordering::Relaxed) {
+            true => 0,
+            false => self.in_use(),
+        };
         PoolCounts {
             active: active as u64,
             opened: self.opened.load(Ordering::Relaxed),
@@ -398,9 +409,26 @@ impl Connections {
         Some(current[i].clone())
     }
 
+    fn in_use(&self) -> usize {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Records a successful call.
     pub fn succeeded(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        // Answering again before a replacement: open again.
+        if self.broken.load(Ordering::Relaxed) && self.broken.swap(false, Ordering::AcqRel) {
+            self.opened
+                .fetch_add(self.in_use() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The connections in use are broken: closed, for the pool stats.
+    fn found_broken(&self) {
+        if !self.broken.swap(true, Ordering::AcqRel) {
+            self.closed
+                .fetch_add(self.in_use() as u64, Ordering::Relaxed);
+        }
     }
 
     /// Starts the clock of [`Self::failing_for`] now.
@@ -437,6 +465,7 @@ impl Connections {
                     }
                     _ => return,
                 };
+                self.found_broken();
                 if self.reconnect() {
                     tracing::info!(%why, "Redis connections stale: replacing them");
                 }
@@ -444,6 +473,7 @@ impl Connections {
             Topology::Cluster => {
                 if failures >= CLUSTER_REBUILD_AFTER {
                     self.failures.store(0, Ordering::Relaxed);
+                    self.found_broken();
                     self.reconnect();
                 }
             }
@@ -476,9 +506,13 @@ impl Connections {
                     this.opened.fetch_add(conns.len() as u64, Ordering::Relaxed);
                     let mut current = this.current.write().unwrap_or_else(|p| p.into_inner());
                     let replaced = std::mem::replace(&mut *current, conns);
+                    // Those found broken were counted closed then.
+                    let broken = this.broken.swap(false, Ordering::AcqRel);
                     drop(current);
-                    this.closed
-                        .fetch_add(replaced.len() as u64, Ordering::Relaxed);
+                    if !broken {
+                        this.closed
+                            .fetch_add(replaced.len() as u64, Ordering::Relaxed);
+                    }
                     // New connections get their own time to answer.
                     this.failing_from_now();
                     this.connected.send_modify(|n| *n += 1);
