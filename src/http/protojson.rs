@@ -418,10 +418,20 @@ fn struct_json(value: &Struct) -> Value {
     Value::Object(fields)
 }
 
+/// A double as Go's protojson writes it: a whole one without a fraction
+/// (`1`, where serde writes `1.0`), exactly while it is one (|n| < 2^53).
+fn number_json(n: f64) -> Value {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if n.fract() == 0.0 && n.abs() < EXACT {
+        return json!(n as i64);
+    }
+    json!(n)
+}
+
 fn value_json(kind: Option<&Kind>) -> Value {
     match kind {
         None | Some(Kind::NullValue(_)) => Value::Null,
-        Some(Kind::NumberValue(n)) if n.is_finite() => json!(n),
+        Some(Kind::NumberValue(n)) if n.is_finite() => number_json(*n),
         // JSON has no NaN or infinities: protojson writes them as strings.
         Some(Kind::NumberValue(n)) if n.is_nan() => json!("NaN"),
         Some(Kind::NumberValue(n)) => json!(if *n > 0.0 { "Infinity" } else { "-Infinity" }),
@@ -440,6 +450,22 @@ fn value_json(kind: Option<&Kind>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn doubles_are_written_as_gos_protojson_writes_them() {
+        let written = |n: f64| value_json(Some(&Kind::NumberValue(n))).to_string();
+        for (n, text) in [
+            (1.0, "1"),
+            (-3.0, "-3"),
+            (0.0, "0"),
+            (1.5, "1.5"),
+            (0.1, "0.1"),
+            (9_007_199_254_740_991.0, "9007199254740991"),
+        ] {
+            assert_eq!(written(n), text, "{n}");
+        }
+        assert_eq!(written(f64::NAN), "\"NaN\"");
+    }
 
     #[test]
     fn requests_read_both_field_spellings_and_both_integer_forms() {
