@@ -262,12 +262,16 @@ pub fn warn_redis_without_url(url_given: bool) {
 }
 
 /// The statsd settings among `set` (names of variables in the environment)
-/// when no statsd sink is on (`USE_STATSD` unset and no `STATSD_HOST`):
-/// theirs sends to `localhost:8125` by default, so a deployment that set
-/// only `STATSD_PORT` for a sidecar exporter got its stats there and gets
-/// none here.
+/// when no statsd sink is on and `USE_STATSD` is not set (none when it
+/// is: statsd was turned off on purpose): theirs sends to `localhost:8125`
+/// by default, so a deployment that set only `STATSD_PORT` for a sidecar
+/// exporter got its stats there and gets none here.
 pub fn statsd_settings_while_off<'a>(set: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     const STATSD: [&str; 3] = ["STATSD_PORT", "STATS_FLUSH_INTERVAL", "EXTRA_TAGS"];
+    let set: Vec<&str> = set.into_iter().collect();
+    if set.contains(&"USE_STATSD") {
+        return Vec::new();
+    }
     let mut statsd: Vec<&str> = set
         .into_iter()
         .filter(|name| STATSD.contains(name))
@@ -318,6 +322,7 @@ mod tests {
             ["EXTRA_TAGS", "STATSD_PORT"]
         );
         assert!(statsd_settings_while_off(["PATH", "STATSD_HOST"]).is_empty());
+        assert!(statsd_settings_while_off(["STATSD_PORT", "USE_STATSD"]).is_empty());
     }
 
     #[test]
