@@ -21,6 +21,7 @@ use crate::health::Readiness;
 use crate::http;
 use crate::incoming::{deal, incoming, Dealt, Listener};
 use crate::lanes::Lanes;
+use crate::log_pace::{Paced, OUTAGE_PERIOD_S};
 use crate::pb::v1::budget_service_server::BudgetServiceServer;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::repeated_cap::RepeatedCapLayer;
@@ -522,7 +523,11 @@ async fn probe_once(store: &Store, lanes: &[Handle], ever_up: bool, role: Role) 
     match probe {
         Ok(()) => true,
         Err(error) => {
-            tracing::warn!(%error, store = role.name(), "store health probe failed");
+            // Paced per store, as an outage's connection lines are.
+            static LOG: [Paced; 2] = [Paced::every(OUTAGE_PERIOD_S), Paced::every(OUTAGE_PERIOD_S)];
+            if let Some(left_out) = LOG[usize::from(role == Role::PerSecond)].admit() {
+                tracing::warn!(%error, store = role.name(), left_out, "store health probe failed");
+            }
             false
         }
     }

@@ -41,8 +41,13 @@ use redis::{
 };
 
 use super::generation::Generation;
+use crate::log_pace::{Paced, OUTAGE_PERIOD_S};
 use crate::vocab::Topology;
 use crate::{Error, Result};
+
+/// "cannot connect" or "timed out", either failure of a reconnect, paced
+/// as an outage's connection lines (stale, connected) are each.
+static CANNOT_CONNECT: Paced = Paced::every(OUTAGE_PERIOD_S);
 
 /// Where and how to connect.
 #[derive(Clone)]
@@ -467,7 +472,10 @@ impl Connections {
                 };
                 self.found_broken();
                 if self.reconnect() {
-                    tracing::info!(%why, "Redis connections stale: replacing them");
+                    static LOG: Paced = Paced::every(OUTAGE_PERIOD_S);
+                    if let Some(left_out) = LOG.admit() {
+                        tracing::info!(%why, left_out, "Redis connections stale: replacing them");
+                    }
                 }
             }
             Topology::Cluster => {
@@ -516,7 +524,11 @@ impl Connections {
                     // New connections get their own time to answer.
                     this.failing_from_now();
                     this.connected.send_modify(|n| *n += 1);
-                    tracing::info!(topology = ?this.settings.topology, "connected to Redis");
+                    static LOG: Paced = Paced::every(OUTAGE_PERIOD_S);
+                    if let Some(left_out) = LOG.admit() {
+                        let topology = this.settings.topology;
+                        tracing::info!(?topology, left_out, "connected to Redis");
+                    }
                     if this.settings.topology == Topology::Sentinel
                         && !this.following.swap(true, Ordering::AcqRel)
                     {
@@ -525,11 +537,15 @@ impl Connections {
                 }
                 Ok(Err(error)) => {
                     this.switch_pending.fetch_or(switching, Ordering::AcqRel);
-                    tracing::warn!(%error, "cannot connect to Redis; will retry");
+                    if let Some(left_out) = CANNOT_CONNECT.admit() {
+                        tracing::warn!(%error, left_out, "cannot connect to Redis; will retry");
+                    }
                 }
                 Err(_) => {
                     this.switch_pending.fetch_or(switching, Ordering::AcqRel);
-                    tracing::warn!("connecting to Redis timed out; will retry");
+                    if let Some(left_out) = CANNOT_CONNECT.admit() {
+                        tracing::warn!(left_out, "connecting to Redis timed out; will retry");
+                    }
                 }
             }
             // Pace retries: at most one attempt per 200 ms.
