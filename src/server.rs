@@ -523,7 +523,8 @@ async fn probe_once(store: &Store, lanes: &[Handle], ever_up: bool, role: Role) 
     match probe {
         Ok(()) => true,
         Err(error) => {
-            // Paced per store, as an outage's connection lines are.
+            // Paced per store (an outage's connection lines are paced
+            // for the process, all lanes and stores together).
             static LOG: [Paced; 2] = [Paced::every(OUTAGE_PERIOD_S), Paced::every(OUTAGE_PERIOD_S)];
             if let Some(left_out) = LOG[usize::from(role == Role::PerSecond)].admit() {
                 tracing::warn!(%error, store = role.name(), left_out, "store health probe failed");

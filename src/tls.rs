@@ -133,8 +133,19 @@ pub fn check_client_files(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -
 /// only as PEM and trusts nothing else when given some (the Redis client).
 pub fn pem_with_system_roots(ca: &[u8]) -> Vec<u8> {
     use base64::Engine;
+    let native = rustls_native_certs::load_native_certs();
+    if !native.errors.is_empty() {
+        tracing::warn!(errors = ?native.errors, "some system root certificates could not be read");
+    }
     let mut pem = Vec::new();
-    for cert in rustls_native_certs::load_native_certs().certs {
+    // Only those a root store takes: the Redis client refuses all its
+    // roots if one is not a trust anchor, where the system's unusable
+    // ones only narrow what is trusted (as `client_config` reads them).
+    let anchors = native
+        .certs
+        .into_iter()
+        .filter(|cert| RootCertStore::empty().add(cert.clone()).is_ok());
+    for cert in anchors {
         let body = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
         pem.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
         for line in body.as_bytes().chunks(64) {

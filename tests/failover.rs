@@ -1060,8 +1060,6 @@ fn counted_after(port: u16) -> u64 {
         .unwrap()
 }
 
-/// A server on `url` (of `topology`) with the failover tests' settings,
-/// serving.
 /// An outage's repeated lines are paced: with Redis gone, every lane's
 /// reconnects (a few a second) and the health probes each wrote a line,
 /// some 10 a second in all; now each kind writes one per 10 s, with how
@@ -1081,6 +1079,8 @@ fn an_outage_writes_its_connection_lines_once_per_period() {
     }
 }
 
+/// A server on `url` (of `topology`) with the failover tests' settings,
+/// serving.
 async fn failover_server(base: &RedisServer, topology: Topology, url: String) -> TestServer {
     let settings = failover_settings(base, topology, url);
     let store = Store::Redis(Arc::new(RedisStore::new(&settings, None).unwrap()));

@@ -400,6 +400,11 @@ async fn silent_http_connections_are_closed() {
     for (addr, sent) in [
         (server.http, &b""[..]),
         (server.debug, &b"GET /rlconfig HT"[..]),
+        // A body that stops half-way is the client's silence too.
+        (
+            server.http,
+            &b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"dom"[..],
+        ),
     ] {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
         stream.write_all(sent).unwrap();

@@ -2,9 +2,9 @@
 //! and sends nothing (or stops half-way) would otherwise hold a socket and
 //! a task for good, and enough of them exhaust the file descriptors. The
 //! clock restarts with every byte read or written, and does not run out
-//! while a request is being answered ([`InFlight`]): the silence is then
-//! the server's, as when `/json` waits on a Redis slower than the idle
-//! timeout.
+//! while a request is being answered ([`InFlight`]: its body in, its
+//! response not yet made): the silence is then the server's, as when
+//! `/json` waits on a Redis slower than the idle timeout.
 
 use std::future::Future;
 use std::io;
@@ -37,8 +37,7 @@ impl Idle {
         }
     }
 
-    /// The count of this connection's requests being answered, for the
-    /// handlers to hold ([`InFlight::answering`]).
+    /// The count of this connection's requests being answered.
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.clone()
     }
@@ -93,28 +92,24 @@ impl AsyncWrite for Idle {
     }
 }
 
-/// How many of a connection's requests are being answered, shared by its
-/// [`Idle`] and the handlers (through [`super::Peer`]).
+/// How many of a connection's requests are being answered (their bodies
+/// in, their responses not yet made), shared by its [`Idle`] and the
+/// connection's service (`super::answering`, through [`super::Peer`]).
 #[derive(Debug, Clone, Default)]
 pub struct InFlight(Arc<AtomicUsize>);
 
 impl InFlight {
-    /// Counts a request as being answered until the returned guard drops.
-    pub fn answering(&self) -> Answering {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Answering(self.clone())
+    /// One more request being answered.
+    pub fn add(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One fewer (after an [`Self::add`]).
+    pub fn sub(&self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn any(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 0
-    }
-}
-
-/// A request being answered ([`InFlight::answering`]).
-pub struct Answering(InFlight);
-
-impl Drop for Answering {
-    fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+        self.0.load(Ordering::Acquire) > 0
     }
 }

@@ -419,10 +419,11 @@ fn struct_json(value: &Struct) -> Value {
 }
 
 /// A double as Go's protojson writes it: a whole one without a fraction
-/// (`1`, where serde writes `1.0`), exactly while it is one (|n| < 2^53).
+/// (`1`, where serde writes `1.0`), up to 2^63 in magnitude (every whole
+/// double there is an exact i64); -0 is written as 0.
 fn number_json(n: f64) -> Value {
-    const EXACT: f64 = 9_007_199_254_740_992.0;
-    if n.fract() == 0.0 && n.abs() < EXACT {
+    const I64_RANGE: f64 = 9_223_372_036_854_775_808.0;
+    if n.fract() == 0.0 && n.abs() < I64_RANGE {
         return json!(n as i64);
     }
     json!(n)
@@ -461,6 +462,8 @@ mod tests {
             (1.5, "1.5"),
             (0.1, "0.1"),
             (9_007_199_254_740_991.0, "9007199254740991"),
+            (1e16, "10000000000000000"),
+            (-0.0, "0"),
         ] {
             assert_eq!(written(n), text, "{n}");
         }

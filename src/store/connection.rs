@@ -237,10 +237,11 @@ pub struct Connections {
     /// found broken, in all: see [`PoolCounts`].
     opened: AtomicU64,
     closed: AtomicU64,
-    /// The connections in use were found broken (a call's error showed
-    /// them stale, or they went silent) and neither answered since nor
-    /// were replaced: they count as closed, as their radix pool closes a
-    /// connection a call failed on, so `cx_active` falls during an outage.
+    /// The connections in use were found broken (single and sentinel: as
+    /// many calls in a row as there are connections failed stale or
+    /// silent) and neither answered since nor were replaced: they count as
+    /// closed, as their radix pool closes each connection a call failed
+    /// on, so `cx_active` falls during an outage.
     broken: AtomicBool,
 }
 
@@ -248,8 +249,9 @@ pub struct Connections {
 /// `cx_local_close`) say, counted in the connections this handle keeps: a
 /// multiplexed connection (single, sentinel) or a cluster connection is
 /// one. Single's connections count from start-up (they connect on first
-/// use, the warm-up); connections found broken are closed (and opened
-/// again if a call answers on them before they are replaced); a
+/// use, the warm-up); connections found broken (single and sentinel) are
+/// closed (and opened again if a call answers on them before they are
+/// replaced); a
 /// replacement closes the old ones (unless already closed as broken) and
 /// opens new ones. A connection the redis crate re-makes by itself inside
 /// a connection manager after a drop is not seen here.
@@ -470,7 +472,11 @@ impl Connections {
                     }
                     _ => return,
                 };
-                self.found_broken();
+                // As many calls failed as there are connections, none
+                // answered between: not one connection a peer dropped.
+                if failures >= self.in_use() {
+                    self.found_broken();
+                }
                 if self.reconnect() {
                     static LOG: Paced = Paced::every(OUTAGE_PERIOD_S);
                     if let Some(left_out) = LOG.admit() {
@@ -481,7 +487,6 @@ impl Connections {
             Topology::Cluster => {
                 if failures >= CLUSTER_REBUILD_AFTER {
                     self.failures.store(0, Ordering::Relaxed);
-                    self.found_broken();
                     self.reconnect();
                 }
             }

@@ -98,7 +98,10 @@ pub struct MemoryStore {
     given_back: Mutex<budget::GivenBack>,
     /// When the admin API last reset a counter, per key, and until when
     /// that is remembered ([`budget::RESET_KEEP_MS`]); locked after the
-    /// markers, never before, and never with `given_back`.
+    /// counters' shards and the markers, never before, and never with
+    /// `given_back`. A reservation made in the millisecond of a reset,
+    /// after it, counts as made before it (gives nothing back: never more
+    /// than it should), as in Redis.
     resets: Mutex<HashMap<String, (u64, u64)>>,
     clock: Arc<dyn Clock>,
     /// Most counters a shard holds (`usize::MAX`: no cap; see
@@ -374,10 +377,14 @@ impl MemoryStore {
     pub fn delete(&self, keys: &[String]) {
         let now = self.clock.now_ms();
         let until = now.saturating_add(budget::RESET_KEEP_MS);
-        Self::lock(&self.resets).extend(keys.iter().map(|key| (key.clone(), (now, until))));
         for key in keys {
             let id = self.id(key);
-            let removed = Self::lock(&self.shards[Self::shard_of(id)]).remove(&id);
+            let mut shard = Self::lock(&self.shards[Self::shard_of(id)]);
+            let removed = shard.remove(&id);
+            // Recorded with the counter's removal, under its shard's lock:
+            // a reservation on it is either before both or after both.
+            Self::lock(&self.resets).insert(key.clone(), (now, until));
+            drop(shard);
             // A bucket's queue counts as given back, ahead of every
             // reservation (twin of lua/reset.lua).
             if let Some(Slot {
