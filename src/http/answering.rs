@@ -4,9 +4,10 @@
 //! when its body is in until its response is made, so that a handler
 //! slower than the idle timeout is not cut off, while a client that stops
 //! sending a body half-way still is. Made per connection, as axum's
-//! `into_make_service_with_connect_info` is: nothing boxed for a request
-//! without a body (a router layer cost a `/json` request 4.9% more
-//! instructions, an axum middleware 10%).
+//! `into_make_service_with_connect_info` is: a request pays one shared
+//! count and, with a body, its wrapper (a `/json` request 1.1% more
+//! instructions; counting from the call, a router layer cost it 4.9%, an
+//! axum middleware 10%).
 
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
