@@ -249,16 +249,12 @@ pub fn warn_redis_without_url(url_given: bool) {
     if url_given {
         return;
     }
-    let names = environment_names();
-    let redis = redis_settings_without_url(names.iter().map(String::as_str));
-    if !redis.is_empty() {
-        tracing::warn!(
-            set = %redis.join(","),
-            "Redis settings without REDIS_URL: the counters are kept in this process's \
-             memory, not shared with other replicas (theirs defaults REDIS_URL to \
-             /var/run/nutcracker/ratelimit.sock)"
-        );
-    }
+    warn_naming(
+        |set| redis_settings_without_url(set),
+        "Redis settings without REDIS_URL: the counters are kept in this process's memory, \
+         not shared with other replicas (theirs defaults REDIS_URL to \
+         /var/run/nutcracker/ratelimit.sock)",
+    );
 }
 
 /// The statsd settings among `set` (names of variables in the environment)
@@ -286,14 +282,20 @@ pub fn warn_statsd_while_off(statsd_on: bool) {
     if statsd_on {
         return;
     }
+    warn_naming(
+        |set| statsd_settings_while_off(set),
+        "statsd settings without STATSD_HOST or USE_STATSD=true: no stats are sent over \
+         statsd (theirs sends to localhost:8125 by default)",
+    );
+}
+
+/// Logs `why`, naming the variables of the environment that `found` picks,
+/// when it picks any.
+fn warn_naming(found: impl for<'a> Fn(Vec<&'a str>) -> Vec<&'a str>, why: &str) {
     let names = environment_names();
-    let statsd = statsd_settings_while_off(names.iter().map(String::as_str));
-    if !statsd.is_empty() {
-        tracing::warn!(
-            set = %statsd.join(","),
-            "statsd settings without STATSD_HOST or USE_STATSD=true: no stats are sent over \
-             statsd (theirs sends to localhost:8125 by default)"
-        );
+    let set = found(names.iter().map(String::as_str).collect());
+    if !set.is_empty() {
+        tracing::warn!(set = %set.join(","), "{why}");
     }
 }
 
