@@ -359,11 +359,7 @@ async fn leases_are_listed_with_their_holders_and_a_revoked_hold_is_lost() {
         let name = backend.name();
         let server = TestServer::start(&[LIMITS], backend.store(Arc::new(SystemClock))).await;
         server.serving().await;
-        let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = server.channel().await;
         let mut client = ConcurrencyServiceClient::new(channel);
         let mut held = client
             .hold(held_by("dan", "pod-a/conn 7"))
@@ -676,11 +672,7 @@ async fn holders_leave_with_their_leases_so_their_hash_never_outgrows_the_set() 
     let redis = RedisServer::start();
     let server = TestServer::start(&[LIMITS], redis.store(Some(Arc::new(SystemClock)))).await;
     server.serving().await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.channel().await;
     let mut client = ConcurrencyServiceClient::new(channel);
     let too_long = client
         .acquire_connection(held_by("fay", &"x".repeat(257)))

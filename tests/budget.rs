@@ -761,12 +761,7 @@ async fn reflection_lists_the_budget_service() {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
     };
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut answers = ServerReflectionClient::new(channel)
+    let mut answers = ServerReflectionClient::new(server.channel().await)
         .server_reflection_info(tokio_stream::iter([ask]))
         .await
         .expect("reflection")

@@ -510,11 +510,7 @@ async fn malformed_utf8_is_refused() {
         Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
     )
     .await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.channel().await;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
@@ -694,11 +690,7 @@ async fn reflection_v1_and_v1alpha_list_the_envoy_service() {
         Backend::Memory.store(Arc::new(ManualClock::new(START_MS))),
     )
     .await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.channel().await;
 
     let ask = V1Req {
         host: String::new(),

@@ -245,11 +245,7 @@ async fn lease_ids_past_the_cap_are_refused_before_decoding() {
     use ratekeeper::pb::v1::{HeartbeatRequest, ReleaseRequest};
 
     let server = memory_server().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.channel().await;
     let mut client = ConcurrencyServiceClient::new(channel);
     let ids = |n| vec![String::new(); n];
     let past = "more than 1000 lease ids: at most 1000 per call";
@@ -293,11 +289,7 @@ async fn requests_that_are_not_grpc_get_405_and_415() {
     use tonic::codegen::Service;
 
     let server = memory_server().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.channel().await;
     let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
     let cases = [
         (

@@ -472,6 +472,15 @@ impl TestServer {
         }
     }
 
+    /// A gRPC channel to the server, for the services' other clients.
+    pub async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
