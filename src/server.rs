@@ -526,7 +526,7 @@ async fn probe_once(store: &Store, lanes: &[Handle], ever_up: bool, role: Role) 
             // Paced per store (an outage's connection lines are paced
             // for the process, all lanes and stores together).
             static LOG: [Paced; 2] = [Paced::every(OUTAGE_PERIOD_S), Paced::every(OUTAGE_PERIOD_S)];
-            if let Some(left_out) = LOG[usize::from(role == Role::PerSecond)].admit() {
+            if let Some(left_out) = LOG[role.index()].admit() {
                 tracing::warn!(%error, store = role.name(), left_out, "store health probe failed");
             }
             false

@@ -24,6 +24,12 @@ pub enum Role {
 }
 
 impl Role {
+    /// Its place in what is kept per store in an array (main 0, per-second
+    /// 1), as the paced log lines of each store are.
+    pub fn index(self) -> usize {
+        usize::from(self == Role::PerSecond)
+    }
+
     /// The `store` label of the store metrics.
     pub fn name(self) -> &'static str {
         match self {

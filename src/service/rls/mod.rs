@@ -51,7 +51,7 @@ use crate::keys::Values;
 use crate::limiter::{Algorithm, Charges};
 use crate::log_pace::Paced;
 use crate::otel::{DecisionSpan, Tracer};
-use crate::store::{Role, Stores};
+use crate::store::Stores;
 use crate::vocab::FailureMode;
 
 /// Settings of the rate limit service beyond the config and the store.
@@ -274,7 +274,7 @@ impl RateLimiter {
                 let (error, store) = (&failed.error, failed.store.name());
                 // Paced per store: one failing often hides none of the other's.
                 static LOG: [Paced; 2] = [Paced::new(), Paced::new()];
-                let log = &LOG[usize::from(failed.store == Role::PerSecond)];
+                let log = &LOG[failed.store.index()];
                 if let Some(left_out) = log.admit() {
                     tracing::warn!(%error, store, %mode, left_out, "store failed");
                 }
