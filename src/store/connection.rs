@@ -251,10 +251,9 @@ pub struct Connections {
 /// one. Single's connections count from start-up (they connect on first
 /// use, the warm-up); connections found broken (single and sentinel) are
 /// closed (and opened again if a call answers on them before they are
-/// replaced); a
-/// replacement closes the old ones (unless already closed as broken) and
-/// opens new ones. A connection the redis crate re-makes by itself inside
-/// a connection manager after a drop is not seen here.
+/// replaced); a replacement closes the old ones (unless already closed as
+/// broken) and opens new ones. A connection the redis crate re-makes by
+/// itself inside a connection manager after a drop is not seen here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolCounts {
     /// In use now.
