@@ -18,7 +18,7 @@ use ratekeeper::incoming::Listener;
 use ratekeeper::keys::Values;
 use ratekeeper::server::{ConnectionLimits, Server};
 use ratekeeper::service::rls::LimiterSettings;
-use ratekeeper::store::{MemoryStore, Store, Stores};
+use ratekeeper::store::{MemoryStore, Role, Store, Stores};
 use ratekeeper::telemetry::{self, LogFormat};
 use ratekeeper::tls::{ReloadingTls, TlsFiles};
 use ratekeeper::vocab::FailureMode;
@@ -631,6 +631,7 @@ fn main_redis<'a>(cli: &'a Cli, url: &'a str) -> Result<Redis<'a>> {
     let (socket_type, sentinel_auth) = cli.envoy.redis_extras();
     Ok(Redis {
         var: "REDIS",
+        role: Role::Main,
         url,
         topology: cli.redis_type.into(),
         auth,

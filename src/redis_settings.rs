@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{Args, ValueEnum};
-use ratekeeper::store::{RedisSettings, RedisStore, RedisTls, Store};
+use ratekeeper::store::{RedisSettings, RedisStore, RedisTls, Role, Store};
 use ratekeeper::vocab::Topology;
 use ratekeeper::{Error, Result};
 
@@ -88,6 +88,8 @@ pub struct PerSecondArgs {
 pub struct Redis<'a> {
     /// The prefix of its variables (`REDIS`, `REDIS_PERSECOND`), for errors.
     pub var: &'static str,
+    /// The store it holds, named in its log lines.
+    pub role: Role,
     pub url: &'a str,
     pub topology: Topology,
     pub auth: Option<String>,
@@ -149,6 +151,7 @@ fn settings(redis: Redis<'_>, shared: &Shared<'_>) -> Result<RedisSettings> {
             redis.socket_type,
             redis.sentinel_auth,
         )?,
+        store: redis.role.name(),
         auth: redis.auth,
         connections: redis.connections,
         lanes: shared.lanes,
@@ -184,6 +187,7 @@ impl PerSecondArgs {
         };
         Ok(Some(Redis {
             var: "REDIS_PERSECOND",
+            role: Role::PerSecond,
             url,
             topology: self.redis_persecond_type.into(),
             auth: self.redis_persecond_auth.clone(),

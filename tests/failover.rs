@@ -1062,20 +1062,37 @@ fn counted_after(port: u16) -> u64 {
 
 /// An outage's repeated lines are paced: with Redis gone, every lane's
 /// reconnects (a few a second) and the health probes each wrote a line,
-/// some 10 a second in all; now each kind writes one per 10 s, with how
-/// many it left out.
+/// some 10 a second in all; now each kind writes one per 10 s for each
+/// store, naming it, with how many it left out: one store's outage does
+/// not hide the other's.
 #[test]
 fn an_outage_writes_its_connection_lines_once_per_period() {
     let dir = tempfile::tempdir().unwrap();
     let gone = format!("127.0.0.1:{}", common::free_port());
+    let per_second_gone = format!("127.0.0.1:{}", common::free_port());
     let limits = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
-    let server = Ratekeeper::start(limits, dir.path(), &["--redis-url", &gone]);
+    let args = [
+        "--redis-url",
+        &gone,
+        "--redis-persecond",
+        "--redis-persecond-url",
+        &per_second_gone,
+    ];
+    let server = Ratekeeper::start(limits, dir.path(), &args);
     std::thread::sleep(Duration::from_secs(4));
     let logs = server.logs();
-    for line in ["cannot connect to Redis", "store health probe failed"] {
-        let written = logs.matches(line).count();
-        // One a period; two if the run straddles a period's end.
-        assert!((1..=2).contains(&written), "{line}: {written}\n{logs}");
+    for store in ["main", "per_second"] {
+        for line in ["cannot connect to Redis", "store health probe failed"] {
+            let written = logs
+                .lines()
+                .filter(|l| l.contains(line) && l.contains(&format!("store=\"{store}\"")))
+                .count();
+            // One a period; two if the run straddles a period's end.
+            assert!(
+                (1..=2).contains(&written),
+                "{store} {line}: {written}\n{logs}"
+            );
+        }
     }
 }
 

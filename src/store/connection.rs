@@ -47,7 +47,25 @@ use crate::{Error, Result};
 
 /// "cannot connect" or "timed out", either failure of a reconnect, paced
 /// as an outage's connection lines (stale, connected) are each.
-static CANNOT_CONNECT: Paced = Paced::every(OUTAGE_PERIOD_S);
+/// An outage's connection lines of one store, paced for all its lanes
+/// together (each lane reconnects on its own, a few times a second) and
+/// apart from the other store's, whose outage they must not hide.
+#[derive(Debug)]
+pub struct OutageLines {
+    stale: Paced,
+    connected: Paced,
+    cannot_connect: Paced,
+}
+
+impl OutageLines {
+    pub fn new() -> Arc<Self> {
+        Arc::new(OutageLines {
+            stale: Paced::every(OUTAGE_PERIOD_S),
+            connected: Paced::every(OUTAGE_PERIOD_S),
+            cannot_connect: Paced::every(OUTAGE_PERIOD_S),
+        })
+    }
+}
 
 /// Where and how to connect.
 #[derive(Clone)]
@@ -57,6 +75,9 @@ pub struct RedisSettings {
     /// cluster: seed nodes `host:port,host:port,...`;
     /// sentinel: `mastername,host:port,host:port,...` (the sentinels).
     pub url: String,
+    /// The store it holds (`main`, `per_second`: [`super::Role::name`]),
+    /// named in its connection lines.
+    pub store: &'static str,
     /// `password` or `user:password` (envoyproxy/ratelimit's `REDIS_AUTH`).
     pub auth: Option<String>,
     /// Multiplexed connections (single and sentinel), in all: spread over
@@ -110,6 +131,7 @@ impl std::fmt::Debug for RedisSettings {
         // The URL and auth may carry secrets: never print them.
         f.debug_struct("RedisSettings")
             .field("topology", &self.topology)
+            .field("store", &self.store)
             .field("connections", &self.connections)
             .field("lanes", &self.lanes)
             .field("connect_timeout", &self.connect_timeout)
@@ -237,6 +259,8 @@ pub struct Connections {
     /// found broken, in all: see [`PoolCounts`].
     opened: AtomicU64,
     closed: AtomicU64,
+    /// This store's connection lines, shared by its lanes.
+    lines: Arc<OutageLines>,
     /// The connections in use were found broken (single and sentinel: as
     /// many calls in a row as there are connections failed stale or
     /// silent) and neither answered since nor were replaced: they count as
@@ -316,8 +340,13 @@ const SILENCE_BEFORE_REPLACING: Duration = Duration::from_secs(1);
 impl Connections {
     /// Prepares the connections; they are made on first use. Never waits
     /// for Redis. `generation` is bumped when a replacement reaches a server
-    /// restarted or replaced since.
-    pub fn new(mut settings: RedisSettings, generation: Generation) -> Result<Arc<Self>> {
+    /// restarted or replaced since; `lines` paces the store's connection
+    /// lines.
+    pub fn new(
+        mut settings: RedisSettings,
+        generation: Generation,
+        lines: Arc<OutageLines>,
+    ) -> Result<Arc<Self>> {
         if settings.url.starts_with("rediss://") && settings.tls.is_none() {
             settings.tls = Some(RedisTls::default());
         }
@@ -356,6 +385,7 @@ impl Connections {
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
             broken: AtomicBool::new(false),
+            lines,
             failing_since_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             generation,
@@ -477,9 +507,9 @@ impl Connections {
                     self.found_broken();
                 }
                 if self.reconnect() {
-                    static LOG: Paced = Paced::every(OUTAGE_PERIOD_S);
-                    if let Some(left_out) = LOG.admit() {
-                        tracing::info!(%why, left_out, "Redis connections stale: replacing them");
+                    if let Some(left_out) = self.lines.stale.admit() {
+                        let store = self.settings.store;
+                        tracing::info!(%why, store, left_out, "Redis connections stale: replacing them");
                     }
                 }
             }
@@ -528,10 +558,9 @@ impl Connections {
                     // New connections get their own time to answer.
                     this.failing_from_now();
                     this.connected.send_modify(|n| *n += 1);
-                    static LOG: Paced = Paced::every(OUTAGE_PERIOD_S);
-                    if let Some(left_out) = LOG.admit() {
-                        let topology = this.settings.topology;
-                        tracing::info!(?topology, left_out, "connected to Redis");
+                    if let Some(left_out) = this.lines.connected.admit() {
+                        let (topology, store) = (this.settings.topology, this.settings.store);
+                        tracing::info!(?topology, store, left_out, "connected to Redis");
                     }
                     if this.settings.topology == Topology::Sentinel
                         && !this.following.swap(true, Ordering::AcqRel)
@@ -541,14 +570,16 @@ impl Connections {
                 }
                 Ok(Err(error)) => {
                     this.switch_pending.fetch_or(switching, Ordering::AcqRel);
-                    if let Some(left_out) = CANNOT_CONNECT.admit() {
-                        tracing::warn!(%error, left_out, "cannot connect to Redis; will retry");
+                    if let Some(left_out) = this.lines.cannot_connect.admit() {
+                        let store = this.settings.store;
+                        tracing::warn!(%error, store, left_out, "cannot connect to Redis; will retry");
                     }
                 }
                 Err(_) => {
                     this.switch_pending.fetch_or(switching, Ordering::AcqRel);
-                    if let Some(left_out) = CANNOT_CONNECT.admit() {
-                        tracing::warn!(left_out, "connecting to Redis timed out; will retry");
+                    if let Some(left_out) = this.lines.cannot_connect.admit() {
+                        let store = this.settings.store;
+                        tracing::warn!(store, left_out, "connecting to Redis timed out; will retry");
                     }
                 }
             }
@@ -971,6 +1002,7 @@ mod tests {
         let settings = RedisSettings {
             topology: Topology::Single,
             url: "redis://user:url-secret@127.0.0.1:6379".into(),
+            store: "main",
             auth: Some("user:auth-secret".into()),
             connections: 1,
             lanes: 1,

@@ -19,7 +19,7 @@ use redis::Script;
 use super::batcher::{Batcher, BudgetOps, Checks};
 use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
-use super::connection::{role, Connections, PoolReader, RedisSettings};
+use super::connection::{role, Connections, OutageLines, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass};
@@ -196,6 +196,7 @@ impl RedisStore {
             Arc::new(LimiterScript::new(settings.functions).with_expiry_jitter(jitter_ms));
         let count = settings.lanes.max(1);
         let per_lane = settings.connections.div_ceil(count).max(1);
+        let lines = OutageLines::new();
         let lanes = (0..count)
             .map(|_| {
                 let caller = Arc::new(Caller::new(
@@ -205,6 +206,7 @@ impl RedisStore {
                             ..settings.clone()
                         },
                         limiter.generation().clone(),
+                        Arc::clone(&lines),
                     )?,
                     breaker.clone(),
                     settings.call_timeout,

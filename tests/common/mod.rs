@@ -173,6 +173,7 @@ impl RedisServer {
         RedisSettings {
             topology: Topology::Single,
             url: self.url(),
+            store: "main",
             auth: None,
             tls: None,
             connections: 2,
@@ -657,6 +658,7 @@ impl RedisCluster {
         let settings = RedisSettings {
             topology: Topology::Cluster,
             url: self.seeds(),
+            store: "main",
             auth: None,
             tls: None,
             connections: 1,
