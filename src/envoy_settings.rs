@@ -231,10 +231,7 @@ impl EnvoySettings {
     pub fn grpc_addr(&self, own: Option<std::net::SocketAddr>) -> String {
         match own {
             Some(addr) => addr.to_string(),
-            None if self.grpc_host.contains(':') => {
-                format!("[{}]:{}", self.grpc_host, self.grpc_port)
-            }
-            None => format!("{}:{}", self.grpc_host, self.grpc_port),
+            None => join_host_port(&self.grpc_host, self.grpc_port),
         }
     }
 
@@ -528,6 +525,18 @@ impl EnvoyModes {
         LoadOptions {
             merge_domains: self.merge_domain_config,
         }
+    }
+}
+
+/// A listen address from their `*_HOST` and `*_PORT`, as Go's
+/// `net.JoinHostPort` makes it: an IPv6 host in brackets, and an empty
+/// host (the variable set to nothing) every interface, as their `:PORT`
+/// listens.
+pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
+    match host {
+        "" => format!("0.0.0.0:{port}"),
+        host if host.contains(':') => format!("[{host}]:{port}"),
+        host => format!("{host}:{port}"),
     }
 }
 

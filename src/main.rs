@@ -333,23 +333,44 @@ impl From<FailureModeArg> for FailureMode {
 }
 
 /// The tracing filter for LOG_LEVEL: logrus's level names (any case,
-/// `warning`, `fatal`, `panic`) as tracing's, a directive as it is. A bare
-/// word that is no level is refused, as there: tracing would take it for
-/// a target and log nothing else, errors included.
+/// `warning`, `fatal`, `panic`) as tracing's, or directives
+/// (`ratekeeper=debug,h2=warn`). Anything else is refused, as there:
+/// tracing would take a stray word (or a trailing space) for a target and
+/// log nothing else, errors included.
 fn log_filter(level: &str) -> Result<String> {
-    let lower = level.to_ascii_lowercase();
-    match lower.as_str() {
-        "warning" => Ok("warn".into()),
-        "fatal" | "panic" => Ok("error".into()),
-        "off" | "error" | "warn" | "info" | "debug" | "trace" => Ok(lower),
-        word if word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => {
-            Err(Error::Startup(format!(
-                "LOG_LEVEL {level:?} is not a level: expected error, warn, info, debug or trace \
-                 (or a tracing directive such as ratekeeper=debug)"
-            )))
-        }
-        _ => Ok(level.to_owned()),
+    if let Some(level) = tracing_level(level) {
+        return Ok(level.into());
     }
+    let directive = |d: &str| match d.split_once('=') {
+        Some((target, level)) => {
+            !target.is_empty()
+                && target
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_:".contains(c))
+                && tracing_level(level).is_some()
+        }
+        None => false,
+    };
+    if level.split(',').all(directive) {
+        return Ok(level.to_owned());
+    }
+    Err(Error::Startup(format!(
+        "LOG_LEVEL {level:?} is not a level: expected error, warn, info, debug or trace \
+         (or tracing directives such as ratekeeper=debug)"
+    )))
+}
+
+/// A logrus level name (any case) as tracing's; `None` when not one.
+fn tracing_level(level: &str) -> Option<&'static str> {
+    Some(match level.to_ascii_lowercase().as_str() {
+        "warning" | "warn" => "warn",
+        "fatal" | "panic" | "error" => "error",
+        "off" => "off",
+        "info" => "info",
+        "debug" => "debug",
+        "trace" => "trace",
+        _ => return None,
+    })
 }
 
 /// LOG_FORMAT as envoyproxy/ratelimit reads it: `json` in any case, else
@@ -561,11 +582,13 @@ fn serve_metrics(
 
 /// The HTTP listeners: the API (`/healthcheck`, `/json`), debug, admin.
 async fn http_listeners(cli: &Cli, reload_interval: Duration) -> Result<http::Listeners> {
-    let (api_addr, asked) = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
-    let api = bind_http(&api_addr, "HTTP", asked).await?;
-    let (debug_addr, asked) =
-        listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
-    let debug = bind_http(&debug_addr, "debug HTTP", asked).await?;
+    // As theirs: without its listener (`/healthcheck`) a replica would
+    // never be ready, so a failure stops the start; the debug listener's
+    // is written and the start goes on.
+    let api_addr = listen_addr(cli.http_addr.as_deref(), "HOST", "PORT", 8080);
+    let api = bind_http(&api_addr, "HTTP", true).await?;
+    let debug_addr = listen_addr(cli.debug_addr.as_deref(), "DEBUG_HOST", "DEBUG_PORT", 6070);
+    let debug = bind_http(&debug_addr, "debug HTTP", false).await?;
     let admin = bind_admin(&cli.admin, reload_interval).await?;
     Ok(http::Listeners { api, debug, admin })
 }
@@ -780,41 +803,27 @@ fn metrics_addr(use_prometheus: bool, metrics: Option<&str>, prometheus: Option<
 }
 
 /// A listener's address: `flag`, else `$host_var:$port_var` (defaults
-/// `0.0.0.0` and `default_port`). Also whether it was asked for (flag or
-/// variables set) rather than defaulted.
-fn listen_addr(
-    flag: Option<&str>,
-    host_var: &str,
-    port_var: &str,
-    default_port: u16,
-) -> (String, bool) {
+/// `0.0.0.0` and `default_port`).
+fn listen_addr(flag: Option<&str>, host_var: &str, port_var: &str, default_port: u16) -> String {
     if let Some(addr) = flag {
-        return (addr.to_owned(), true);
+        return addr.to_owned();
     }
-    let host = std::env::var(host_var).ok();
-    let port = std::env::var(port_var).ok();
-    let asked = host.is_some() || port.is_some();
-    let host = host.unwrap_or_else(|| "0.0.0.0".into());
-    let port = port.unwrap_or_else(|| default_port.to_string());
-    // An IPv6 host needs brackets before the port (Go's JoinHostPort).
-    let addr = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
-    (addr, asked)
+    let host = std::env::var(host_var).unwrap_or_else(|_| "0.0.0.0".into());
+    let port = std::env::var(port_var).unwrap_or_else(|_| default_port.to_string());
+    envoy_settings::join_host_port(&host, port)
 }
 
-/// Binds an HTTP listener unless `off`. A failure is fatal when the address
-/// was asked for; on a default address it is a warning, so that replicas
-/// sharing a host (tests, benchmarks) start without naming every port.
-async fn bind_http(addr: &str, what: &str, asked: bool) -> Result<Option<TcpListener>> {
+/// Binds an HTTP listener unless `off`. A failure stops the start when
+/// `fatal`; else it is a warning and the start goes on without the
+/// listener (the metrics and admin listeners' default addresses, so that
+/// replicas sharing a host start without naming every port).
+async fn bind_http(addr: &str, what: &str, fatal: bool) -> Result<Option<TcpListener>> {
     if addr == "off" || addr.is_empty() {
         return Ok(None);
     }
     match bind(addr, what).await {
         Ok(listener) => Ok(Some(listener)),
-        Err(error) if !asked => {
+        Err(error) if !fatal => {
             tracing::warn!(%error, "serving without it");
             Ok(None)
         }

@@ -134,6 +134,12 @@ fn tls_files_that_cannot_work_are_named_at_start_up() {
 fn settings_past_reason_stop_the_start_with_a_reason() {
     for (setting, says) in [
         (("LOG_LEVEL", "warnn"), "LOG_LEVEL \"warnn\" is not a level"),
+        (("LOG_LEVEL", "warn "), "LOG_LEVEL \"warn \" is not a level"),
+        (("LOG_LEVEL", "info."), "LOG_LEVEL \"info.\" is not a level"),
+        (
+            ("LOG_LEVEL", "h2=loud"),
+            "LOG_LEVEL \"h2=loud\" is not a level",
+        ),
         (
             ("REDIS_POOL_SIZE", "100000000"),
             "100000000 is more than 1024",
@@ -416,6 +422,56 @@ fn grpc_host_and_port_name_the_grpc_listener() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(line.contains(&format!("grpc=127.0.0.1:{port} ")), "{line}");
+}
+
+/// Their hosts set to nothing listen on every interface (Go's `:PORT`);
+/// the debug listener's port taken is written and the start goes on, the
+/// HTTP listener's (`/healthcheck`) stops it, as theirs.
+#[test]
+fn empty_hosts_listen_everywhere_and_taken_ports_are_met_as_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("l.yaml"), LIMITS);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port().to_string();
+    let (grpc, http) = (free_port().to_string(), free_port().to_string());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    command
+        .args(["--config-dir", &dir.path().display().to_string()])
+        .args(["--metrics-addr", "off", "--admin-addr", "off"])
+        .env_remove("GRPC_ADDR")
+        .envs([
+            ("GRPC_HOST", ""),
+            ("GRPC_PORT", &grpc),
+            ("HOST", ""),
+            ("PORT", &http),
+        ])
+        .envs([("DEBUG_HOST", "127.0.0.1"), ("DEBUG_PORT", &taken_port)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = command.spawn().unwrap();
+    let line = common::readiness_line(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
+    for expected in [
+        format!("grpc=[::]:{grpc} "),
+        format!("http=[::]:{http} "),
+        "debug=off".into(),
+    ] {
+        assert!(line.contains(&expected), "{expected}: {line}");
+    }
+    let output = command
+        .envs([
+            ("HOST", "127.0.0.1"),
+            ("PORT", &taken_port),
+            ("DEBUG_PORT", "0"),
+        ])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let says = format!("cannot listen for HTTP on 127.0.0.1:{taken_port}");
+    assert!(stderr.contains(&says), "{stderr}");
 }
 
 #[tokio::test]

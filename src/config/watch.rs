@@ -151,6 +151,9 @@ pub async fn watch(
     };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The directory whose failure to load was a dangling link, not yet
+    // reported: it is looked at again first.
+    let mut deferred = None;
     loop {
         tick.tick().await;
         let seen = last;
@@ -160,14 +163,25 @@ pub async fn watch(
                 return None;
             }
             let result = Config::load(dir, options);
+            let dangling = result.as_ref().is_err_and(|e| is_dangling_link(&e.file));
             // Changed while loading (a ConfigMap swapped, a file still being
             // written): what was read may mix the two; the next look loads
             // it again rather than report a half-read directory.
-            (fingerprint(dir) == now).then_some((now, result))
+            (fingerprint(dir) == now).then_some((now, result, dangling))
         });
-        let Some((now, result)) = changed.await.flatten() else {
+        let Some((now, result, dangling)) = changed.await.flatten() else {
             continue;
         };
+        // Kubernetes updates a ConfigMap by re-pointing `..data`, then
+        // removes the links of keys gone from it: in between, such a link
+        // dangles. Such a failure is reported only if the next look finds
+        // the directory the same; until then `last` stays, so it is
+        // loaded again.
+        if dangling && deferred != Some(now) {
+            deferred = Some(now);
+            continue;
+        }
+        deferred = None;
         last = now;
         match result {
             Ok(config) => {
@@ -181,6 +195,12 @@ pub async fn watch(
             }
         }
     }
+}
+
+/// Whether `path` is a symbolic link to nothing.
+fn is_dangling_link(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+        && std::fs::metadata(path).is_err()
 }
 
 /// `read(&dir)` on the blocking pool; `None` if it panicked.
