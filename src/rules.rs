@@ -302,6 +302,35 @@ pub struct Level {
     pub keys: HashMap<String, KeyNodes>,
 }
 
+impl Drop for Level {
+    /// Frees the levels below one at a time: a tree from xDS may nest
+    /// thousands deep ([`crate::config::xds_decode::MAX_DESCRIPTOR_DEPTH`]),
+    /// and dropping it level by level through the calls would overflow the
+    /// stack of whichever thread lets go of the config last.
+    fn drop(&mut self) {
+        let mut below: Vec<Level> = Vec::new();
+        let take_children = |level: &mut Level, below: &mut Vec<Level>| {
+            for (_, nodes) in level.keys.drain() {
+                let KeyNodes {
+                    exact,
+                    wildcards,
+                    default,
+                } = nodes;
+                let nodes = exact
+                    .into_values()
+                    .chain(wildcards.into_iter().map(|(_, n)| n));
+                for mut node in nodes.chain(default) {
+                    below.push(std::mem::take(&mut node.children));
+                }
+            }
+        };
+        take_children(self, &mut below);
+        while let Some(mut level) = below.pop() {
+            take_children(&mut level, &mut below);
+        }
+    }
+}
+
 /// A descriptor node: maybe a rule, maybe deeper levels.
 #[derive(Debug, Default)]
 pub struct Node {

@@ -447,8 +447,8 @@ async fn bad_input_gets_clear_errors() {
             "at most 1024",
         ),
         (
-            request("api", vec![descriptor(&[("k", "v"); 257])]),
-            "at most 256",
+            request("api", vec![descriptor(&[("k", "v"); 2049])]),
+            "at most 2048",
         ),
         (
             request(&"d".repeat(1025), vec![descriptor(&[("k", "v")])]),

@@ -325,6 +325,9 @@ impl AdsServer {
         let port = listener.local_addr().expect("addr").port();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
+            // Room for the deepest snapshots' messages, which clone and
+            // encode once a level.
+            .thread_stack_size(64 << 20)
             .enable_all()
             .build()
             .expect("runtime");
@@ -571,6 +574,99 @@ async fn a_bad_snapshot_is_nacked_and_the_running_limits_stay() {
     ads.publish("3", vec![domain("d", "user", 100)]);
     ads.acked("3").await;
     assert_eq!(codes(&mut client, "d", "user", 1).await, [Code::Ok]);
+}
+
+/// Envoy Gateway nests one descriptor a match of a rule: its deepest rule
+/// (8 client selectors of 128 headers and 16 query parameters, a method,
+/// a path and a source CIDR) is some 1,160 levels. prost's decoder stops at
+/// 100, and such a rule made the whole snapshot refused, every domain's
+/// limits with it. Now taken, and a request of as many entries answered;
+/// past 2048 levels the snapshot is refused with a reason.
+#[test]
+fn a_rule_as_deep_as_envoy_gateways_deepest_is_taken() {
+    // Building, encoding and dropping the messages here recurse once a
+    // level (ratekeeper compiles them on a thread of its own).
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_stack_size(64 << 20)
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(deep_rule())
+        })
+        .expect("thread")
+        .join()
+        .expect("the test");
+}
+
+/// A chain of `depth` descriptors as Envoy Gateway's translator writes a
+/// rule's header matches (key and value its match's name), the deepest
+/// with a limit of 2 a minute; and a request's entries reaching it.
+fn chain(depth: usize) -> (RateLimitDescriptor, Vec<(String, String)>) {
+    let name = |i: usize| format!("rule-0-match-{i}");
+    let mut node = RateLimitDescriptor {
+        key: name(depth - 1),
+        value: name(depth - 1),
+        ..domain("x", "x", 2).descriptors.remove(0)
+    };
+    for i in (0..depth - 1).rev() {
+        node = RateLimitDescriptor {
+            key: name(i),
+            value: name(i),
+            descriptors: vec![node],
+            ..RateLimitDescriptor::default()
+        };
+    }
+    (node, (0..depth).map(|i| (name(i), name(i))).collect())
+}
+
+async fn deep_rule() {
+    const DEEPEST: usize = 1_160;
+    let certs = Certs::make();
+    let ads = Ads::new();
+    let (deep, entries) = chain(DEEPEST);
+    let mut gateway = domain("default/eg/http", "unused", 1);
+    gateway.descriptors = vec![deep];
+    ads.publish("1", vec![domain("d", "user", 2), gateway]);
+    let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
+    let server = subscribed(&certs, &ads_server).await;
+    ads.acked("1").await;
+
+    let mut client = server.client().await;
+    let entries: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut deep_codes = Vec::new();
+    for _ in 0..3 {
+        let ask = request("default/eg/http", vec![descriptor(&entries)]);
+        let answer = client
+            .should_rate_limit(ask)
+            .await
+            .expect("answer")
+            .into_inner();
+        deep_codes.push(answer.overall_code());
+    }
+    assert_eq!(deep_codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+    assert_eq!(
+        codes(&mut client, "d", "user", 3).await,
+        [Code::Ok, Code::Ok, Code::OverLimit]
+    );
+
+    let mut too_deep = domain("default/eg/http", "unused", 1);
+    too_deep.descriptors = vec![chain(2_049).0];
+    ads.publish("2", vec![domain("d", "user", 100), too_deep]);
+    let nack = ads.heard("a NACK", |r| r.error_detail.is_some()).await;
+    let detail = nack.error_detail.expect("detail").message;
+    assert!(
+        detail.contains(
+            "resources[1]: not a RateLimitConfig: descriptors nest deeper than 2048 levels"
+        ),
+        "{detail}"
+    );
 }
 
 /// go-control-plane answers a NACK with the same snapshot at once (the

@@ -23,7 +23,7 @@ pub fn merge_domain(into: &mut DomainConfig, from: DomainConfig) -> Result<(), S
 fn merge_tree<R>(into: &mut RuleTree<R>, from: RuleTree<R>) -> Result<(), String> {
     let mut root = from.root;
     shift(&mut root, into.rules.len());
-    for (key, nodes) in root.keys {
+    for (key, nodes) in std::mem::take(&mut root.keys) {
         let target = into.root.keys.entry(key.clone()).or_default();
         for (value, node) in nodes.exact {
             if target.exact.contains_key(&value) {

@@ -16,6 +16,7 @@ mod value_metric;
 pub mod watch;
 pub mod xds;
 pub mod xds_client;
+pub mod xds_decode;
 mod yaml_last_wins;
 mod yaml_lines;
 

@@ -25,10 +25,10 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use envoy_types::pb::google::protobuf::{value::Kind, Any, Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use hyper_util::rt::TokioIo;
-use prost::Message;
+
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -38,6 +38,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use super::watch::{record_load, SharedConfig};
+use super::xds_decode::decode_config;
 use super::{Config, LoadOptions};
 use crate::pb::rls_conf::RateLimitConfig;
 use crate::preface::Prefaced;
@@ -316,20 +317,33 @@ async fn apply(
     }
 }
 
+/// The stack of the thread compiling a snapshot: descriptors nest up to
+/// [`super::xds_decode::MAX_DESCRIPTOR_DEPTH`] deep, and decoding and compiling go down one
+/// call a level (a debug build takes some 16 MiB at the deepest). Reserved,
+/// not used: only what a snapshot reaches is ever touched.
+const COMPILE_STACK_BYTES: usize = 64 << 20;
+
 /// The response's resources compiled, off the runtime (a large snapshot
-/// takes a while); `Err` is why not.
+/// takes a while) on a thread of its own; `Err` is why not.
 async fn compile(response: &DiscoveryResponse, options: LoadOptions) -> Result<Config, String> {
-    let messages = decode(response)?;
-    tokio::task::spawn_blocking(move || super::xds::load_with(&messages, options))
-        .await
-        .map_err(|e| format!("compiling stopped: {e}"))?
-        .map_err(|e| e.to_string())
+    let resources = response.resources.clone();
+    let (done, compiled) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("xds-compile".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(move || {
+            let config = decode(&resources).and_then(|messages| {
+                super::xds::load_with(&messages, options).map_err(|e| e.to_string())
+            });
+            let _ = done.send(config);
+        })
+        .map_err(|e| format!("cannot start compiling: {e}"))?;
+    compiled.await.map_err(|_| "compiling stopped".to_owned())?
 }
 
-/// The response's resources as `RateLimitConfig` messages.
-fn decode(response: &DiscoveryResponse) -> Result<Vec<RateLimitConfig>, String> {
-    response
-        .resources
+/// The resources as `RateLimitConfig` messages.
+fn decode(resources: &[Any]) -> Result<Vec<RateLimitConfig>, String> {
+    resources
         .iter()
         .enumerate()
         .map(|(i, any)| {
@@ -339,7 +353,7 @@ fn decode(response: &DiscoveryResponse) -> Result<Vec<RateLimitConfig>, String> 
                     any.type_url
                 ));
             }
-            RateLimitConfig::decode(any.value.as_slice())
+            decode_config(any.value.as_slice())
                 .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))
         })
         .collect()

@@ -562,10 +562,10 @@ mod tests {
                 list(n, entry)
             )
         };
-        assert!(parse_request(entries(256).as_bytes()).is_ok());
-        let error = parse_request(entries(257).as_bytes()).unwrap_err();
+        assert!(parse_request(entries(caps::MAX_ENTRIES).as_bytes()).is_ok());
+        let error = parse_request(entries(caps::MAX_ENTRIES + 1).as_bytes()).unwrap_err();
         assert!(
-            error.contains("a descriptor has more than 256 entries: at most 256 are accepted"),
+            error.contains("a descriptor has more than 2048 entries: at most 2048 are accepted"),
             "{error}"
         );
         assert!(parse_request(br#"{"descriptors": null}"#).is_ok());

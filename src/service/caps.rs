@@ -3,7 +3,8 @@
 //! against them that every service runs. Documented in the README.
 //!
 //! Each cap is above anything Envoy sends for a valid configuration (Envoy
-//! Gateway's API included: 256 rules a policy, some 150 entries a rule), since
+//! Gateway's API included: 256 rules a policy, up to some 1,160 entries a
+//! rule: 8 client selectors of 128 headers and 16 query parameters), since
 //! a refused request passes Envoy's filter unlimited under its default
 //! `failure_mode_deny: false`. So nothing a client of Envoy controls (header
 //! and query values, whose length Envoy bounds only by its header limits)
@@ -15,14 +16,17 @@ use tonic::Status;
 
 use super::wire::Entries;
 use crate::config::compile::MAX_DOMAIN_BYTES;
+use crate::config::xds_decode::MAX_DESCRIPTOR_DEPTH;
 
 /// Largest accepted gRPC message, in bytes: gRPC's default, which
 /// envoyproxy/ratelimit keeps.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Most descriptors in one request.
 pub const MAX_DESCRIPTORS: usize = 1024;
-/// Most entries in one descriptor.
-pub const MAX_ENTRIES: usize = 256;
+/// Most entries in one descriptor: as deep as a descriptor tree nests (a
+/// request's entries match one level each), above Envoy Gateway's deepest
+/// rule (some 1,160 matches).
+pub const MAX_ENTRIES: usize = MAX_DESCRIPTOR_DEPTH;
 
 /// Why a request of more than [`MAX_DESCRIPTORS`] is refused where it is
 /// counted as it is read, and stopped past the cap (`/json`'s body, a gRPC
@@ -106,7 +110,7 @@ mod tests {
                 &[descriptor(&[("", "a")])],
                 "descriptors[0].entries[0]: the key must not be empty",
             ),
-            ("api", &wide, "at most 256"),
+            ("api", &wide, "at most 2048"),
         ];
         for (domain, descriptors, message) in cases {
             let e = validate(domain, descriptors).unwrap_err();
