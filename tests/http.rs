@@ -35,7 +35,8 @@ fn parsed(answer: &HttpAnswer) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_answers_200_then_429_with_the_decision_as_protojson() {
-    // 30.5 s into a minute window: 29.5 s until it resets, on either store.
+    // 30.5 s into a minute window: 29.5 s until it resets, on either store,
+    // told in whole seconds rounded up as theirs (`30s`).
     let start_ms = 1_700_000_010_500;
     on_every_store(&[LIMITS], start_ms, |server, _clock, store| async move {
         server.serving().await;
@@ -51,7 +52,7 @@ async fn json_answers_200_then_429_with_the_decision_as_protojson() {
             "{store}"
         );
         assert_eq!(status["limitRemaining"], 1, "{store}");
-        assert_eq!(status["durationUntilReset"], "29.500s", "{store}");
+        assert_eq!(status["durationUntilReset"], "30s", "{store}");
         let headers = first["responseHeadersToAdd"].as_array().expect("headers");
         assert!(
             headers.contains(&json!({"key": "RateLimit-Remaining", "value": "1"})),

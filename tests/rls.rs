@@ -90,6 +90,18 @@ async fn counts_down_then_over_limit_and_resets() {
             // duration_until_reset shrinks as the window passes.
             assert_eq!(reset_ms(s), 60_000 - i as u64 * 10_000, "{store}");
         }
+        // In whole seconds, rounded up, as theirs: Envoy's
+        // X-RateLimit-Reset takes the seconds alone (29.5 s left would
+        // read 29; theirs says 30).
+        clock.set(START_MS + 30_500);
+        let r = client
+            .should_rate_limit(request("api", vec![descriptor(&[("user", "bob")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        let left = r.statuses[0].duration_until_reset.unwrap();
+        assert_eq!((left.seconds, left.nanos), (30, 0), "{store}");
+        clock.set(START_MS + 2 * 10_000);
         let r = client
             .should_rate_limit(req.clone())
             .await

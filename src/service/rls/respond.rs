@@ -191,7 +191,10 @@ pub fn status(
         code: code as i32,
         current_limit: limit,
         limit_remaining: remaining,
-        duration_until_reset: reset_ms.map(envoy_duration),
+        // Whole seconds, rounded up, as theirs (`unit - now % unit` in
+        // seconds): Envoy writes `X-RateLimit-Reset` from the seconds alone,
+        // so 0.5 s left would tell clients 0, too early.
+        duration_until_reset: reset_ms.map(|ms| envoy_duration(ms.div_ceil(1_000) * 1_000)),
         quota: None,
     }
 }
