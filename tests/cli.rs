@@ -88,11 +88,13 @@ fn validate_of_a_good_directory_prints_one_summary_line() {
 }
 
 /// What loads but may not do what its author meant is said with the file
-/// and line: a `*` in a descriptor key (a pattern there, literal here) and
-/// a bucket rate whole microseconds cannot space.
+/// and line: a `*` in a descriptor key (a pattern there, literal here;
+/// not for a key whose value is itself, Envoy Gateway's hostname-less
+/// routes, which a request sends as they are) and a bucket rate whole
+/// microseconds cannot space.
 #[test]
 fn validate_warns_with_the_file_and_line_of_what_it_loads_differently() {
-    let file = "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: \"star*\"\n    rate_limit: {unit: minute, requests_per_unit: 9}\n  - key: fast\n    rate_limit: {unit: minute, requests_per_unit: 100000000, algorithm: token_bucket}\n";
+    let file = "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: \"star*\"\n    rate_limit: {unit: minute, requests_per_unit: 9}\n  - key: fast\n    rate_limit: {unit: minute, requests_per_unit: 100000000, algorithm: token_bucket}\n  - key: \"httproute/ns/r/rule/0/match/0/*\"\n    value: \"httproute/ns/r/rule/0/match/0/*\"\n    rate_limit: {unit: minute, requests_per_unit: 9}\n";
     let dir = dir_with(&[("w.yaml", file)]);
     let d = dir.path().display().to_string();
     let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
@@ -106,6 +108,7 @@ fn validate_warns_with_the_file_and_line_of_what_it_loads_differently() {
     ] {
         assert!(stderr.contains(&warning), "no {warning:?} in {stderr}");
     }
+    assert_eq!(stderr.matches(" WARN ").count(), 2, "{stderr}");
 }
 
 /// A key repeated in a mapping: read as their loader reads it (a repeated

@@ -149,7 +149,10 @@ fn build_level<P>(
                 "the descriptor key must not be empty",
             ));
         }
-        if key.contains('*') {
+        // Envoy Gateway's routes without a hostname are named `…/*`, and
+        // each is a `generic_key` whose value is its name: a request sends
+        // that same pair, which both match alike. Said for any other.
+        if key.contains('*') && value.as_deref() != Some(key.as_str()) {
             warnings.push(CompileError::new(
                 &at,
                 format!(
