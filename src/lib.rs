@@ -51,8 +51,8 @@
 //!   `/healthcheck` and `/json` (ShouldRateLimit as protojson), `/rlconfig`,
 //!   and `/metrics`; [`health`] is the readiness gRPC health and
 //!   `/healthcheck` both report.
-//! - [`telemetry`] sets up logs (in JSON as envoyproxy/ratelimit writes
-//!   them: [`log_json`]; a line a failure repeats per request paced by
+//! - [`telemetry`] sets up logs (as envoyproxy/ratelimit writes them, JSON
+//!   or logfmt: [`logrus`]; a line a failure repeats per request paced by
 //!   [`log_pace`]) and the Prometheus recorder, whose series
 //!   [`metric_help`] describes;
 //!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
@@ -86,8 +86,8 @@ pub mod incoming;
 pub mod keys;
 pub mod lanes;
 pub mod limiter;
-pub mod log_json;
 pub mod log_pace;
+pub mod logrus;
 pub mod metric_help;
 pub mod otel;
 pub mod pb;

@@ -388,8 +388,9 @@ fn log_format(format: &str) -> LogFormat {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
-    // The server's logs may be JSON lines, and so is its last word then.
-    let mut json_logs = false;
+    // The server's last word is written as its logs are (a subcommand's
+    // as a command's).
+    let mut log_format_used = None;
     let result = if let Some(Command::Validate { config_dir: dir }) = &cli.command {
         let dir = cli
             .envoy
@@ -400,14 +401,18 @@ async fn main() {
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
-        json_logs = log_format(&cli.log_format) == LogFormat::Json;
+        log_format_used = Some(log_format(&cli.log_format));
         run(cli).await
     };
     if let Err(error) = result {
-        if json_logs {
-            eprintln!("{}", ratekeeper::log_json::fatal(&error.to_string()));
-        } else {
-            eprintln!("ratekeeper: {error}");
+        use std::io::IsTerminal;
+        let message = error.to_string();
+        match log_format_used {
+            Some(LogFormat::Json) => eprintln!("{}", ratekeeper::logrus::fatal_json(&message)),
+            Some(LogFormat::Text) if !std::io::stderr().is_terminal() => {
+                eprintln!("{}", ratekeeper::logrus::fatal_text(&message));
+            }
+            _ => eprintln!("ratekeeper: {error}"),
         }
         std::process::exit(1);
     }
@@ -480,7 +485,12 @@ async fn run(cli: Cli) -> Result<()> {
     let grpc = bind_grpc(&cli).await?;
     let metrics_addr = serve_metrics(&cli, metrics)?;
     let http = http_listeners(&cli, reload_interval).await?;
-    announce(&grpc, &metrics_addr, &http)?;
+    announce(
+        &grpc,
+        &metrics_addr,
+        &http,
+        log_format(&cli.log_format) == LogFormat::Json,
+    )?;
 
     Server {
         grpc,
@@ -593,8 +603,14 @@ async fn http_listeners(cli: &Cli, reload_interval: Duration) -> Result<http::Li
     Ok(http::Listeners { api, debug, admin })
 }
 
-/// One plain line on stdout for scripts and tests that start us on port 0.
-fn announce(grpc: &Listener, metrics_addr: &str, http: &http::Listeners) -> Result<()> {
+/// One plain line on stdout for scripts and tests that start us on port 0
+/// (with JSON logs, a JSON log line: a container's log holds both streams).
+fn announce(
+    grpc: &Listener,
+    metrics_addr: &str,
+    http: &http::Listeners,
+    json_logs: bool,
+) -> Result<()> {
     let grpc_addr = grpc.describe().map_err(|source| Error::Io {
         context: "gRPC listener address".into(),
         source,
@@ -607,11 +623,21 @@ fn announce(grpc: &Listener, metrics_addr: &str, http: &http::Listeners) -> Resu
         Some(admin) => local_addr(&admin.listener)?.to_string(),
         None => "off".to_owned(),
     };
-    println!(
-        "listening grpc={grpc_addr} metrics={metrics_addr} http={} debug={} admin={admin}",
-        shown(&http.api)?,
-        shown(&http.debug)?,
-    );
+    let (api, debug) = (shown(&http.api)?, shown(&http.debug)?);
+    if json_logs {
+        let fields = [
+            ("grpc", grpc_addr.as_str()),
+            ("metrics", metrics_addr),
+            ("http", &api),
+            ("debug", &debug),
+            ("admin", &admin),
+        ];
+        println!("{}", ratekeeper::logrus::json_info("listening", &fields));
+    } else {
+        println!(
+            "listening grpc={grpc_addr} metrics={metrics_addr} http={api} debug={debug} admin={admin}"
+        );
+    }
     Ok(())
 }
 

@@ -20,13 +20,17 @@ pub fn init_logging(level: &str, format: LogFormat) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .map_err(|e| Error::Startup(format!("bad log level {level:?}: {e}")))?;
     use std::io::IsTerminal;
+    let terminal = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
+    // Text on a terminal is for a person (logrus colours it there too);
+    // elsewhere, logrus' logfmt, which log pipelines parse.
     let installed = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.event_format(crate::log_json::TheirJson).try_init(),
+        LogFormat::Text if terminal => builder.try_init(),
+        LogFormat::Text => builder.event_format(crate::logrus::TheirText).try_init(),
+        LogFormat::Json => builder.event_format(crate::logrus::TheirJson).try_init(),
     };
     installed.map_err(|e| Error::Startup(format!("cannot install the logger: {e}")))
 }

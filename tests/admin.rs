@@ -521,7 +521,7 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
         .expect("run ratekeeper admin");
     drop(cut.stdout.take());
     let out = cut.wait_with_output().expect("ratekeeper admin ends");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stderr.is_empty(), "{stderr}");
 
     let lease = ConcurrencyServiceClient::new(server.channel().await)
@@ -597,7 +597,7 @@ fn a_public_admin_address_without_a_token_is_refused_at_start() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
     assert!(stderr.contains("needs --admin-token-file"), "{stderr}");
 }
 

@@ -23,7 +23,7 @@ fn write(path: &Path, text: &str) {
 }
 
 /// The binary run to completion (it is expected to refuse to start): its
-/// stderr.
+/// stderr, the fatal line's message unquoted.
 fn refused(env: &[(&str, &str)]) -> String {
     let output: Output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
         .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
@@ -33,7 +33,7 @@ fn refused(env: &[(&str, &str)]) -> String {
         .output()
         .unwrap();
     assert!(!output.status.success(), "{output:?}");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    common::fatal_message(&String::from_utf8_lossy(&output.stderr))
 }
 
 /// Whether the second request for one user is refused (the limit is 1 an
@@ -213,6 +213,38 @@ async fn json_logs_have_their_field_names() {
     assert!(limited(&server).await);
     let logs = server.logs();
     drop(server);
+    // The readiness line on stdout is one too.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args([
+            "--config-dir",
+            &dir.path().join("limits").display().to_string(),
+        ])
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--metrics-addr",
+            "off",
+            "--debug-addr",
+            "off",
+            "--admin-addr",
+            "off",
+        ])
+        .env("LOG_FORMAT", "json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = common::readiness_line(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
+    let ready: serde_json::Value = serde_json::from_str(&ready).expect("a JSON line");
+    assert_eq!(ready["@message"], "listening", "{ready}");
+    assert!(
+        ready["grpc"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "{ready}"
+    );
+    assert_eq!(ready["metrics"], "off", "{ready}");
     let lines: Vec<serde_json::Value> = logs
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
@@ -356,6 +388,33 @@ fn a_start_up_error_is_a_fatal_json_line_with_json_logs() {
     );
 }
 
+/// Off a terminal, text logs are logrus' logfmt, and so is the error that
+/// stops the start: `time="…" level=fatal msg="…"`.
+#[test]
+fn text_logs_and_a_start_up_error_are_logrus_logfmt() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+        .args(["--http-addr", "off", "--debug-addr", "off"])
+        .env_remove("REDIS_URL")
+        .env("BACKEND_TYPE", "memcache")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(!lines.is_empty(), "{stderr}");
+    for line in &lines {
+        assert!(
+            line.starts_with("time=\"") && line.contains("Z\" level="),
+            "{line}"
+        );
+    }
+    let last = lines[lines.len() - 1];
+    assert!(
+        last.contains(" level=fatal msg=\"BACKEND_TYPE=memcache is not supported"),
+        "{last}"
+    );
+}
+
 #[test]
 fn memcache_is_refused_at_start() {
     let stderr = refused(&[("BACKEND_TYPE", "memcache")]);
@@ -493,7 +552,8 @@ async fn redis_socket_type_unix_counts_in_redis_through_its_socket() {
         .unwrap();
     assert_eq!(keys.len(), 1, "the counter is in that Redis: {keys:?}");
     assert!(
-        server.logs().contains("store=\"redis\""),
+        server.logs().contains("level=info msg=\"serving gRPC\"")
+            && server.logs().contains(" store=redis"),
         "{}",
         server.logs()
     );

@@ -304,7 +304,7 @@ fn a_metrics_path_the_router_cannot_take_is_refused_at_start() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
     assert!(stderr.contains("metrics path \"metrics\""), "{stderr}");
 }
 

@@ -293,7 +293,7 @@ fn a_bad_sampling_rate_or_endpoint_stops_the_start_with_a_reason() {
             .env(env.0, env.1)
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
         assert!(!out.status.success(), "{env:?} must stop the start");
         assert!(stderr.contains(reason), "{env:?}: {stderr}");
     }

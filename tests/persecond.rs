@@ -314,7 +314,7 @@ fn a_bad_per_second_redis_stops_the_start_naming_the_variable() {
             .envs(env.iter().copied())
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
         assert!(!output.status.success(), "{env:?} started");
         assert!(stderr.contains(named), "{env:?}: {stderr}");
     }

@@ -124,7 +124,7 @@ fn bad_config_exits_with_the_file_and_line() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
     assert!(stderr.contains("limits.yaml:4: "), "{stderr}");
     assert!(stderr.contains("unknown unit \"fortnight\""), "{stderr}");
 }
@@ -234,7 +234,7 @@ fn a_switch_with_a_non_boolean_value_is_refused() {
         .output()
         .unwrap();
     assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
     assert!(stderr.contains("--response-headers"), "{stderr}");
 }
 
@@ -463,7 +463,7 @@ async fn serving_threads_follow_the_flag_and_the_environment() {
         .output()
         .unwrap();
     assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
     assert!(stderr.contains("--serving-threads"), "{stderr}");
 }
 
@@ -648,7 +648,7 @@ fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
     assert!(
         stderr.contains("cannot read the limits directory"),
         "{stderr}"
@@ -660,7 +660,7 @@ fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
     assert!(
         stderr.contains("CONFIG_TYPE \"GRPC_XDS_DELTA\" is not supported"),
         "{stderr}"

@@ -482,7 +482,7 @@ fn refused_start(env: &[(&str, &str)]) -> String {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    common::fatal_message(&String::from_utf8_lossy(&out.stderr))
 }
 
 #[test]

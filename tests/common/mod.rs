@@ -763,18 +763,25 @@ impl Ratekeeper {
         setup(&mut command);
         let mut child = command.spawn().expect("spawn ratekeeper");
         let line = readiness_line(&mut child);
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|f| f.strip_prefix(name))
+        // With LOG_FORMAT=json, a JSON log line.
+        let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
+        let field = |name: &str| match &json {
+            Some(json) => json[name]
+                .as_str()
                 .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-                .to_owned()
+                .to_owned(),
+            None => line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+                .to_owned(),
         };
         Ratekeeper {
-            grpc: field("grpc="),
-            metrics: field("metrics="),
-            http: field("http="),
-            debug: field("debug="),
-            admin: field("admin="),
+            grpc: field("grpc"),
+            metrics: field("metrics"),
+            http: field("http"),
+            debug: field("debug"),
+            admin: field("admin"),
             child,
             log,
         }
@@ -852,6 +859,40 @@ impl Drop for Ratekeeper {
 pub fn http_exchange(addr: &str, method: &str, path: &str, body: &str) -> String {
     try_http_exchange(addr, method, path, body)
         .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// A refused start's stderr as a person reads it: its logfmt `level=fatal`
+/// line (Go's `%q` quoting) replaced by the message itself.
+pub fn fatal_message(stderr: &str) -> String {
+    let unquote = |quoted: &str| {
+        let mut text = String::new();
+        let mut chars = quoted.trim_end().trim_end_matches('"').chars();
+        while let Some(c) = chars.next() {
+            match (c, c == '\\') {
+                (_, true) => match chars.next() {
+                    Some('n') => text.push('\n'),
+                    Some('t') => text.push('\t'),
+                    Some('r') => text.push('\r'),
+                    Some('x') => {
+                        let hex: String = chars.by_ref().take(2).collect();
+                        text.push(char::from(u8::from_str_radix(&hex, 16).unwrap_or(b'?')));
+                    }
+                    Some(other) => text.push(other),
+                    None => {}
+                },
+                (c, false) => text.push(c),
+            }
+        }
+        text
+    };
+    stderr
+        .lines()
+        .map(|line| match line.split_once(" level=fatal msg=\"") {
+            Some((_, quoted)) => unquote(quoted),
+            None => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The first line a started binary prints on its piped stdout, its
