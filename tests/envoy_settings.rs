@@ -388,6 +388,47 @@ fn a_start_up_error_is_a_fatal_json_line_with_json_logs() {
     );
 }
 
+/// LOG_LEVEL=debug says, for each descriptor of a request, what it matched
+/// and decided, as theirs says at debug: the way to find why a request was
+/// limited.
+#[tokio::test]
+async fn debug_logs_say_what_each_descriptor_matched_and_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let server =
+        Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &[("LOG_LEVEL", "debug")]);
+    assert!(limited(&server).await);
+    let mut client = server.client().await;
+    let other = request("web", vec![descriptor(&[("path", "/x")])]);
+    client.should_rate_limit(other).await.unwrap();
+    let logs = server.logs();
+    let decided: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("msg=\"descriptor decided\""))
+        .collect();
+    assert_eq!(decided.len(), 3, "{logs}");
+    for (line, code) in decided[..2].iter().zip(["OK", "OVER_LIMIT"]) {
+        for part in [
+            " level=debug ",
+            " domain=web ",
+            " entries=\"user=a\" ",
+            " rule=user",
+            &format!(" code={code} "),
+        ] {
+            assert!(line.contains(part), "{part:?} in {line}");
+        }
+        assert!(
+            line.contains(" limits=\"") && line.contains(" hits=1 remaining=0 over="),
+            "{line}"
+        );
+    }
+    assert!(
+        decided[2].contains(" rule=\"(none)\"") && decided[2].contains(" code=OK "),
+        "{}",
+        decided[2]
+    );
+}
+
 /// Off a terminal, text logs are logrus' logfmt, and so is the error that
 /// stops the start: `time="…" level=fatal msg="…"`.
 #[test]

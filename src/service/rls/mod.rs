@@ -20,6 +20,7 @@
 
 mod admin;
 mod call_stats;
+mod debug_log;
 mod failure;
 mod metadata;
 mod outcomes;
@@ -304,6 +305,7 @@ impl RateLimiter {
             .unwrap_or(self.settings.headers.enabled)
             .then_some(&self.settings.headers.names);
         let mut response = respond::response(&plan, &verdicts, headers, self.settings.modes);
+        debug_log::decision(request, &plan, &outcomes, &response);
         self.add_metadata(request, &plan.applied, &mut response);
         Ok(match degraded_by {
             Some(mode) => degraded(response, mode),
