@@ -42,7 +42,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("GRPC_CLIENT_TLS_CACERT", Same("")),
     ("GRPC_CLIENT_TLS_SAN", Same("but without `GRPC_CLIENT_TLS_CACERT` (no client certificate is checked) it stops the start, where theirs ignores it: a deployment that believes its clients are checked is told they are not")),
     ("LOG_LEVEL", Same("default `info` (theirs `WARN`); also a tracing filter directive")),
-    ("LOG_FORMAT", Same("`json` in any case (their field names: `@timestamp`, `@message`, `level`), else text")),
+    ("LOG_FORMAT", Same("`json` in any case (their field names: `@timestamp`, `@message`, `level`), else their logfmt off a terminal")),
     ("CONFIG_TYPE", Same("")),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", Same("until the first limits load, `UNAVAILABLE` (\"no rate limit configuration loaded\"), as theirs answers an error")),
     ("CONFIG_GRPC_XDS_NODE_ID", Same("")),
