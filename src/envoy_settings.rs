@@ -256,11 +256,10 @@ impl EnvoySettings {
         }
     }
 
-    /// The over-limit cache's capacity in keys, from
-    /// LOCAL_CACHE_SIZE_IN_BYTES (`None`: the default).
-    pub fn over_cache_keys(&self) -> Option<usize> {
+    /// The over-limit cache's size in bytes, LOCAL_CACHE_SIZE_IN_BYTES
+    /// (`None`: the default).
+    pub fn over_cache_bytes(&self) -> Option<usize> {
         self.local_cache_size_in_bytes
-            .map(|bytes| bytes.div_ceil(ratekeeper::service::over_cache::BYTES_PER_KEY))
     }
 
     /// Refuses a backend other than Redis (or memory, without REDIS_URL).

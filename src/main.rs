@@ -548,7 +548,7 @@ fn limiter_settings(cli: &Cli) -> Result<LimiterSettings> {
         },
         near_limit_ratio: cli.stats.near_limit_ratio()?,
         modes: cli.envoy_modes.modes(),
-        over_cache_keys: cli.envoy.over_cache_keys(),
+        over_cache_bytes: cli.envoy.over_cache_bytes(),
         tracer: cli.tracing.tracer()?,
     })
 }

@@ -133,7 +133,7 @@ impl Server {
             self.store.clone(),
             self.limiter.clone(),
         );
-        let local_cache = self.limiter.over_cache_keys.is_some_and(|keys| keys > 0);
+        let local_cache = self.limiter.over_cache_bytes.is_some_and(|bytes| bytes > 0);
         crate::read_stats::register(&self.store, limiter.over_caches(), local_cache);
         // The same over-limit cache: a settle's give-back clears its keys.
         let budget = Budget::new(

@@ -88,7 +88,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("RUNTIME_IGNOREDOTFILES", Same("")),
     ("RUNTIME_WATCH_ROOT", Same("which files are read; changes are found by polling (`RELOAD_INTERVAL_MS`)")),
     ("EXPIRATION_JITTER_MAX_SECONDS", Same("in ms steps, 0 to the maximum included; default 0: none (theirs: 300); the in-memory store's keys get none")),
-    ("LOCAL_CACHE_SIZE_IN_BYTES", Same("the over-limit cache's size, a key counted as 128 bytes; 0 turns it off; unset, 100000 keys (theirs: off); set and not 0, their `ratelimit.localcache.*` stats are sent, as theirs")),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", Same("the over-limit cache's size, each key counted as its length and 72 bytes; 0 turns it off; unset, 12.8 MB, some 100,000 keys (theirs: off); set and not 0, their `ratelimit.localcache.*` stats are sent, as theirs")),
     ("NEAR_LIMIT_RATIO", Same("")),
     ("CACHE_KEY_PREFIX", Same("default `rk:`; the key format differs (see Differences)")),
     ("BACKEND_TYPE", Same("`redis` only: `memcache` stops the start-up")),

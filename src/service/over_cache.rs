@@ -27,24 +27,32 @@
 //! the change finds it empty).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
 
 use crate::limiter::{Algorithm, Check, Outcome};
 use crate::store::Generation;
 
-/// Most keys remembered by default; past it, expired entries are dropped
-/// first and new ones not added until there is room.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+/// Most bytes the cache takes by default (some 100,000 keys of a usual
+/// length); past it, expired entries are dropped first and new ones not
+/// added until there is room.
+pub const DEFAULT_CAPACITY_BYTES: usize = 100_000 * 128;
 
 /// Fewest milliseconds between two sweeps of a full cache for expired
 /// entries (each one looks at every entry).
 const SWEEP_EVERY_MS: u64 = 100;
 
-/// What one remembered key costs, about (the key, its two numbers, the
-/// map's share), for sizing the cache in bytes as envoyproxy/ratelimit's
-/// `LOCAL_CACHE_SIZE_IN_BYTES` does.
-pub const BYTES_PER_KEY: usize = 128;
+/// What one remembered key costs beside the key's own bytes, about (its
+/// string, its two numbers, the map's share, the allocator's), so that the
+/// cache holds `LOCAL_CACHE_SIZE_IN_BYTES` as envoyproxy/ratelimit's
+/// freecache does, whatever its keys' lengths: counted as 128 bytes each,
+/// 100,000 keys of 4 KiB took 468 MB.
+const ENTRY_OVERHEAD_BYTES: usize = 72;
+
+/// What remembering `key` costs.
+fn entry_bytes(key: &str) -> usize {
+    key.len() + ENTRY_OVERHEAD_BYTES
+}
 
 /// Every request asks the cache, so asking takes no exclusive lock: readers
 /// share a read lock, and while nothing is remembered (a service whose
@@ -58,8 +66,10 @@ pub struct OverCache {
     /// The store's generation, and the one `entries` were learnt in.
     generation: Generation,
     learnt_in: AtomicU64,
-    /// Most keys remembered (0: the cache is off).
-    capacity: usize,
+    /// Most bytes taken ([`entry_bytes`] of each key; 0: the cache is
+    /// off), and taken now (changed under the write lock).
+    capacity_bytes: usize,
+    bytes: AtomicUsize,
     /// The earliest expiry of the entries (ms, the store's clock; at most:
     /// `u64::MAX` when empty), and when the last sweep for expired entries
     /// was. A full cache sweeps only once the earliest has passed and
@@ -122,21 +132,22 @@ fn remembered(entries: &HashMap<String, (u64, u64)>, check: &Check, now: u64) ->
 }
 
 impl OverCache {
-    /// An empty cache of [`DEFAULT_CAPACITY`] keys, dropped whenever
+    /// An empty cache of [`DEFAULT_CAPACITY_BYTES`], dropped whenever
     /// `generation` changes.
     pub fn new(generation: Generation) -> Self {
-        OverCache::with_capacity(generation, DEFAULT_CAPACITY)
+        OverCache::with_capacity(generation, DEFAULT_CAPACITY_BYTES)
     }
 
-    /// As [`OverCache::new`], remembering at most `capacity` keys (0: none,
+    /// As [`OverCache::new`], taking at most `capacity_bytes` (0: none,
     /// every request asks the store).
-    pub fn with_capacity(generation: Generation, capacity: usize) -> Self {
+    pub fn with_capacity(generation: Generation, capacity_bytes: usize) -> Self {
         OverCache {
             entries: RwLock::default(),
             any: AtomicBool::new(false),
             learnt_in: AtomicU64::new(generation.current()),
             generation,
-            capacity,
+            capacity_bytes,
+            bytes: AtomicUsize::new(0),
             earliest_until_ms: AtomicU64::new(u64::MAX),
             swept_at_ms: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -171,6 +182,7 @@ impl OverCache {
             );
         }
         entries.clear();
+        self.bytes.store(0, Ordering::Relaxed);
         self.earliest_until_ms.store(u64::MAX, Ordering::Relaxed);
         // Under the write lock: `learn` sets it again only after this.
         self.any.store(false, Ordering::Release);
@@ -182,7 +194,7 @@ impl OverCache {
     /// even one more hit).
     /// `now_ms` is the store's clock (tests pin it).
     pub fn learn(&self, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
-        if self.capacity == 0 || !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
+        if self.capacity_bytes == 0 || !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
             return;
         }
         self.drop_if_stale();
@@ -194,38 +206,41 @@ impl OverCache {
                 continue;
             }
             // A key already held is updated in place, whatever the room.
-            if entries.len() >= self.capacity && !entries.contains_key(&check.key) {
+            let room = |bytes: usize| bytes + entry_bytes(&check.key) <= self.capacity_bytes;
+            if !room(self.bytes.load(Ordering::Relaxed)) && !entries.contains_key(&check.key) {
                 let swept_at = self.swept_at_ms.load(Ordering::Relaxed);
                 if now < self.earliest_until_ms.load(Ordering::Relaxed)
                     || now < swept_at.saturating_add(SWEEP_EVERY_MS)
                 {
                     continue;
                 }
-                let before = entries.len();
-                let mut earliest = u64::MAX;
-                entries.retain(|_, (until, _)| {
+                let (mut earliest, mut dropped, mut freed) = (u64::MAX, 0, 0);
+                entries.retain(|key, (until, _)| {
                     let kept = *until > now;
                     if kept {
                         earliest = earliest.min(*until);
+                    } else {
+                        (dropped, freed) = (dropped + 1, freed + entry_bytes(key));
                     }
                     kept
                 });
-                let dropped = (before - entries.len()) as u64;
+                self.bytes.fetch_sub(freed, Ordering::Relaxed);
                 self.expired.fetch_add(dropped, Ordering::Relaxed);
                 self.earliest_until_ms.store(earliest, Ordering::Relaxed);
                 self.swept_at_ms.store(now, Ordering::Relaxed);
-                if entries.len() >= self.capacity {
+                if !room(self.bytes.load(Ordering::Relaxed)) {
                     continue;
                 }
             }
             let until = now + outcome.reset_ms;
             self.earliest_until_ms.fetch_min(until, Ordering::Relaxed);
-            if entries
-                .insert(check.key.clone(), (until, check.limit))
-                .is_some()
-            {
-                self.overwrites.fetch_add(1, Ordering::Relaxed);
-            }
+            match entries.insert(check.key.clone(), (until, check.limit)) {
+                Some(_) => self.overwrites.fetch_add(1, Ordering::Relaxed),
+                None => self
+                    .bytes
+                    .fetch_add(entry_bytes(&check.key), Ordering::Relaxed)
+                    as u64,
+            };
         }
     }
 
@@ -264,7 +279,9 @@ impl OverCache {
         }
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         for key in keys {
-            entries.remove(key);
+            if entries.remove(key).is_some() {
+                self.bytes.fetch_sub(entry_bytes(key), Ordering::Relaxed);
+            }
         }
     }
 }
@@ -381,7 +398,7 @@ mod tests {
         let a = [check("a", Algorithm::FixedWindow, 3)];
         off.learn(&a, &[full], 1_000);
         assert!(off.answer(&a, 1_010).is_none(), "capacity 0: off");
-        let one = OverCache::with_capacity(Generation::default(), 1);
+        let one = OverCache::with_capacity(Generation::default(), entry_bytes("a"));
         let b = [check("b", Algorithm::FixedWindow, 3)];
         one.learn(&a, &[full], 1_000);
         one.learn(&b, &[full], 1_000);
@@ -398,6 +415,22 @@ mod tests {
         );
         let later = one.answer(&a, 1_060).map(|o| o[0].reset_ms);
         assert_eq!(later, Some(60), "the key it holds, learnt again");
+        // Sized in bytes: a long key takes the room of many short ones.
+        let long = "k".repeat(4_096);
+        let sized =
+            OverCache::with_capacity(Generation::default(), entry_bytes(&long) + entry_bytes("a"));
+        let long = [check(&long, Algorithm::FixedWindow, 3)];
+        for learnt in [&long, &a, &b] {
+            sized.learn(learnt, &[full], 1_000);
+        }
+        assert!(sized.answer(&long, 1_010).is_some() && sized.answer(&a, 1_010).is_some());
+        assert!(sized.answer(&b, 1_010).is_none(), "no room left");
+        sized.forget(&[long[0].key.clone()]);
+        sized.learn(&b, &[full], 1_020);
+        assert!(
+            sized.answer(&b, 1_030).is_some(),
+            "the room a forgotten key freed"
+        );
     }
 
     #[test]
@@ -408,7 +441,7 @@ mod tests {
             reset_ms: 50,
             remaining_before: None,
         };
-        let cache = OverCache::with_capacity(Generation::default(), 2);
+        let cache = OverCache::with_capacity(Generation::default(), 2 * entry_bytes("a"));
         let [a, b, c] = ["a", "b", "c"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
         cache.learn(&a, &[full], 1_000);
         cache.learn(&a, &[full], 1_001);
@@ -437,7 +470,7 @@ mod tests {
             reset_ms,
             remaining_before: None,
         };
-        let cache = OverCache::with_capacity(Generation::default(), 2);
+        let cache = OverCache::with_capacity(Generation::default(), 2 * entry_bytes("a"));
         let [a, b, c, d, e] =
             ["a", "b", "c", "d", "e"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
         cache.learn(&a, &[full(1_000)], 0); // until 1,000

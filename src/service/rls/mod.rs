@@ -76,9 +76,9 @@ pub struct LimiterSettings {
     /// Where the `near_limit` counters start.
     pub near_limit_ratio: NearLimitRatio,
     pub modes: GlobalModes,
-    /// Most keys the over-limit cache remembers (0: off); `None`:
-    /// [`super::over_cache::DEFAULT_CAPACITY`].
-    pub over_cache_keys: Option<usize>,
+    /// Most bytes the over-limit cache takes (0: off); `None`:
+    /// [`super::over_cache::DEFAULT_CAPACITY_BYTES`].
+    pub over_cache_bytes: Option<usize>,
     /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: a
     /// refused request leaves the fixed windows it fitted untouched (the one
     /// it took over its limit still counts it), unless a limit says otherwise.
@@ -156,8 +156,8 @@ impl RateLimiter {
                     .unwrap_or(DEFAULT_LOCAL_FALLBACK_KEYS),
             )),
             over: stores.map(|store| {
-                Arc::new(match settings.over_cache_keys {
-                    Some(keys) => OverCache::with_capacity(store.generation(), keys),
+                Arc::new(match settings.over_cache_bytes {
+                    Some(bytes) => OverCache::with_capacity(store.generation(), bytes),
                     None => OverCache::new(store.generation()),
                 })
             }),
@@ -166,7 +166,7 @@ impl RateLimiter {
                 settings.max_detailed_series,
                 settings.values,
                 settings.near_limit_ratio,
-                settings.over_cache_keys.is_some(),
+                settings.over_cache_bytes.is_some(),
             )),
             duration: metrics::histogram!("ratekeeper_request_duration_seconds"),
             calls: CallStats::new(crate::their_stats::SHOULD_RATE_LIMIT),
