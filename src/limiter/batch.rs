@@ -16,18 +16,17 @@
 
 use std::collections::HashMap;
 
-use super::{dispatch, Charges, Check, Outcome, Policy, State};
+use super::{dispatch, Charges, Check, Outcome, Policy, State, UndoPoint};
 
 /// Requests of more checks than this find their keys through a map.
 const INDEX_PAST: usize = 16;
 
 /// What a table of states must offer the evaluator.
 pub trait Table {
-    /// The state stored under `key`, if any and not expired at `now_ms`.
-    fn read(&mut self, key: &str, now_ms: u64) -> Option<State>;
-    /// As [`Table::read`], moved out of the table with its expiry: the
-    /// evaluator writes back every state it takes. (A copy per request
-    /// cost a sliding log of many entries more than its decision.)
+    /// The state stored under `key`, if any and not expired at `now_ms`,
+    /// moved out of the table with its expiry: whoever takes a state writes
+    /// it back. (A copy per request cost a sliding log of many entries more
+    /// than its decision.)
     fn take(&mut self, key: &str, now_ms: u64) -> Option<(State, u64)>;
     /// Stores `state` under `key`, expiring at `expires_at_ms`.
     fn write(&mut self, key: &str, state: State, expires_at_ms: u64);
@@ -35,9 +34,9 @@ pub trait Table {
 
 struct KeyState<'a> {
     key: &'a str,
-    /// The state as loaded, kept when the request may have to be undone
-    /// (more than one check, or a reservation).
-    stored: Option<State>,
+    /// Where the state stood as loaded, kept when the request may have to be
+    /// undone (more than one check, or a reservation).
+    stored: Option<UndoPoint>,
     /// The expiry of the state taken from the table, if there was one.
     expires_at_ms: Option<u64>,
     live: State,
@@ -175,7 +174,7 @@ impl<'a> Keys<'a> {
         let live = State::load(taken, check, now_ms);
         self.states.push(KeyState {
             key: &check.key,
-            stored: self.undoable.then(|| live.clone()),
+            stored: self.undoable.then(|| live.undo_point()),
             expires_at_ms,
             live,
             consumed_by: None,
@@ -227,7 +226,7 @@ fn refused_only(
 ) {
     for k in keys.iter_mut() {
         if let Some(stored) = &k.stored {
-            k.live = stored.clone();
+            k.live.undo_to(stored);
         }
         k.consumed_by = None;
     }

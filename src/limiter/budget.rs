@@ -212,7 +212,8 @@ pub fn settle(
         if actual == check.hits || (erased && actual < check.hits) {
             continue;
         }
-        let mut state = State::load(table.read(&check.key, now_ms), check, now_ms);
+        let stored = table.take(&check.key, now_ms).map(|(state, _)| state);
+        let mut state = State::load(stored, check, now_ms);
         if actual < check.hits {
             let unused = check.hits - actual;
             let before = tat_us(&state);
@@ -250,10 +251,17 @@ pub fn standing(table: &mut impl Table, checks: &[Check], now_ms: u64) -> Vec<Ou
                 hits: 0,
                 ..check.clone()
             };
-            let state = State::load(table.read(&check.key, now_ms), &probe, now_ms);
+            // Moved out and back with its expiry, not copied: a sliding
+            // log may hold thousands of entries.
+            let taken = table.take(&check.key, now_ms);
+            let expiry = taken.as_ref().map(|&(_, expiry)| expiry);
+            let state = State::load(taken.map(|(state, _)| state), &probe, now_ms);
             let over = dispatch!(&state, s => s.is_over(&probe, now_ms));
             let (remaining, reset_ms) =
                 dispatch!(&state, s => s.report(&probe, over, false, now_ms));
+            if let Some(expiry) = expiry {
+                table.write(&check.key, state, expiry);
+            }
             Outcome {
                 over,
                 remaining,

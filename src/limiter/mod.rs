@@ -371,7 +371,38 @@ pub enum State {
     Gcra(gcra::Gcra),
 }
 
+/// Where a state stood before a request, to put it back if the request is
+/// refused: the state itself, but for a sliding log where it ended (a
+/// request only appends to a log or adds to its newest entry: a copy of a
+/// hot key's log, tens of thousands of entries, cost each request of more
+/// than one check as much as the log's length).
+#[derive(Debug)]
+pub enum UndoPoint {
+    Whole(State),
+    Log(sliding_log::End),
+}
+
 impl State {
+    /// Where this state stands now, for [`State::undo_to`].
+    pub fn undo_point(&self) -> UndoPoint {
+        match self {
+            State::Log(log) => UndoPoint::Log(log.end()),
+            other => UndoPoint::Whole(other.clone()),
+        }
+    }
+
+    /// Puts the state back where `point` (taken from it, changed since
+    /// only by a request's consuming) found it.
+    pub fn undo_to(&mut self, point: &UndoPoint) {
+        match (self, point) {
+            (State::Log(log), UndoPoint::Log(end)) => log.back_to(end),
+            (state, UndoPoint::Whole(whole)) => *state = whole.clone(),
+            (state, UndoPoint::Log(_)) => {
+                debug_assert!(false, "a log's undo point for {state:?}");
+            }
+        }
+    }
+
     /// `check`'s state as of `now_ms`, from what the store holds (if anything).
     pub fn load(stored: Option<State>, check: &Check, now_ms: u64) -> State {
         match check.algorithm {

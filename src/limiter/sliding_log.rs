@@ -24,7 +24,35 @@ pub struct Log {
     base: u64,
 }
 
+/// Where a log ended: its length, newest entry and base (see
+/// [`super::UndoPoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    len: usize,
+    newest: Option<(u64, u64)>,
+    base: u64,
+}
+
 impl Log {
+    /// Where the log ends now.
+    pub fn end(&self) -> End {
+        End {
+            len: self.entries.len(),
+            newest: self.entries.back().copied(),
+            base: self.base,
+        }
+    }
+
+    /// Back to `end`, dropping the entries appended since and restoring the
+    /// newest entry then (which a request in its millisecond adds to).
+    pub fn back_to(&mut self, end: &End) {
+        self.entries.truncate(end.len);
+        if let (Some(newest), Some(then)) = (self.entries.back_mut(), end.newest) {
+            *newest = then;
+        }
+        self.base = end.base;
+    }
+
     /// The running total through the newest entry.
     fn top(&self) -> u64 {
         self.entries.back().map_or(self.base, |&(_, total)| total)
@@ -159,6 +187,30 @@ mod tests {
 
     fn check(hits: u64) -> Check {
         Check::for_test("k", Algorithm::SlidingLog, 1_000_000, 3_600_000, hits)
+    }
+
+    /// What a request does to a log (hits added to the newest entry in its
+    /// millisecond, entries appended, a reservation's) is undone from where
+    /// the log ended, without a copy of it.
+    #[test]
+    fn back_to_its_end_undoes_a_requests_hits() {
+        let mut log = Log::default();
+        for now in [0u64, 5, 10] {
+            log.apply(&check(3), now);
+        }
+        let before = log.clone();
+        let end = log.end();
+        log.apply(&check(4), 10);
+        log.apply(&check(2), 11);
+        log.reserve(&check(7), 11);
+        assert_ne!(log, before);
+        log.back_to(&end);
+        assert_eq!(log, before);
+        let mut empty = Log::default();
+        let end = empty.end();
+        empty.apply(&check(1), 3);
+        empty.back_to(&end);
+        assert_eq!(empty, Log::default());
     }
 
     #[test]

@@ -516,14 +516,6 @@ impl LockedShards<'_> {
 }
 
 impl batch::Table for LockedShards<'_> {
-    fn read(&mut self, key: &str, now_ms: u64) -> Option<State> {
-        let (shard, id) = self.shard(key)?;
-        shard
-            .get(&id)
-            .filter(|slot| slot.expires_at_ms > now_ms)
-            .map(|slot| slot.state.clone())
-    }
-
     fn take(&mut self, key: &str, now_ms: u64) -> Option<(State, u64)> {
         let capped = self.capacity != usize::MAX;
         let (shard, id) = self.shard(key)?;
