@@ -95,7 +95,7 @@ async fn counts_down_then_over_limit_and_resets() {
         // read 29; theirs says 30).
         clock.set(START_MS + 30_500);
         let r = client
-            .should_rate_limit(request("api", vec![descriptor(&[("user", "bob")])]))
+            .should_rate_limit(request("api", vec![descriptor(&[("user", "carol")])]))
             .await
             .unwrap()
             .into_inner();
