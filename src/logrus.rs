@@ -1,10 +1,10 @@
 //! Log lines as envoyproxy/ratelimit writes them (logrus), so a log
 //! pipeline keyed on theirs keeps working:
-//! - `LOG_FORMAT=json` ([`TheirJson`]): logrus' JSON formatter with their
+//! - `LOG_FORMAT=json` ([`Their::Json`]): logrus' JSON formatter with their
 //!   field map, `{"@message": ..., "@timestamp": RFC 3339 with nanoseconds,
 //!   UTC, "level": "info", <the event's fields>}`, one object a line, keys
 //!   in order as Go's encoder writes a map;
-//! - text ([`TheirText`]): logrus' text formatter off a terminal, logfmt:
+//! - text ([`Their::Text`]): logrus' text formatter off a terminal, logfmt:
 //!   `time="2026-11-27T19:45:49Z" level=info msg="limits loaded" <the
 //!   event's fields, by name>`, a value quoted as Go's `%q` when it holds
 //!   anything but letters, digits and `-._/@^+`.
@@ -22,30 +22,14 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// The event formatter (see the module doc).
-pub struct TheirJson;
-
-impl<S, N> FormatEvent<S, N> for TheirJson
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        let level = level_name(event.metadata().level());
-        let line = line(SystemTime::now(), level, |fields| event.record(fields));
-        writeln!(writer, "{line}")
-    }
+/// The event formatter: logrus' JSON or text (see the module doc).
+#[derive(Debug, Clone, Copy)]
+pub enum Their {
+    Json,
+    Text,
 }
 
-/// The text event formatter (see the module doc).
-pub struct TheirText;
-
-impl<S, N> FormatEvent<S, N> for TheirText
+impl<S, N> FormatEvent<S, N> for Their
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -58,8 +42,11 @@ where
     ) -> fmt::Result {
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let level = level_name(event.metadata().level());
-        writeln!(writer, "{}", text_line(SystemTime::now(), level, fields))
+        let (now, level) = (SystemTime::now(), level_name(event.metadata().level()));
+        match self {
+            Their::Json => writeln!(writer, "{}", json_line(now, level, fields)),
+            Their::Text => writeln!(writer, "{}", text_line(now, level, fields)),
+        }
     }
 }
 
@@ -128,36 +115,26 @@ fn logfmt_value(text: &str) -> String {
 /// `fatal` level, as their `logger.Fatalf` writes it (tracing has no such
 /// level).
 pub fn fatal_text(message: &str) -> String {
-    let fields = Fields {
-        message: Some(message.to_owned()),
-        others: Vec::new(),
-    };
-    text_line(SystemTime::now(), "fatal", fields)
+    text_line(SystemTime::now(), "fatal", Fields::of(message))
 }
 
 /// [`fatal_text`] as a JSON line.
 pub fn fatal_json(message: &str) -> String {
-    line(SystemTime::now(), "fatal", |fields| {
-        fields.message = Some(message.to_owned())
-    })
-    .to_string()
+    json_line(SystemTime::now(), "fatal", Fields::of(message)).to_string()
 }
 
 /// A JSON line at `info` of `message` and `fields`, for what is written
 /// outside the logger (the readiness line, on stdout).
 pub fn json_info(message: &str, fields: &[(&str, &str)]) -> String {
-    line(SystemTime::now(), "info", |line| {
-        line.message = Some(message.to_owned());
-        let fields = fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).into()));
-        line.others.extend(fields);
-    })
-    .to_string()
+    let mut line = Fields::of(message);
+    let fields = fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).into()));
+    line.others.extend(fields);
+    json_line(SystemTime::now(), "info", line).to_string()
 }
 
-/// One log line's object: the time, the level and what `record` visits.
-fn line(now: SystemTime, level: &'static str, record: impl FnOnce(&mut Fields)) -> Value {
-    let mut fields = Fields::default();
-    record(&mut fields);
+/// One JSON line's object: the time, the level, the message and the other
+/// fields.
+fn json_line(now: SystemTime, level: &str, fields: Fields) -> Value {
     let mut object = Map::new();
     object.insert("@timestamp".into(), rfc3339(now, true).into());
     object.insert("level".into(), level.into());
@@ -192,6 +169,14 @@ struct Fields {
 }
 
 impl Fields {
+    /// A line's fields of `message` alone.
+    fn of(message: &str) -> Self {
+        Fields {
+            message: Some(message.to_owned()),
+            others: Vec::new(),
+        }
+    }
+
     fn put(&mut self, field: &Field, value: Value) {
         if field.name() == "message" {
             self.message = Some(match value {
@@ -294,10 +279,7 @@ mod tests {
     /// Go's `%q`), the fields sorted and a clashing one renamed.
     #[test]
     fn a_text_line_is_logrus_logfmt() {
-        let mut fields = Fields {
-            message: Some("limits reload failed".into()),
-            others: Vec::new(),
-        };
+        let mut fields = Fields::of("limits reload failed");
         fields.others.push(("store".into(), "main".into()));
         fields
             .others
@@ -318,11 +300,10 @@ mod tests {
 
     #[test]
     fn a_line_has_their_names_and_keeps_a_clashing_field() {
-        let line = line(UNIX_EPOCH, level_name(&Level::WARN), |fields| {
-            fields.message = Some("store down".into());
-            fields.others.push(("store".into(), "main".into()));
-            fields.others.push(("level".into(), 3.into()));
-        });
+        let mut fields = Fields::of("store down");
+        fields.others.push(("store".into(), "main".into()));
+        fields.others.push(("level".into(), 3.into()));
+        let line = json_line(UNIX_EPOCH, level_name(&Level::WARN), fields);
         assert_eq!(
             line.to_string(),
             r#"{"@message":"store down","@timestamp":"1970-01-01T00:00:00Z","fields.level":3,"level":"warning","store":"main"}"#

@@ -29,8 +29,8 @@ pub fn init_logging(level: &str, format: LogFormat) -> Result<()> {
     // elsewhere, logrus' logfmt, which log pipelines parse.
     let installed = match format {
         LogFormat::Text if terminal => builder.try_init(),
-        LogFormat::Text => builder.event_format(crate::logrus::TheirText).try_init(),
-        LogFormat::Json => builder.event_format(crate::logrus::TheirJson).try_init(),
+        LogFormat::Text => builder.event_format(crate::logrus::Their::Text).try_init(),
+        LogFormat::Json => builder.event_format(crate::logrus::Their::Json).try_init(),
     };
     installed.map_err(|e| Error::Startup(format!("cannot install the logger: {e}")))
 }

@@ -214,28 +214,23 @@ async fn json_logs_have_their_field_names() {
     let logs = server.logs();
     drop(server);
     // The readiness line on stdout is one too.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .args([
-            "--config-dir",
-            &dir.path().join("limits").display().to_string(),
-        ])
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args([
-            "--metrics-addr",
-            "off",
-            "--debug-addr",
-            "off",
-            "--admin-addr",
-            "off",
-        ])
-        .env("LOG_FORMAT", "json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let ready = common::readiness_line(&mut child);
-    let _ = child.kill();
-    let _ = child.wait();
+    let ready = common::readiness_of(
+        Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .args([
+                "--config-dir",
+                &dir.path().join("limits").display().to_string(),
+            ])
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args([
+                "--metrics-addr",
+                "off",
+                "--debug-addr",
+                "off",
+                "--admin-addr",
+                "off",
+            ])
+            .env("LOG_FORMAT", "json"),
+    );
     let ready: serde_json::Value = serde_json::from_str(&ready).expect("a JSON line");
     assert_eq!(ready["@message"], "listening", "{ready}");
     assert!(
@@ -501,7 +496,8 @@ fn grpc_host_and_port_name_the_grpc_listener() {
     let dir = tempfile::tempdir().unwrap();
     write(&dir.path().join("l.yaml"), LIMITS);
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    command
         .args(["--config-dir", &dir.path().display().to_string()])
         .args([
             "--metrics-addr",
@@ -513,14 +509,8 @@ fn grpc_host_and_port_name_the_grpc_listener() {
         ])
         .env_remove("GRPC_ADDR")
         .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", port.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = common::readiness_line(&mut child);
-    let _ = child.kill();
-    let _ = child.wait();
+        .env("GRPC_PORT", port.to_string());
+    let line = common::readiness_of(&mut command);
     assert!(line.contains(&format!("grpc=127.0.0.1:{port} ")), "{line}");
 }
 
@@ -545,13 +535,8 @@ fn empty_hosts_listen_everywhere_and_taken_ports_are_met_as_theirs() {
             ("HOST", ""),
             ("PORT", &http),
         ])
-        .envs([("DEBUG_HOST", "127.0.0.1"), ("DEBUG_PORT", &taken_port)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = command.spawn().unwrap();
-    let line = common::readiness_line(&mut child);
-    let _ = child.kill();
-    let _ = child.wait();
+        .envs([("DEBUG_HOST", "127.0.0.1"), ("DEBUG_PORT", &taken_port)]);
+    let line = common::readiness_of(&mut command);
     for expected in [
         format!("grpc=[::]:{grpc} "),
         format!("http=[::]:{http} "),

@@ -895,6 +895,20 @@ pub fn fatal_message(stderr: &str) -> String {
         .join("\n")
 }
 
+/// The readiness line of the binary `command` starts (its stdout piped
+/// here, its stderr dropped), stopped once it is read.
+pub fn readiness_of(command: &mut Command) -> String {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ratekeeper");
+    let line = readiness_line(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
+    line
+}
+
 /// The first line a started binary prints on its piped stdout, its
 /// readiness line (`listening grpc=… http=…`); empty when it exited first.
 pub fn readiness_line(child: &mut std::process::Child) -> String {
