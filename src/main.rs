@@ -841,8 +841,9 @@ fn listen_addr(flag: Option<&str>, host_var: &str, port_var: &str, default_port:
 
 /// Binds an HTTP listener unless `off`. A failure stops the start when
 /// `fatal`; else it is a warning and the start goes on without the
-/// listener (the metrics and admin listeners' default addresses, so that
-/// replicas sharing a host start without naming every port).
+/// listener (the debug listener's, as theirs; the metrics and admin
+/// listeners' default addresses, so that replicas sharing a host start
+/// without naming every port).
 async fn bind_http(addr: &str, what: &str, fatal: bool) -> Result<Option<TcpListener>> {
     if addr == "off" || addr.is_empty() {
         return Ok(None);
