@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import re
 import socket
@@ -32,6 +33,10 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import LISTENING, REPO, ratekeeper_bin, run_announcing, run_server
+
+# The readiness line with the chart's LOG_FORMAT=json: a JSON log line
+# whose fields are the addresses.
+LISTENING_JSON = re.compile(r'^\{"@message":"listening",.*\}$')
 from rls_client import RlsClient
 
 CHART = REPO / "helm" / "ratekeeper"
@@ -626,9 +631,14 @@ def pod_environment(objects, root: Path, certs) -> dict[str, str]:
 def run_with_env(env: dict[str, str], log_path: Path):
     """ratekeeper with exactly this environment; yields its gRPC and HTTP addresses."""
     full_env = {"PATH": os.environ.get("PATH", ""), **env}
-    with run_announcing([str(ratekeeper_bin())], log_path, LISTENING,
+    json_logs = env.get("LOG_FORMAT", "").lower() == "json"
+    with run_announcing([str(ratekeeper_bin())], log_path, LISTENING_JSON if json_logs else LISTENING,
                         "ratekeeper with the rendered environment", full_env) as (match, _):
-        yield match[1], re.search(r" http=(\S+)", match[0])[1]
+        if json_logs:
+            fields = json.loads(match[0])
+            yield fields["grpc"], fields["http"]
+        else:
+            yield match[1], re.search(r" http=(\S+)", match[0])[1]
 
 
 def health(channel, service: str) -> str:
