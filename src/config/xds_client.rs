@@ -28,7 +28,6 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use envoy_types::pb::google::protobuf::{value::Kind, Any, Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use hyper_util::rt::TokioIo;
-
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -318,9 +317,10 @@ async fn apply(
 }
 
 /// The stack of the thread compiling a snapshot: descriptors nest up to
-/// [`super::xds_decode::MAX_DESCRIPTOR_DEPTH`] deep, and decoding and compiling go down one
-/// call a level (a debug build takes some 16 MiB at the deepest). Reserved,
-/// not used: only what a snapshot reaches is ever touched.
+/// [`super::xds_decode::MAX_DESCRIPTOR_DEPTH`] deep, and decoding and
+/// compiling go down one call a level (a debug build takes some 16 MiB at
+/// the deepest). Reserved, not used: only what a snapshot reaches is ever
+/// touched.
 const COMPILE_STACK_BYTES: usize = 64 << 20;
 
 /// The response's resources compiled, off the runtime (a large snapshot
