@@ -158,8 +158,8 @@ pub struct EnvoySettings {
     #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 0)]
     expiration_jitter_max_seconds: u64,
     /// Size of the over-limit cache (keys known to be full until their
-    /// window ends, answered without Redis), in bytes; 0 turns it off.
-    /// Unset: 100000 keys.
+    /// window ends, answered without Redis), in bytes, each key counted
+    /// by its length; 0 turns it off. Unset: 12800000 (some 100,000 keys).
     #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES")]
     local_cache_size_in_bytes: Option<usize>,
     /// envoyproxy/ratelimit's runtime root. With any RUNTIME_* set (and no
