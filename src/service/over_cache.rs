@@ -234,13 +234,15 @@ impl OverCache {
             }
             let until = now + outcome.reset_ms;
             self.earliest_until_ms.fetch_min(until, Ordering::Relaxed);
-            match entries.insert(check.key.clone(), (until, check.limit)) {
-                Some(_) => self.overwrites.fetch_add(1, Ordering::Relaxed),
-                None => self
-                    .bytes
-                    .fetch_add(entry_bytes(&check.key), Ordering::Relaxed)
-                    as u64,
-            };
+            if entries
+                .insert(check.key.clone(), (until, check.limit))
+                .is_some()
+            {
+                self.overwrites.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.bytes
+                    .fetch_add(entry_bytes(&check.key), Ordering::Relaxed);
+            }
         }
     }
 
