@@ -401,8 +401,9 @@ async fn main() {
     } else if cli.write_limiter_library.is_some() || cli.write_limiter_script.is_some() {
         write_limiter(&cli)
     } else {
-        log_format_used = Some(log_format(&cli.log_format));
-        run(cli).await
+        let format = log_format(&cli.log_format);
+        log_format_used = Some(format);
+        run(cli, format).await
     };
     if let Err(error) = result {
         use std::io::IsTerminal;
@@ -418,8 +419,8 @@ async fn main() {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
-    telemetry::init_logging(&log_filter(&cli.log_level)?, log_format(&cli.log_format))?;
+async fn run(cli: Cli, log_format: LogFormat) -> Result<()> {
+    telemetry::init_logging(&log_filter(&cli.log_level)?, log_format)?;
     settings_compat::warn_ignored();
     settings_compat::warn_redis_without_url(cli.redis_url.is_some());
     cli.envoy.check_backend()?;
@@ -456,25 +457,7 @@ async fn run(cli: Cli) -> Result<()> {
         ratekeeper::statsd::install(statsd).await?;
     }
     let limiter = limiter_settings(&cli)?;
-
-    let config_dir = cli.envoy.limits_dir(cli.config_dir.clone());
-    let (config, config_dir) = match cli.envoy.config_type()? {
-        ConfigType::File => {
-            // Taken before the load: a file written meanwhile is reloaded
-            // (a directory made meanwhile too).
-            let loaded = Some(fingerprint(&config_dir));
-            let config = load_files(&config_dir, cli.envoy_modes.load_options(), &cli.envoy)?;
-            let watched = Watched {
-                dir: config_dir,
-                loaded,
-            };
-            (config, Some(watched))
-        }
-        ConfigType::GrpcXdsSotw => (
-            subscribe_xds(&cli.envoy, cli.envoy_modes.load_options()).await?,
-            None,
-        ),
-    };
+    let (config, config_dir) = first_limits(&cli).await?;
 
     let lanes = cli
         .serving_threads
@@ -485,12 +468,7 @@ async fn run(cli: Cli) -> Result<()> {
     let grpc = bind_grpc(&cli).await?;
     let metrics_addr = serve_metrics(&cli, metrics)?;
     let http = http_listeners(&cli, reload_interval).await?;
-    announce(
-        &grpc,
-        &metrics_addr,
-        &http,
-        log_format(&cli.log_format) == LogFormat::Json,
-    )?;
+    announce(&grpc, &metrics_addr, &http, log_format == LogFormat::Json)?;
 
     Server {
         grpc,
@@ -519,6 +497,23 @@ async fn run(cli: Cli) -> Result<()> {
     }
     .run(shutdown_signal())
     .await
+}
+
+/// The limits to start with, from the files (with the directory to watch)
+/// or the first xDS snapshot.
+async fn first_limits(cli: &Cli) -> Result<(SharedConfig, Option<Watched>)> {
+    let load_options = cli.envoy_modes.load_options();
+    match cli.envoy.config_type()? {
+        ConfigType::File => {
+            let dir = cli.envoy.limits_dir(cli.config_dir.clone());
+            // Taken before the load: a file written meanwhile is reloaded
+            // (a directory made meanwhile too).
+            let loaded = Some(fingerprint(&dir));
+            let config = load_files(&dir, load_options, &cli.envoy)?;
+            Ok((config, Some(Watched { dir, loaded })))
+        }
+        ConfigType::GrpcXdsSotw => Ok((subscribe_xds(&cli.envoy, load_options).await?, None)),
+    }
 }
 
 /// How the rate limit service decides and answers, from the flags.
