@@ -70,8 +70,8 @@
 //! No module imports one that imports it back, directly or around a loop
 //! (`tests/module_graph.rs` checks).
 //!
-//! The binary (`main.rs` and its settings modules) only parses flags and
-//! the environment and calls into these.
+//! The binary (`src/bin/ratekeeper/`: `main.rs`, its flags and settings
+//! modules) only parses flags and the environment and calls into these.
 
 pub mod clock;
 pub mod config;

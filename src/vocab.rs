@@ -2,7 +2,8 @@
 //! services all speak, kept below all of them so that none has to import
 //! another for a word (the time [`crate::limiter::Unit`] and
 //! [`crate::limiter::Algorithm`] live in `limiter`, which is below them too).
-//! Command-line parsing of these is `main.rs`'s business.
+//! Command-line parsing of these is the binary's business
+//! (`src/bin/ratekeeper/cli.rs`).
 
 use std::fmt;
 

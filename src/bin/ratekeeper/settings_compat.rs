@@ -338,7 +338,7 @@ mod tests {
         assert!(redis_settings_without_url(["PATH"]).is_empty());
     }
 
-    const BEGIN: &str = "<!-- settings table: from src/settings_compat.rs -->\n";
+    const BEGIN: &str = "<!-- settings table: from src/bin/ratekeeper/settings_compat.rs -->\n";
     const END: &str = "<!-- end of settings table -->";
 
     /// README's table is this module's; `UPDATE_README=1` rewrites it.
@@ -367,7 +367,7 @@ mod tests {
         );
     }
 
-    /// Their names read with `std::env` (main.rs, envoy_settings.rs) rather
+    /// Their names read with `std::env` (listen.rs, envoy_settings.rs) rather
     /// than as a flag's `env`.
     const READ_DIRECTLY: &[&str] = &[
         "HOST",
@@ -384,7 +384,7 @@ mod tests {
     #[test]
     fn same_means_read() {
         use clap::CommandFactory;
-        let mut read: Vec<String> = crate::Cli::command()
+        let mut read: Vec<String> = crate::cli::Cli::command()
             .get_arguments()
             .filter_map(|arg| arg.get_env())
             .map(|env| env.to_string_lossy().into_owned())

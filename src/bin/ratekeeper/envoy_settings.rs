@@ -98,10 +98,10 @@ pub struct EnvoySettings {
     #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN")]
     xds_server_san: Option<String>,
     /// First wait before dialling the xDS server again.
-    #[arg(long, env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", value_parser = super::duration, default_value = "10s")]
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", value_parser = crate::cli::duration, default_value = "10s")]
     xds_backoff_initial: Duration,
     /// Longest wait before dialling the xDS server again.
-    #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_parser = super::duration, default_value = "60s")]
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_parser = crate::cli::duration, default_value = "60s")]
     xds_backoff_max: Duration,
     /// Multiplier of the wait at each failed dial (below 1: the wait stays
     /// the initial one, as in envoyproxy/ratelimit).
@@ -138,7 +138,7 @@ pub struct EnvoySettings {
     backend_type: String,
     /// Deadline of connecting to Redis and of each call (Go syntax, e.g.
     /// `10s`), unless REDIS_CONNECT_TIMEOUT_MS / REDIS_TIMEOUT_MS are given.
-    #[arg(long, env = "REDIS_TIMEOUT", value_parser = super::duration)]
+    #[arg(long, env = "REDIS_TIMEOUT", value_parser = crate::cli::duration)]
     pub redis_timeout: Option<Duration>,
     /// `tcp` or `unix`: with `unix` (a single Redis), REDIS_URL is the path
     /// of Redis's Unix socket. Unset: a REDIS_URL starting with `/` is one.

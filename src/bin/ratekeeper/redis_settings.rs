@@ -80,7 +80,7 @@ pub struct PerSecondArgs {
     redis_persecond_sentinel_auth: Option<String>,
     /// Deadline of connecting to the per-second Redis and of each call (Go
     /// syntax). Default: the main Redis's deadlines.
-    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", value_parser = super::duration)]
+    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", value_parser = crate::cli::duration)]
     redis_persecond_timeout: Option<Duration>,
 }
 
