@@ -1056,12 +1056,34 @@ async fn a_settle_cut_short_between_slots_is_completed_by_a_retry_after_the_ttl(
 /// with, so the replica gives it back itself (a settle at 0 a second later).
 #[tokio::test]
 async fn a_reserve_made_after_its_deadline_is_given_back() {
+    a_lost_reserve_is_given_back("100", None, Code::Unavailable).await;
+}
+
+/// So is one whose caller gave up first (its `grpc-timeout` passed while
+/// Redis slept, well within the store's deadline; tonic's client then
+/// cancels the call): the server drops the call's handler, and with it the
+/// reserve under way.
+#[tokio::test]
+async fn a_reserve_whose_caller_gave_up_is_given_back() {
+    let gave_up = Some(Duration::from_millis(100));
+    a_lost_reserve_is_given_back("5000", gave_up, Code::Cancelled).await;
+}
+
+/// A Reserve of 100 sent while Redis sleeps half a second, with
+/// `--redis-timeout-ms redis_timeout_ms` and the caller's `timeout`, fails
+/// with `code`; Redis makes it when it wakes, and the replica gives it
+/// back within 15 s.
+async fn a_lost_reserve_is_given_back(
+    redis_timeout_ms: &str,
+    timeout: Option<Duration>,
+    code: Code,
+) {
     let redis = RedisServer::spawn_free(&["--enable-debug-command", "yes"]);
     let dir = limits_dir();
     let url = redis.url();
     let server = Ratekeeper::spawn(
         dir.path(),
-        &["--redis-url", &url, "--redis-timeout-ms", "100"],
+        &["--redis-url", &url, "--redis-timeout-ms", redis_timeout_ms],
     );
     let mut client = connect(&server.grpc).await;
     assert_eq!(
@@ -1078,11 +1100,12 @@ async fn a_reserve_made_after_its_deadline_is_given_back() {
         slept.expect("DEBUG SLEEP");
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let lost = client
-        .reserve(reserve_request("daily", "late", 100, None))
-        .await
-        .expect_err("no answer within the deadline");
-    assert_eq!(lost.code(), Code::Unavailable, "{lost:?}");
+    let mut lost = tonic::Request::new(reserve_request("daily", "late", 100, None));
+    if let Some(timeout) = timeout {
+        lost.set_timeout(timeout);
+    }
+    let lost = client.reserve(lost).await.expect_err("no answer in time");
+    assert_eq!(lost.code(), code, "{lost:?}");
     sleeper.join().expect("DEBUG SLEEP");
 
     // Made when Redis woke (999 - 100 left), then given back: 999 again.

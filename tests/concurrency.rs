@@ -526,9 +526,32 @@ async fn stall_redis(redis: &RedisServer) -> std::thread::JoinHandle<()> {
 /// leaving the places taken for the whole TTL (30 s here).
 #[tokio::test]
 async fn acquires_made_after_their_deadline_are_given_back() {
+    lost_acquires_are_given_back(&[], None, tonic::Code::Unavailable).await;
+}
+
+/// So are acquires whose callers gave up first (a 100 ms `grpc-timeout`,
+/// well within the store's deadline): the server drops their handlers,
+/// and with them the acquires under way.
+#[tokio::test]
+async fn acquires_whose_callers_gave_up_are_given_back() {
+    let gave_up = Some(Duration::from_millis(100));
+    let args = ["--redis-timeout-ms", "5000"];
+    lost_acquires_are_given_back(&args, gave_up, tonic::Code::Cancelled).await;
+}
+
+/// Ten acquires sent while Redis is busy for 500 ms, with `server_args`
+/// and the callers' `timeout`: some fail with `code`, and whatever Redis
+/// made of them is released within 15 s.
+async fn lost_acquires_are_given_back(
+    server_args: &[&str],
+    timeout: Option<Duration>,
+    code: tonic::Code,
+) {
     let redis = RedisServer::start();
     let dir = limits_dir_of(10, "30s");
-    let server = Ratekeeper::spawn(dir.path(), &["--redis-url", &redis.url()]);
+    let url = redis.url();
+    let args = [&["--redis-url", url.as_str()], server_args].concat();
+    let server = Ratekeeper::spawn(dir.path(), &args);
     let mut client = connect(&server.grpc).await;
     assert!(acquire(&mut client, "warm", None).await.granted);
 
@@ -537,7 +560,10 @@ async fn acquires_made_after_their_deadline_are_given_back() {
     let acquires = (0..10).map(|_| {
         let mut client = client.clone();
         async move {
-            let request = acquire_request(&[("user_id", "late")], None);
+            let mut request = tonic::Request::new(acquire_request(&[("user_id", "late")], None));
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
             let answer = client.acquire_connection(request).await;
             answer.map(|r| r.into_inner().granted).map_err(|e| e.code())
         }
@@ -546,15 +572,16 @@ async fn acquires_made_after_their_deadline_are_given_back() {
     stall.join().expect("the busy script");
     // Granted ones (a slow start of the stall) keep their places.
     let granted = answers.iter().filter(|a| *a == &Ok(true)).count() as u64;
-    assert!(
-        answers.contains(&Err(tonic::Code::Unavailable)),
-        "{answers:?}"
-    );
+    assert!(answers.contains(&Err(code)), "{answers:?}");
 
     let key = "rk:{ws|user_id=late}:conn";
     let mut conn = redis.client().get_connection().expect("redis connection");
     let mut taken = || -> u64 { redis::cmd("ZCARD").arg(key).query(&mut conn).unwrap() };
     let made = taken() - granted;
+    assert!(
+        made > 0,
+        "none of the lost acquires was made: nothing tested"
+    );
     // A second, or eleven when the circuit breaker (opened by the failures)
     // refused the first give-back.
     let deadline = Instant::now() + Duration::from_secs(15);

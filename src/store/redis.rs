@@ -42,7 +42,30 @@ const LATE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_se
 const MAX_WAITING_GIVE_BACKS: usize = 10_000;
 static WAITING_GIVE_BACKS: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs `give_back` in the background, unless too many wait already.
+/// Runs its give-back when dropped, unless [`done`](Self::done): a reserve
+/// or an acquire whose future is dropped before it returns (its caller
+/// cancelled, or the call's `grpc-timeout` passed: tonic then drops the
+/// handler) may still be made by Redis, and no caller gets its id to settle
+/// or release it with. A call that returns gives back on its own paths
+/// what a failure or a refusal leaves.
+struct UnlessReturned<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> UnlessReturned<F> {
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for UnlessReturned<F> {
+    fn drop(&mut self) {
+        if let Some(give_back) = self.0.take() {
+            give_back();
+        }
+    }
+}
+
+/// Runs `give_back` in the background, unless too many wait already (or
+/// there is no runtime to run it on: a call dropped as its runtime stops).
 fn spawn_give_back(give_back: impl std::future::Future<Output = ()> + Send + 'static) {
     /// Counts a give-back waiting until it ends (or its task is dropped).
     struct Waiting;
@@ -57,7 +80,11 @@ fn spawn_give_back(give_back: impl std::future::Future<Output = ()> + Send + 'st
         return;
     }
     let waiting = Waiting;
-    tokio::spawn(async move {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        metrics::counter!("ratekeeper_store_give_backs_dropped").increment(1);
+        return;
+    };
+    runtime.spawn(async move {
         let _waiting = waiting;
         give_back.await;
     });
@@ -406,6 +433,17 @@ impl RedisStore {
     /// longer, so that they are still there when a settle (or its retry
     /// within the grace) has found the first.
     pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
+        let dropped = UnlessReturned(Some(|| {
+            for group in self.groups(checks.iter().map(|c| c.key.as_str())) {
+                self.give_back_if_made_late(checks, group, nonce);
+            }
+        }));
+        let reserved = self.reserve_slots(checks, nonce, ttl_ms).await;
+        dropped.done();
+        reserved
+    }
+
+    async fn reserve_slots(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
         let mut outcomes = vec![None; checks.len()];
         let mut reserved: Vec<Vec<usize>> = Vec::new();
         let mut granted = true;
@@ -664,6 +702,21 @@ impl RedisStore {
     /// different hash slots are acquired one slot after another, and the
     /// places already taken are given back if a later slot refuses.
     pub async fn acquire(
+        &self,
+        slots: &[LeaseSlot],
+        member: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<Acquired> {
+        let dropped = UnlessReturned(Some(|| {
+            self.release_later(member, slots.iter().map(|s| s.key.clone()).collect());
+        }));
+        let acquired = self.acquire_slots(slots, member, holder, ttl_ms).await;
+        dropped.done();
+        acquired
+    }
+
+    async fn acquire_slots(
         &self,
         slots: &[LeaseSlot],
         member: &str,

@@ -151,6 +151,11 @@ def test_a_bad_spend_fails_in_the_block(client, user):
             huge.spend(2**32 + 1)
     assert huge.settlement.settled == 100 and huge.settle_error is None
 
+    # After the block the reservation is settled: a late spend() would be
+    # lost, so it raises.
+    with pytest.raises(RuntimeError, match="settled already"):
+        huge.spend(1)
+
 
 def test_a_failed_settle_on_exit_raises_nothing_and_is_kept(rk, client, user, caplog):
     """Work that outlived its reservation's TTL: the settle on exit fails

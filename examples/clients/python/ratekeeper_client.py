@@ -356,10 +356,14 @@ class Budget:
         self.settlement: Optional[Settlement] = None
         # A settle that failed on exit from a block that raised.
         self.settle_error: Optional[Exception] = None
+        # Set once the block has exited: the settle has been made.
+        self.closed = False
 
     def spend(self, n: int) -> None:
         # Checked here, inside the block, so that a bad value fails where it
         # is made, not in the settle on exit.
+        if self.closed:
+            raise RuntimeError("spend() after the budget() block: its reservation is settled already")
         if not isinstance(n, int) or isinstance(n, bool):
             raise TypeError(f"spend(n) needs a whole number of hits, not {n!r}")
         if n < 0:
@@ -653,8 +657,11 @@ class RateLimitClient:
 
         A settle that fails on exit (the reservation outlived its TTL, the
         service stayed unreachable) raises nothing: the work is done, and
-        the reservation stays charged at its estimate until its TTL, the
-        side that keeps the budget. The error is kept in
+        the reservation stays charged at its estimate, the side that keeps
+        the budget: its estimate counts as the work's cost, and ages out
+        as the limit's hits do (a daily window's at the day's end), not at
+        the reservation's TTL, which only bounds when a settle may still
+        change it. The error is kept in
         budget.settle_error (budget.settlement is then None) and logged as
         a warning. With fail_open, a reservation granted without the
         service is settled without it: Settlement(settled=0, error=...)."""
@@ -665,6 +672,7 @@ class RateLimitClient:
         try:
             yield spending
         finally:
+            spending.closed = True
             actual = estimate if spending.spent is None else spending.spent
             if reservation.error is not None:
                 spending.settlement = Settlement(settled=0, error=reservation.error)
