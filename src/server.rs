@@ -511,15 +511,11 @@ async fn probe_store(
     }
 }
 
-/// Whether `store` answers. Until it has answered once (`ever_up`), it is
-/// warmed up instead of pinged: readiness then means every connection is
-/// open and scripts loaded.
+/// Whether `store` answers on every lane's connections. Until it has
+/// answered once (`ever_up`), it is warmed up instead of pinged: readiness
+/// then means every connection is open and scripts loaded.
 async fn probe_once(store: &Store, lanes: &[Handle], ever_up: bool, role: Role) -> bool {
-    let probe = if ever_up {
-        store.ping().await
-    } else {
-        warm_up(store, lanes).await
-    };
+    let probe = on_every_lane(store, lanes, !ever_up).await;
     match probe {
         Ok(()) => true,
         Err(error) => {
@@ -534,20 +530,26 @@ async fn probe_once(store: &Store, lanes: &[Handle], ever_up: bool, role: Role) 
     }
 }
 
-/// Warms the store up on every lane, on that lane's thread: each lane has
-/// its own Redis connections, and a connection's reader runs where it was
-/// opened.
-async fn warm_up(store: &Store, lanes: &[Handle]) -> Result<()> {
+/// Warms the store up (`warm`) or pings it on every lane, on that lane's
+/// thread: each lane has its own Redis connections, a connection's reader
+/// runs where it was opened, and a lane's connections left idle while
+/// another's serve would be closed by an idle timeout unseen.
+async fn on_every_lane(store: &Store, lanes: &[Handle], warm: bool) -> Result<()> {
     // The in-memory store is ready as it is: no need to wait for the lanes.
     if let Store::Memory(_) = store {
         return Ok(());
     }
-    let warming = lanes.iter().enumerate().map(|(index, lane)| {
+    let probing = lanes.iter().enumerate().map(|(index, lane)| {
         let store = store.for_lane(index);
-        lane.spawn(async move { store.warm_up().await })
+        lane.spawn(async move {
+            match warm {
+                true => store.warm_up().await,
+                false => store.ping().await,
+            }
+        })
     });
-    for warmed in join_all(warming).await {
-        warmed.map_err(|e| Error::Store(format!("warm-up stopped: {e}")))??;
+    for probed in join_all(probing).await {
+        probed.map_err(|e| Error::Store(format!("store probe stopped: {e}")))??;
     }
     Ok(())
 }

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, Sentinel, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
+use tonic::transport::Channel;
 
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
 /// LIMITS answering OK while the store fails, for the tests that measure
@@ -465,6 +467,122 @@ async fn auth_with_password_and_acl_user_and_the_secret_is_never_logged() {
         .await
         .unwrap_err();
     assert!(!e.message().contains(SECRET), "{e:?}");
+}
+
+/// Answers from Redis (not degraded) to `n` requests on each of `clients`
+/// (one gRPC connection each, so on different serving lanes).
+async fn answered_from_redis(clients: &mut [RateLimitServiceClient<Channel>], n: usize) -> usize {
+    let mut answered = 0;
+    for client in clients.iter_mut() {
+        for i in 0..n {
+            let r = client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", &format!("v{i}"))])]))
+                .await
+                .expect("an answer (open failure mode)")
+                .into_inner();
+            answered += usize::from(degraded(&r).is_none());
+        }
+    }
+    answered
+}
+
+/// Two lanes' clients of `server`: the connections are dealt to the least
+/// loaded lane, so one each.
+async fn lane_clients(server: &Ratekeeper) -> Vec<RateLimitServiceClient<Channel>> {
+    vec![server.client().await, server.client().await]
+}
+
+/// A password rotated while connected: Redis drops the connections, their
+/// reconnection is refused its login, and once the password is right
+/// again the next probe or request replaces them, on every lane (the redis
+/// crate's connection manager alone keeps the refusal for good).
+#[tokio::test]
+async fn connections_refused_their_login_are_replaced_once_it_is_right_again() {
+    let redis = RedisServer::spawn_free(&["--requirepass", "pw1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("127.0.0.1:{}", redis.port);
+    let args = [
+        "--redis-url",
+        &url,
+        "--redis-auth",
+        "pw1",
+        "--serving-threads",
+        "2",
+    ];
+    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &args);
+    let mut clients = lane_clients(&server).await;
+    assert_eq!(answered_from_redis(&mut clients, 4).await, 8);
+
+    let admin = |password: &str| {
+        let url = format!("redis://:{password}@127.0.0.1:{}", redis.port);
+        redis::Client::open(url).unwrap().get_connection().unwrap()
+    };
+    let mut old = admin("pw1");
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "pw2"][..])
+        .query(&mut old)
+        .unwrap();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal"][..])
+        .query(&mut old)
+        .unwrap();
+    // Refused for 2 s, requests and probes meeting the refusal.
+    let refused = Instant::now();
+    let mut answered = 0;
+    while refused.elapsed() < Duration::from_secs(2) {
+        answered += answered_from_redis(&mut clients, 4).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        answered < 8,
+        "the connections were not refused: nothing tested"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "pw1"][..])
+        .query(&mut admin("pw2"))
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered_from_redis(&mut clients, 4).await < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "still refused 10 s after the password was right again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Redis closes a connection idle past its `timeout` (a load balancer's
+/// idle timer too), and the request that then finds it closed fails. The
+/// health probe calls on every connection of every lane every 5 s, so a
+/// request after a quiet spell longer than the timeout finds them open.
+#[tokio::test]
+async fn every_lanes_connections_outlive_an_idle_timeout() {
+    let redis = RedisServer::spawn_free(&["--timeout", "7"]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    // A deadline no slowness meets: only a closed connection fails.
+    let args = [
+        "--redis-url",
+        &url,
+        "--serving-threads",
+        "2",
+        "--redis-pool-size",
+        "2",
+        "--redis-timeout-ms",
+        "1000",
+    ];
+    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &args);
+    let mut clients = lane_clients(&server).await;
+    assert_eq!(answered_from_redis(&mut clients, 4).await, 8);
+    // Idle past the timeout (Redis looks at every client within a second).
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(
+        answered_from_redis(&mut clients, 4).await,
+        8,
+        "requests met connections Redis had closed as idle: {}",
+        server.logs()
+    );
 }
 
 #[tokio::test]

@@ -907,15 +907,18 @@ pub async fn role(conn: &mut impl ConnectionLike) -> Option<String> {
 /// Whether `error` shows that the connection it came on leads nowhere
 /// useful any more, so that it must be replaced: the server was demoted to
 /// a replica (`READONLY`), lost its master (`MASTERDOWN`), is loading its
-/// data after a restart (`LOADING`), or the connection broke. (The three
-/// replies come before a script runs: nothing was counted.) One timeout is
-/// not one: the server may just be slow, and new connections would only
-/// add to its load; [`SILENCE_BEFORE_REPLACING`] of them is.
+/// data after a restart (`LOADING`), the connection broke, or its
+/// reconnection was refused its login (a password rotated: the redis
+/// crate's connection manager keeps that failure for good, so only new
+/// connections, made once the password is right again, end it). (The
+/// three replies come before a script runs: nothing was counted.) One
+/// timeout is not one: the server may just be slow, and new connections
+/// would only add to its load; [`SILENCE_BEFORE_REPLACING`] of them is.
 fn is_stale(error: &RedisError) -> bool {
     use redis::ServerErrorKind::{BusyLoading, MasterDown, ReadOnly};
     matches!(
         error.kind(),
-        ErrorKind::Server(ReadOnly | MasterDown | BusyLoading)
+        ErrorKind::Server(ReadOnly | MasterDown | BusyLoading) | ErrorKind::AuthenticationFailed
     ) || (error.is_io_error() && !error.is_timeout())
         || error.is_connection_dropped()
 }

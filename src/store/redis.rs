@@ -19,7 +19,7 @@ use redis::Script;
 use super::batcher::{Batcher, BudgetOps, Checks};
 use super::budget::{marker_key, Reserved, Settled};
 use super::caller::Caller;
-use super::connection::{role, Connections, OutageLines, PoolReader, RedisSettings};
+use super::connection::{role, Conn, Connections, OutageLines, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass};
@@ -940,51 +940,60 @@ impl RedisStore {
         }
     }
 
-    /// Round trip to Redis, for the health probe: the limiter called with
-    /// no checks (it touches no key). Unlike a `PING`, it meets what
-    /// requests would: a server that no longer takes writes (a demoted
-    /// primary refuses a function call with `READONLY`; with scripts only,
-    /// `ROLE` says so; the connections are replaced), or a limiter gone
-    /// (loaded again). So a replica whose
-    /// requests are all answered by the over-limit cache still notices a
-    /// failover. It bypasses the breaker, and closes it when Redis answers.
+    /// Round trip to Redis on each of this lane's connections, for the
+    /// health probe (run on every lane): the limiter called with no checks
+    /// (it touches no key). Unlike a `PING`, it meets what requests would:
+    /// a server that no longer takes writes (a demoted primary refuses a
+    /// function call with `READONLY`; with scripts only, `ROLE` says so;
+    /// the connections are replaced), or a limiter gone (loaded again). So
+    /// a replica whose requests are all answered by the over-limit cache
+    /// still notices a failover. Every connection, every probe: one idle
+    /// for long is closed by Redis's `timeout` or a load balancer's idle
+    /// timer, and the request that found it so would fail (theirs pings
+    /// its pool's connections as often). It bypasses the breaker, and
+    /// closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
-        let result = async {
-            let caller = self.caller();
-            let mut conn = caller.connections.get(caller.call_timeout).await?;
-            let no_checks = std::iter::empty::<(bool, std::slice::Iter<'_, Check>)>();
-            let cmd = self.limiter.command(&self.now_arg(), no_checks);
-            let reply: Vec<i64> = self
-                .probe("the health probe", self.limiter.call(&mut conn, &cmd))
-                .await?;
-            if !reply.is_empty() {
-                return Err(Error::Store(format!(
-                    "the limiter without checks returned {reply:?}"
-                )));
-            }
-            // A script that writes nothing runs on a replica too: with
-            // scripts only, ROLE says whether the server still takes writes.
-            // (Not on a cluster, where a keyless command reaches any node
-            // and a failover moves slots: MOVED says where.)
-            if !self.limiter.uses_functions() && self.topology != Topology::Cluster {
-                let primary = async {
-                    match role(&mut conn).await.as_deref() {
-                        Some("slave") => Err(redis::RedisError::from((
-                            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                            "the server is a replica (ROLE)",
-                        ))),
-                        _ => Ok(()),
-                    }
-                };
-                self.probe("the health probe's ROLE", primary).await?;
-            }
-            Ok(())
+        let caller = self.caller();
+        let mut conns = caller.connections.all();
+        if conns.is_empty() {
+            conns.push(caller.connections.get(caller.call_timeout).await?);
         }
-        .await;
-        if result.is_ok() {
-            self.caller().answered();
+        for mut conn in conns {
+            self.ping_on(&mut conn).await?;
         }
-        result
+        self.caller().answered();
+        Ok(())
+    }
+
+    /// [`Self::ping`] on one connection.
+    async fn ping_on(&self, conn: &mut Conn) -> Result<()> {
+        let no_checks = std::iter::empty::<(bool, std::slice::Iter<'_, Check>)>();
+        let cmd = self.limiter.command(&self.now_arg(), no_checks);
+        let reply: Vec<i64> = self
+            .probe("the health probe", self.limiter.call(conn, &cmd))
+            .await?;
+        if !reply.is_empty() {
+            return Err(Error::Store(format!(
+                "the limiter without checks returned {reply:?}"
+            )));
+        }
+        // A script that writes nothing runs on a replica too: with
+        // scripts only, ROLE says whether the server still takes writes.
+        // (Not on a cluster, where a keyless command reaches any node
+        // and a failover moves slots: MOVED says where.)
+        if !self.limiter.uses_functions() && self.topology != Topology::Cluster {
+            let primary = async {
+                match role(conn).await.as_deref() {
+                    Some("slave") => Err(redis::RedisError::from((
+                        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                        "the server is a replica (ROLE)",
+                    ))),
+                    _ => Ok(()),
+                }
+            };
+            self.probe("the health probe's ROLE", primary).await?;
+        }
+        Ok(())
     }
 }
 
