@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::authority::AuthorityFixed;
 use crate::preface::Prefaced;
 use crate::tls::ReloadingTls;
 
@@ -278,11 +279,10 @@ impl Connected for Deadlined {
     }
 }
 
-/// An accepted connection, plain or TLS.
-pub enum Accepted {
-    Plain(Deadlined),
-    Tls(Box<tokio_rustls::server::TlsStream<Deadlined>>),
-}
+/// An accepted connection as the gRPC server reads it: its `:authority`
+/// values made acceptable to h2 ([`crate::authority`]: Istio's and
+/// Contour's cluster names are not), over TLS or not.
+pub struct Accepted(AuthorityFixed<Transport>);
 
 impl AsyncRead for Accepted {
     fn poll_read(
@@ -290,10 +290,7 @@ impl AsyncRead for Accepted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Accepted::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
     }
 }
 
@@ -303,24 +300,15 @@ impl AsyncWrite for Accepted {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Accepted::Plain(s) => Pin::new(s).poll_write(cx, data),
-            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
-        }
+        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Accepted::Plain(s) => Pin::new(s).poll_flush(cx),
-            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Accepted::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Accepted::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
     }
 }
 
@@ -328,9 +316,69 @@ impl Connected for Accepted {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
+        self.0.get_ref().connect_info()
+    }
+}
+
+/// An accepted connection, plain or TLS.
+pub enum Transport {
+    Plain(Deadlined),
+    Tls(Box<tokio_rustls::server::TlsStream<Deadlined>>),
+}
+
+impl From<Transport> for Accepted {
+    fn from(transport: Transport) -> Self {
+        Accepted(AuthorityFixed::new(transport))
+    }
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, data),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Connected for Transport {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
         match self {
-            Accepted::Plain(s) => s.connect_info(),
-            Accepted::Tls(s) => s.get_ref().0.connect_info(),
+            Transport::Plain(s) => s.connect_info(),
+            Transport::Tls(s) => s.get_ref().0.connect_info(),
         }
     }
 }
@@ -424,7 +472,7 @@ pub fn incoming(
             };
             let Some(tls) = &tls else {
                 stream.close_after(lifetime);
-                if tx.send(Ok(Accepted::Plain(stream))).await.is_err() {
+                if tx.send(Ok(Transport::Plain(stream).into())).await.is_err() {
                     return;
                 }
                 continue;
@@ -434,7 +482,7 @@ pub fn incoming(
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                     Ok(Ok(mut stream)) => {
                         stream.get_mut().0.close_after(lifetime);
-                        let _ = tx.send(Ok(Accepted::Tls(Box::new(stream)))).await;
+                        let _ = tx.send(Ok(Transport::Tls(Box::new(stream)).into())).await;
                     }
                     Ok(Err(error)) => crate::tls::handshake_failed(&error, None),
                     Err(_) => tracing::debug!("TLS handshake timed out"),

@@ -73,6 +73,7 @@
 //! The binary (`src/bin/ratekeeper/`: `main.rs`, its flags and settings
 //! modules) only parses flags and the environment and calls into these.
 
+pub mod authority;
 pub mod clock;
 pub mod config;
 pub mod dogstatsd;

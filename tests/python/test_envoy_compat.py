@@ -18,6 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import DOMAIN
 from rls_client import (
+    RateLimitRequest,
+    RateLimitResponse,
     RateLimitResponseCode as Code,
     RateLimitResponseRateLimitUnit as LimitUnit,
     RateLimitUnit,
@@ -319,3 +321,41 @@ def test_sigterm_stops_gracefully(start_server):
             assert client.should_rate_limit(DOMAIN, [address("x")]).overall_code == OK
         code = stop(server.process)
         assert code == 0, f"exit code {code}\n{server.log()}"
+
+
+# --- the caller's :authority ------------------------------------------------
+
+# Envoy calling an `envoy_grpc` service with no `authority` set sends the
+# cluster's name as :authority; Istio's and Contour's are not host names,
+# and gRPC's C core dialling a Unix socket sends its path. hyper's h2 resets
+# such a call; grpc-go (theirs) takes it. grpcio's encoder (Huffman, the
+# dynamic table) sends the value first as a literal, then by index.
+@pytest.mark.parametrize("authority", [
+    "outbound|8081||ratelimit.default.svc.cluster.local",
+    "extension/projectcontour/ratelimit",
+])
+def test_any_authority_is_answered_as_grpc_go_answers_it(rls_server, uid, authority):
+    options = [("grpc.default_authority", authority), ("grpc.enable_http_proxy", 0)]
+    with grpc.insecure_channel(rls_server.grpc_addr, options=options) as channel:
+        call = channel.unary_unary(
+            f"/{RLS_SERVICE}/ShouldRateLimit",
+            request_serializer=bytes,
+            response_deserializer=RateLimitResponse.parse,
+        )
+        codes = [call(bytes(RateLimitRequest(domain=DOMAIN, descriptors=[user(uid)]))).overall_code
+                 for _ in range(4)]
+    assert codes == [OK, OK, OK, OVER_LIMIT]
+
+
+def test_a_unix_socket_takes_grpcios_default_authority(start_server, tmp_path, uid, monkeypatch):
+    socket = tmp_path / "rls.sock"
+    monkeypatch.setenv("GRPC_UDS", str(socket))
+    with start_server():
+        with grpc.insecure_channel(f"unix:{socket}") as channel:
+            call = channel.unary_unary(
+                f"/{RLS_SERVICE}/ShouldRateLimit",
+                request_serializer=bytes,
+                response_deserializer=RateLimitResponse.parse,
+            )
+            response = call(bytes(RateLimitRequest(domain=DOMAIN, descriptors=[user(uid)])))
+    assert response.overall_code == OK
