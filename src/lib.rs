@@ -12,7 +12,8 @@
 //! - [`server`] binds the gRPC server: the rate limit service, the
 //!   concurrency and budget services, gRPC health, reflection, and the config watcher;
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
-//!   them ([`preface`]: the HTTP/2 preface in time; [`grpc_only`] answers
+//!   them ([`preface`]: the HTTP/2 preface in time; [`authority`] makes
+//!   every caller's `:authority` one h2 takes; [`grpc_only`] answers
 //!   what is not a gRPC call as grpc-go does; [`repeated_cap`] counts a
 //!   request's descriptors or lease ids before they are decoded)
 //!   and deals them to the [`lanes`], one single-threaded runtime per

@@ -422,6 +422,8 @@ async fn debug_logs_say_what_each_descriptor_matched_and_decided() {
         "{}",
         decided[2]
     );
+    // Only its own lines, as theirs: not the HTTP/2 library's frames.
+    assert!(!logs.contains("frame="), "{logs}");
 }
 
 /// Off a terminal, text logs are logrus' logfmt, and so is the error that

@@ -318,7 +318,13 @@ impl From<FailureModeArg> for FailureMode {
 /// log nothing else, errors included.
 pub(crate) fn log_filter(level: &str) -> Result<String> {
     if let Some(level) = tracing_level(level) {
-        return Ok(level.into());
+        // Theirs logs only its own lines at debug; h2's and hyper's would
+        // be a dozen a call (frames, window updates), so the libraries
+        // stay at info unless a directive names them.
+        return Ok(match level {
+            "debug" | "trace" => format!("info,ratekeeper={level}"),
+            _ => level.into(),
+        });
     }
     let directive = |d: &str| match d.split_once('=') {
         Some((target, level)) => {

@@ -31,7 +31,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("PORT", Same("")),
     ("DEBUG_HOST", Same("the debug listener serves `/rlconfig` only")),
     ("DEBUG_PORT", Same("")),
-    ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP; a client must send a valid `:authority` there (see Differences)")),
+    ("GRPC_UDS", Same("gRPC on this Unix socket instead of TCP")),
     ("GRPC_HOST", Same("with `GRPC_PORT`; `GRPC_ADDR` (own) wins")),
     ("GRPC_PORT", Same("with `GRPC_HOST`; `GRPC_ADDR` (own) wins")),
     ("GRPC_MAX_CONNECTION_AGE", Same("GOAWAY at the age (±10% jitter per serving thread, theirs per connection); Go duration syntax, default `24h`; `0` never, as grpc-go")),
