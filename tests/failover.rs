@@ -585,6 +585,64 @@ async fn every_lanes_connections_outlive_an_idle_timeout() {
     );
 }
 
+/// A Redis stalled for long (here `CLIENT PAUSE` for 9 s, requests coming
+/// all along) gets new connections from each serving thread after 1 s of
+/// silence, then 2 s, 4 s and 8 s more (until an answer), not every
+/// second: each new connection would add to its backlog when it wakes.
+#[tokio::test]
+async fn a_long_stall_gets_fewer_and_fewer_new_connections() {
+    let redis = RedisServer::spawn_free(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let args = [
+        "--redis-url",
+        &url,
+        "--serving-threads",
+        "2",
+        "--redis-pool-size",
+        "2",
+    ];
+    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &args);
+    let mut clients = lane_clients(&server).await;
+    assert_eq!(answered_from_redis(&mut clients, 2).await, 4);
+
+    let mut admin = redis.client().get_connection().unwrap();
+    let received = |admin: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(admin).unwrap();
+        let line = info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"));
+        line.unwrap().trim().parse().unwrap()
+    };
+    let before = received(&mut admin);
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "9000", "ALL"][..])
+        .query(&mut admin)
+        .unwrap();
+    let paused = Instant::now();
+    while paused.elapsed() < Duration::from_secs(9) {
+        answered_from_redis(&mut clients, 1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Answered again once the pause is over.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered_from_redis(&mut clients, 2).await < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "not back on Redis after the pause"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let opened = received(&mut admin) - before;
+    println!("{opened} connections opened during a 9 s pause");
+    // Two threads of one connection each: replaced at about 1, 3 and 7 s
+    // (every second, some 16).
+    assert!(
+        opened <= 8,
+        "{opened} connections opened during a 9 s pause"
+    );
+}
+
 #[tokio::test]
 async fn tls_with_client_certificates_and_auth() {
     const SECRET: &str = "tls-pa55";

@@ -24,7 +24,7 @@
 //! unreachable; and from the serving lane that will use the connections, so
 //! their readers run on its thread (`crate::lanes`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -246,6 +246,9 @@ pub struct Connections {
     connected: watch::Sender<u64>,
     /// Failed calls in a row (cluster: a dead master's slots).
     failures: AtomicUsize,
+    /// Replacements for silence since an answer (see
+    /// [`MAX_SILENCE_DOUBLINGS`]).
+    silent_replacements: AtomicU32,
     /// When the failures in a row began (or the connections were last
     /// replaced, if later), in ms since `epoch`.
     failing_since_ms: AtomicU64,
@@ -337,6 +340,13 @@ const CLUSTER_RETRIES: u32 = 3;
 /// ones once connected, and until then the old ones serve.
 const SILENCE_BEFORE_REPLACING: Duration = Duration::from_secs(1);
 
+/// Replacements for silence in a row, none answered between, after which
+/// the silence waited for stops doubling (1 s, 2 s, 4 s, then 8 s): a Redis
+/// stalled for long (a `CLIENT PAUSE`, a slow disk at a save) would
+/// otherwise get a new pool a second from every replica, each connection
+/// adding to its backlog when it wakes.
+const MAX_SILENCE_DOUBLINGS: u32 = 3;
+
 impl Connections {
     /// Prepares the connections; they are made on first use. Never waits
     /// for Redis. `generation` is bumped when a replacement reaches a server
@@ -384,6 +394,7 @@ impl Connections {
             runtime: OnceLock::new(),
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
+            silent_replacements: AtomicU32::new(0),
             broken: AtomicBool::new(false),
             lines,
             failing_since_ms: AtomicU64::new(0),
@@ -452,6 +463,7 @@ impl Connections {
     /// Records a successful call.
     pub fn succeeded(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        self.silent_replacements.store(0, Ordering::Relaxed);
         // Answering again before a replacement: open again.
         if self.broken.load(Ordering::Relaxed) && self.broken.swap(false, Ordering::AcqRel) {
             self.opened
@@ -496,7 +508,8 @@ impl Connections {
                 let why = match error {
                     Some(error) if is_stale(error) => error.to_string(),
                     Some(error) if !error.is_timeout() => return,
-                    _ if self.failing_for() >= SILENCE_BEFORE_REPLACING => {
+                    _ if self.failing_for() >= self.silence_before_replacing() => {
+                        self.silent_replacements.fetch_add(1, Ordering::Relaxed);
                         format!("no answer for {:?}", self.failing_for())
                     }
                     _ => return,
@@ -520,6 +533,14 @@ impl Connections {
                 }
             }
         }
+    }
+
+    /// The silence that replaces the connections now: doubled by each
+    /// replacement for silence since the last answer, up to
+    /// [`MAX_SILENCE_DOUBLINGS`] times.
+    fn silence_before_replacing(&self) -> Duration {
+        let doublings = self.silent_replacements.load(Ordering::Relaxed);
+        SILENCE_BEFORE_REPLACING * (1 << doublings.min(MAX_SILENCE_DOUBLINGS))
     }
 
     /// Reconnects because a sentinel named a new master: now, or once the
