@@ -548,11 +548,20 @@ async fn on_every_lane(store: &Store, lanes: &[Handle], warm: bool) -> Result<()
             }
         })
     });
-    for probed in join_all(probing).await {
+    // A lane whose thread is stuck must not stop the probe loop (and with
+    // it readiness and the config's domains check).
+    let probed = tokio::time::timeout(LANE_PROBE_LIMIT, join_all(probing))
+        .await
+        .map_err(|_| Error::Store("a serving thread did not answer the store probe".into()))?;
+    for probed in probed {
         probed.map_err(|e| Error::Store(format!("store probe stopped: {e}")))??;
     }
     Ok(())
 }
+
+/// How long [`on_every_lane`] waits for the lanes: the warm-up's steps,
+/// each under the probe timeout, and then some.
+const LANE_PROBE_LIMIT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -4,12 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::huffman;
-
-/// A header block h2 would refuse, or one the rewriter cannot follow: the
-/// rewriter gives up and leaves the judgement to h2.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Malformed;
+use super::{huffman, Malformed};
 
 /// h2's SETTINGS_HEADER_TABLE_SIZE, the default, which this server never
 /// changes: the most the client may size the table to.

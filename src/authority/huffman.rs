@@ -3,7 +3,7 @@
 //! shorter ones), so it is rebuilt from the code lengths alone, and decoded
 //! by comparing a 32-bit window against each length's last code.
 
-use super::hpack::Malformed;
+use super::Malformed;
 
 /// Code lengths in bits, symbols 0..=255 then EOS (256). From the RFC's
 /// table, as h2 (`hpack/huffman/table.rs`) has it.

@@ -26,6 +26,7 @@
 //! itself: since nothing was changed in a way that could desynchronise
 //! the table, giving up is always safe.
 
+use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -40,6 +41,11 @@ mod rewriter;
 #[cfg(test)]
 mod tests;
 
+/// A header block h2 would refuse, or one the rewriter cannot follow: the
+/// rewriter gives up and leaves the judgement to h2.
+#[derive(Debug, PartialEq, Eq)]
+struct Malformed;
+
 /// How much is read from the connection at a time.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -51,12 +57,29 @@ const READ_CHUNK: usize = 16 * 1024;
 pub struct AuthorityFixed<T> {
     inner: T,
     rewriter: Rewriter,
-    /// Bytes read from `inner`, reused for every read.
-    input: Box<[u8]>,
-    /// Rewritten bytes not yet handed to the reader.
+    /// Rewritten bytes the reader's buffer could not take yet (rare: a
+    /// read takes at most what that buffer has room for, but a header
+    /// block released at once, or rewritten longer, may not fit).
     output: Vec<u8>,
     /// How much of `output` has been handed out.
     taken: usize,
+}
+
+thread_local! {
+    /// The buffers every connection's reads on this thread go through (a
+    /// read never yields while it uses them), so that a connection holds
+    /// none between reads: tens of thousands of connections would
+    /// otherwise keep 16 KiB or more each.
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
+        input: vec![0; READ_CHUNK].into_boxed_slice(),
+        output: Vec::new(),
+    });
+}
+
+/// A read's input and its rewritten output.
+struct Scratch {
+    input: Box<[u8]>,
+    output: Vec<u8>,
 }
 
 impl<T> AuthorityFixed<T> {
@@ -66,7 +89,6 @@ impl<T> AuthorityFixed<T> {
         AuthorityFixed {
             inner,
             rewriter: Rewriter::new(),
-            input: vec![0; READ_CHUNK].into_boxed_slice(),
             output: Vec::new(),
             taken: 0,
         }
@@ -83,17 +105,17 @@ impl<T> AuthorityFixed<T> {
         buf.put_slice(&self.output[self.taken..self.taken + n]);
         self.taken += n;
         if self.taken == self.output.len() {
-            self.output.clear();
+            self.output = Vec::new();
             self.taken = 0;
         }
     }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for AuthorityFixed<T> {
-    /// Reads a chunk from the connection, rewrites it, and hands the result
-    /// out, keeping what does not fit for the next read. Once the rewriter
-    /// has given up and its output is drained, reads go straight into
-    /// `buf`.
+    /// Reads at most what `buf` has room for from the connection, rewrites
+    /// it, and hands the result out, keeping what does not fit for the
+    /// next read. Once the rewriter has given up and its output is
+    /// drained, reads go straight into `buf`.
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -106,31 +128,33 @@ impl<T: AsyncRead + Unpin> AsyncRead for AuthorityFixed<T> {
                 return Poll::Ready(Ok(()));
             }
             if this.rewriter.is_passthrough() {
-                if !this.input.is_empty() {
-                    // Nothing will be rewritten any more: drop the buffers.
-                    this.input = Box::default();
-                    this.output = Vec::new();
-                }
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
             }
             if buf.remaining() == 0 {
                 return Poll::Ready(Ok(()));
             }
-            let n = {
-                let mut chunk = ReadBuf::new(&mut this.input);
+            let handed = SCRATCH.with(|scratch| {
+                let Scratch { input, output } = &mut *scratch.borrow_mut();
+                let room = buf.remaining().min(input.len());
+                let mut chunk = ReadBuf::new(&mut input[..room]);
                 ready!(Pin::new(&mut this.inner).poll_read(cx, &mut chunk))?;
-                chunk.filled().len()
-            };
-            if n == 0 {
-                // EOF: what was held back goes out as it came, then EOF.
-                this.rewriter.finish(&mut this.output);
-                if this.output.is_empty() {
-                    return Poll::Ready(Ok(()));
+                let n = chunk.filled().len();
+                output.clear();
+                if n == 0 {
+                    // EOF: what was held back goes out as it came, then EOF.
+                    this.rewriter.finish(output);
+                } else {
+                    // The rewriter may hold everything back (a header block
+                    // still arriving): then read on.
+                    this.rewriter.feed(&input[..n], output);
                 }
-            } else {
-                // The rewriter may hold everything back (a header block
-                // still arriving): then read on.
-                this.rewriter.feed(&this.input[..n], &mut this.output);
+                let fits = buf.remaining().min(output.len());
+                buf.put_slice(&output[..fits]);
+                this.output.extend_from_slice(&output[fits..]);
+                Poll::Ready(Ok::<_, io::Error>(n == 0 || fits > 0))
+            });
+            if ready!(handed)? {
+                return Poll::Ready(Ok(()));
             }
         }
     }

@@ -2,7 +2,8 @@
 //! frames in, the same frames out, but for header blocks whose
 //! `:authority` [`Hpack`] rewrote.
 
-use super::hpack::{Hpack, Malformed};
+use super::hpack::Hpack;
+use super::Malformed;
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -12,9 +13,11 @@ pub(super) const HEAD_LEN: usize = 9;
 /// a longer frame is an error h2 reports itself, and the largest payload
 /// the rewritten frames may carry.
 pub(super) const MAX_PAYLOAD: usize = 16_384;
-/// The most header block bytes (frames included) buffered before giving
-/// up, so a peer cannot make a connection hold unbounded memory.
-pub(super) const MAX_BLOCK: usize = 1 << 20;
+/// The most frames of one header block held before giving up: h2 ends a
+/// connection whose block takes more than 5 CONTINUATIONs (at its 16 KiB
+/// header list and frame sizes), so holding more would only buffer, for a
+/// peer that stalls, what h2 refuses anyway.
+pub(super) const MAX_BLOCK_FRAMES: usize = 6;
 /// The buffer capacity kept between header blocks.
 pub(super) const KEPT_CAPACITY: usize = 64 * 1024;
 
@@ -58,6 +61,8 @@ pub(super) struct Rewriter {
     pub(super) frames: Vec<u8>,
     /// Where the frame being collected starts in `frames`.
     pub(super) frame_start: usize,
+    /// How many frames the block being collected has had.
+    pub(super) block_frames: usize,
     /// The header block: the frames' fragments, without padding.
     pub(super) block: Vec<u8>,
     /// The block's HEADERS frame: stream id, flags, and the PRIORITY
@@ -77,6 +82,7 @@ impl Rewriter {
             head_len: 0,
             frames: Vec::new(),
             frame_start: 0,
+            block_frames: 0,
             block: Vec::new(),
             stream: 0,
             flags: 0,
@@ -167,7 +173,7 @@ impl Rewriter {
             || if in_block {
                 kind != CONTINUATION
                     || stream != self.stream
-                    || self.frames.len() + HEAD_LEN + len > MAX_BLOCK
+                    || self.block_frames == MAX_BLOCK_FRAMES
             } else {
                 kind == CONTINUATION || kind == PUSH_PROMISE
             };
@@ -190,6 +196,7 @@ impl Rewriter {
             self.flags = flags;
         }
         self.frame_start = self.frames.len();
+        self.block_frames += 1;
         self.frames.extend_from_slice(&h);
         self.phase = Phase::Collect(len);
         if len == 0 {
@@ -236,6 +243,7 @@ impl Rewriter {
             Err(Malformed) => return self.give_up_with(out),
         }
         self.frames.clear();
+        self.block_frames = 0;
         self.block.clear();
         if self.frames.capacity() > KEPT_CAPACITY {
             // Do not hold a rare huge block's memory for the connection's

@@ -907,6 +907,23 @@ fn block_past_the_cap_passes_through() {
     assert!(got.passthrough);
 }
 
+/// The cap counts frames, so empty CONTINUATIONs (9 bytes each) cannot
+/// make a connection hold much: the block's sixth frame is the last held.
+#[test]
+fn a_block_of_more_frames_than_h2_takes_passes_through() {
+    let block = |continuations: usize| {
+        let mut frames = vec![frame(HEADERS, 0, 1, &request(0x40, ISTIO, false))];
+        frames.extend((1..continuations).map(|_| frame(CONTINUATION, 0, 1, &[])));
+        frames.push(frame(CONTINUATION, END_HEADERS, 1, &[]));
+        conn(&frames)
+    };
+    let held = transform(&block(MAX_BLOCK_FRAMES - 1));
+    assert!(!held.passthrough, "six frames are rewritten");
+    let input = block(MAX_BLOCK_FRAMES);
+    let got = transform(&input);
+    assert!(got.out == input && got.passthrough);
+}
+
 #[test]
 fn data_passes_as_it_arrives_and_eof_releases_held_bytes() {
     let data = frame(DATA, 0, 1, &[7; 1000]);

@@ -509,17 +509,22 @@ impl Connections {
                     Some(error) if is_stale(error) => error.to_string(),
                     Some(error) if !error.is_timeout() => return,
                     _ if self.failing_for() >= self.silence_before_replacing() => {
-                        self.silent_replacements.fetch_add(1, Ordering::Relaxed);
                         format!("no answer for {:?}", self.failing_for())
                     }
                     _ => return,
                 };
+                let silent = !error.is_some_and(is_stale);
                 // As many calls failed as there are connections, none
                 // answered between: not one connection a peer dropped.
                 if failures >= self.in_use() {
                     self.found_broken();
                 }
                 if self.reconnect() {
+                    // Counted once per replacement, not per call that
+                    // timed out meanwhile.
+                    if silent {
+                        self.silent_replacements.fetch_add(1, Ordering::Relaxed);
+                    }
                     if let Some(left_out) = self.lines.stale.admit() {
                         let store = self.settings.store;
                         tracing::info!(%why, store, left_out, "Redis connections stale: replacing them");

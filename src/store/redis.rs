@@ -958,8 +958,10 @@ impl RedisStore {
         if conns.is_empty() {
             conns.push(caller.connections.get(caller.call_timeout).await?);
         }
-        for mut conn in conns {
-            self.ping_on(&mut conn).await?;
+        // Together: a probe takes one call's time, not one per connection.
+        let pings = conns.iter_mut().map(|conn| self.ping_on(conn));
+        for pinged in futures_util::future::join_all(pings).await {
+            pinged?;
         }
         self.caller().answered();
         Ok(())
