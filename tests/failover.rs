@@ -486,10 +486,32 @@ async fn answered_from_redis(clients: &mut [RateLimitServiceClient<Channel>], n:
     answered
 }
 
-/// Two lanes' clients of `server`: the connections are dealt to the least
-/// loaded lane, so one each.
-async fn lane_clients(server: &Ratekeeper) -> Vec<RateLimitServiceClient<Channel>> {
-    vec![server.client().await, server.client().await]
+/// A ratekeeper of two serving threads (one Redis connection each, the
+/// `open` failure mode) on `redis`, with `args`, and a client on each
+/// thread (connections are dealt to the least loaded), both answered from
+/// Redis.
+async fn on_two_lanes(
+    redis: &RedisServer,
+    args: &[&str],
+) -> (
+    tempfile::TempDir,
+    Ratekeeper,
+    Vec<RateLimitServiceClient<Channel>>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let lanes = [
+        "--redis-url",
+        &url,
+        "--serving-threads",
+        "2",
+        "--redis-pool-size",
+        "2",
+    ];
+    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &[&lanes[..], args].concat());
+    let mut clients = vec![server.client().await, server.client().await];
+    assert_eq!(answered_from_redis(&mut clients, 2).await, 4);
+    (dir, server, clients)
 }
 
 /// A password rotated while connected: Redis drops the connections, their
@@ -499,19 +521,7 @@ async fn lane_clients(server: &Ratekeeper) -> Vec<RateLimitServiceClient<Channel
 #[tokio::test]
 async fn connections_refused_their_login_are_replaced_once_it_is_right_again() {
     let redis = RedisServer::spawn_free(&["--requirepass", "pw1"]);
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("127.0.0.1:{}", redis.port);
-    let args = [
-        "--redis-url",
-        &url,
-        "--redis-auth",
-        "pw1",
-        "--serving-threads",
-        "2",
-    ];
-    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &args);
-    let mut clients = lane_clients(&server).await;
-    assert_eq!(answered_from_redis(&mut clients, 4).await, 8);
+    let (_dir, _server, mut clients) = on_two_lanes(&redis, &["--redis-auth", "pw1"]).await;
 
     let admin = |password: &str| {
         let url = format!("redis://:{password}@127.0.0.1:{}", redis.port);
@@ -559,22 +569,8 @@ async fn connections_refused_their_login_are_replaced_once_it_is_right_again() {
 #[tokio::test]
 async fn every_lanes_connections_outlive_an_idle_timeout() {
     let redis = RedisServer::spawn_free(&["--timeout", "7"]);
-    let dir = tempfile::tempdir().unwrap();
-    let url = redis.url();
     // A deadline no slowness meets: only a closed connection fails.
-    let args = [
-        "--redis-url",
-        &url,
-        "--serving-threads",
-        "2",
-        "--redis-pool-size",
-        "2",
-        "--redis-timeout-ms",
-        "1000",
-    ];
-    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &args);
-    let mut clients = lane_clients(&server).await;
-    assert_eq!(answered_from_redis(&mut clients, 4).await, 8);
+    let (_dir, server, mut clients) = on_two_lanes(&redis, &["--redis-timeout-ms", "1000"]).await;
     // Idle past the timeout (Redis looks at every client within a second).
     tokio::time::sleep(Duration::from_secs(9)).await;
     assert_eq!(
@@ -592,19 +588,7 @@ async fn every_lanes_connections_outlive_an_idle_timeout() {
 #[tokio::test]
 async fn a_long_stall_gets_fewer_and_fewer_new_connections() {
     let redis = RedisServer::spawn_free(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let url = redis.url();
-    let args = [
-        "--redis-url",
-        &url,
-        "--serving-threads",
-        "2",
-        "--redis-pool-size",
-        "2",
-    ];
-    let server = Ratekeeper::start(LIMITS_OPEN, dir.path(), &args);
-    let mut clients = lane_clients(&server).await;
-    assert_eq!(answered_from_redis(&mut clients, 2).await, 4);
+    let (_dir, _server, mut clients) = on_two_lanes(&redis, &[]).await;
 
     let mut admin = redis.client().get_connection().unwrap();
     let received = |admin: &mut redis::Connection| -> u64 {
