@@ -40,7 +40,7 @@ for v in A B; do
     bin_var=BIN_$v env_var=ENV_$v
     store_flags=()
     [ "$STORE" = redis ] && store_flags=(--redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-pool-size 4)
-    env ${!env_var:-} "${!bin_var}" --config-dir bench/limits --grpc-addr 127.0.0.1:0 \
+    env ${!env_var:-} "${!bin_var}" --config-dir bench/limits --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --debug-addr 127.0.0.1:0 \
         --metrics-addr 127.0.0.1:0 --log-level warn "${store_flags[@]}" >"$WORK/$v.out" 2>&1 &
     PID[$v]=$!
     PIDS+=("$!")

@@ -80,7 +80,7 @@ start() { # NAME: (re)starts that server, sets PID[NAME] and ADDR[NAME]
     [ "${STORE[$name]}" = red ] &&
         flags=(--redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-pool-size "$POOL" --redis-timeout-ms 1000)
     # shellcheck disable=SC2086 # ENVS holds VAR=value words
-    env ${ENVS[$name]} "$RK" --config-dir bench/limits --grpc-addr 127.0.0.1:0 \
+    env ${ENVS[$name]} "$RK" --config-dir bench/limits --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --debug-addr 127.0.0.1:0 \
         --metrics-addr 127.0.0.1:0 --log-level warn "${flags[@]}" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     PID[$name]=$!
     PIDS+=("$!")

@@ -30,7 +30,7 @@ for bin in "$@"; do
         pids+=("$redis")
         for _ in $(seq 50); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
         valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.out" \
-            "$bin" --config-dir bench/limits --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+            "$bin" --config-dir bench/limits --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --debug-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
             --log-level warn --redis-url "redis://127.0.0.1:$port" --redis-pool-size 4 \
             --redis-timeout-ms 5000 --serving-threads 1 >"$WORK/rk.out" 2>/dev/null &
         rk=$!

@@ -153,7 +153,7 @@ log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT, limiter script $SHA, 
 start_ratekeeper() {
     local name=$1 addr="" pid
     shift
-    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr "${RK_METRICS:-127.0.0.1:0}" \
+    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --debug-addr 127.0.0.1:0 --metrics-addr "${RK_METRICS:-127.0.0.1:0}" \
         --log-level warn "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     pid=$!
     PIDS+=("$pid")

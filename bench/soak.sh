@@ -157,7 +157,7 @@ write_soak_limits
 # --- two ratekeeper replicas --------------------------------------------------
 start_replica() { # N: sets RK<N>_PID and RK<N>_ADDR
     local n=$1 addr="" pid
-    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+    "$RK" --config-dir "$LIMITS" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --debug-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
         --redis-url "redis://127.0.0.1:$PORT_FWD" --redis-type single \
         --redis-timeout-ms "$REDIS_TIMEOUT_MS" --log-level info \
         >"$WORK/rk$n.out" 2>"$WORK/rk$n.err" &
