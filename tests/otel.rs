@@ -21,6 +21,7 @@ use ratekeeper::pb::otlp::collector::trace::v1::{
 use ratekeeper::pb::otlp::common::v1::any_value::Value;
 use ratekeeper::pb::otlp::trace::v1::Span;
 use tokio::sync::mpsc;
+use tonic_health::pb::health_client::HealthClient;
 
 const LIMITS: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
@@ -168,6 +169,10 @@ async fn decisions_join_the_callers_trace_over_otlp_http_with_a_redis_store_call
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ],
     );
+    // Warmed up first: a serving thread's warm-up learns which Redis it
+    // reached, which empties the over-limit cache this test reads.
+    let mut health = HealthClient::new(server.channel().await);
+    common::until_serving(&mut health).await;
     // Not sampled by the caller, and no root sampling: no span.
     let unsampled = format!("00-{}-{PARENT}-00", "1".repeat(32));
     assert_eq!(call(&server, Some(unsampled)).await, 1);
