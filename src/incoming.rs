@@ -282,41 +282,13 @@ impl Connected for Deadlined {
 /// An accepted connection as the gRPC server reads it: its `:authority`
 /// values made acceptable to h2 ([`crate::authority`]: Istio's and
 /// Contour's cluster names are not), over TLS or not.
-pub struct Accepted(AuthorityFixed<Transport>);
-
-impl AsyncRead for Accepted {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Accepted {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
-}
+pub type Accepted = AuthorityFixed<Transport>;
 
 impl Connected for Accepted {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.0.get_ref().connect_info()
+        self.get_ref().connect_info()
     }
 }
 
@@ -324,12 +296,6 @@ impl Connected for Accepted {
 pub enum Transport {
     Plain(Deadlined),
     Tls(Box<tokio_rustls::server::TlsStream<Deadlined>>),
-}
-
-impl From<Transport> for Accepted {
-    fn from(transport: Transport) -> Self {
-        Accepted(AuthorityFixed::new(transport))
-    }
 }
 
 impl AsyncRead for Transport {
@@ -472,7 +438,11 @@ pub fn incoming(
             };
             let Some(tls) = &tls else {
                 stream.close_after(lifetime);
-                if tx.send(Ok(Transport::Plain(stream).into())).await.is_err() {
+                if tx
+                    .send(Ok(Accepted::new(Transport::Plain(stream))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 continue;
@@ -482,7 +452,9 @@ pub fn incoming(
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                     Ok(Ok(mut stream)) => {
                         stream.get_mut().0.close_after(lifetime);
-                        let _ = tx.send(Ok(Transport::Tls(Box::new(stream)).into())).await;
+                        let _ = tx
+                            .send(Ok(Accepted::new(Transport::Tls(Box::new(stream)))))
+                            .await;
                     }
                     Ok(Err(error)) => crate::tls::handshake_failed(&error, None),
                     Err(_) => tracing::debug!("TLS handshake timed out"),

@@ -293,12 +293,11 @@ impl Table {
     /// the table leaves it empty.
     pub(super) fn insert(&mut self, name: Name, value_len: usize) {
         let size = name.len + value_len + ENTRY_OVERHEAD;
-        while self.size + size > self.max {
-            match self.entries.pop_back() {
-                Some(old) => self.size -= old.size,
-                None => return,
-            }
-        }
+        let Some(room) = self.max.checked_sub(size) else {
+            self.evict_to(0);
+            return;
+        };
+        self.evict_to(room);
         self.size += size;
         self.entries.push_front(Entry { size, name });
     }
@@ -306,7 +305,12 @@ impl Table {
     /// A dynamic table size update: evicts down to the new size.
     pub(super) fn set_max(&mut self, max: usize) {
         self.max = max;
-        while self.size > max {
+        self.evict_to(max);
+    }
+
+    /// Evicts the oldest entries until the table holds at most `size`.
+    fn evict_to(&mut self, size: usize) {
+        while self.size > size {
             match self.entries.pop_back() {
                 Some(old) => self.size -= old.size,
                 None => break,

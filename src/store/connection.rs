@@ -426,6 +426,13 @@ impl Connections {
         self.runtime.get_or_init(tokio::runtime::Handle::current);
     }
 
+    /// Every connection, the first made if none is yet (waiting up to
+    /// `wait` for it).
+    pub async fn every(self: &Arc<Self>, wait: Duration) -> Result<Vec<Conn>> {
+        self.get(wait).await?;
+        Ok(self.all())
+    }
+
     /// Every connection in use now (none before the first connect).
     pub fn all(&self) -> Vec<Conn> {
         self.current

@@ -898,8 +898,7 @@ impl RedisStore {
         let caller = self.caller();
         caller.connections.belong_here();
         // Cluster and sentinel make their connections on first use.
-        caller.connections.get(caller.call_timeout).await?;
-        for mut conn in caller.connections.all() {
+        for mut conn in caller.connections.every(caller.call_timeout).await? {
             self.probe("loading the limiter", self.limiter.load(&mut conn))
                 .await?;
             self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
@@ -954,10 +953,7 @@ impl RedisStore {
     /// closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let caller = self.caller();
-        let mut conns = caller.connections.all();
-        if conns.is_empty() {
-            conns.push(caller.connections.get(caller.call_timeout).await?);
-        }
+        let mut conns = caller.connections.every(caller.call_timeout).await?;
         // Together: a probe takes one call's time, not one per connection.
         let pings = conns.iter_mut().map(|conn| self.ping_on(conn));
         for pinged in futures_util::future::join_all(pings).await {
