@@ -750,6 +750,34 @@ async fn the_client_redials_a_restarted_server_and_resyncs() {
     );
 }
 
+/// A server down when the client starts is reached a second or two after
+/// it comes up (grpc-go's connection back-off, as theirs' blocking dial
+/// waits), not a stream back-off later (10 s by default).
+#[tokio::test]
+async fn a_server_down_at_start_is_reached_soon_after_it_comes_up() {
+    let certs = Certs::make();
+    let ads = Ads::new();
+    ads.publish("1", vec![domain("d", "user", 1)]);
+    let port = common::free_port();
+    let down = AdsServer {
+        port,
+        runtime: None,
+    };
+    let mut settings = settings(&certs, &down);
+    settings.backoff = Backoff::default();
+    let _loaded = xds_client::spawn(settings, SharedConfig::awaiting_first());
+    // Its dials at 0 s and 1 s find nobody.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let up = Instant::now();
+    let _server = AdsServer::start(&ads, certs.xds_server(), port);
+    ads.acked("1").await;
+    let after = up.elapsed();
+    assert!(
+        after < Duration::from_secs(4),
+        "reached {after:?} after the server came up"
+    );
+}
+
 #[tokio::test]
 async fn a_server_that_never_speaks_http2_is_dropped_and_dialled_again() {
     // Takes connections, reads what comes, and answers nothing (a wrong

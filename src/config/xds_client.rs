@@ -8,7 +8,9 @@
 //! (the files' compiler) and swapped into the [`SharedConfig`] whole, then
 //! ACKed (its version and nonce). One that does not compile is NACKed with
 //! the reason in `error_detail`, and the running limits stay. A broken
-//! stream is dialled again after a jittered exponential back-off, and the
+//! stream is dialled again after a jittered exponential back-off (theirs'
+//! `XDS_CLIENT_BACKOFF_*`), a failed dial again after grpc-go's connection
+//! back-off (1 s growing to 120 s), and the
 //! new stream asks for everything again (an empty version: the server's
 //! versions may have restarted with it). A server that takes the
 //! connection and sends no HTTP/2 preface within 10 s counts as broken
@@ -138,8 +140,10 @@ pub fn spawn(settings: XdsSettings, shared: SharedConfig) -> watch::Receiver<boo
 pub async fn run(settings: XdsSettings, shared: SharedConfig, loaded: watch::Sender<bool>) {
     let mut attempt = 0;
     loop {
+        let channel = dial(&settings).await;
         tracing::info!(server = %settings.server, node = %settings.node_id, "xDS: subscribing");
-        let Failure { error, answered } = match subscribe(&settings, &shared, &loaded).await {
+        let subscribed = subscribe(channel, &settings, &shared, &loaded).await;
+        let Failure { error, answered } = match subscribed {
             Ok(never) => match never {},
             Err(failure) => failure,
         };
@@ -152,6 +156,46 @@ pub async fn run(settings: XdsSettings, shared: SharedConfig, loaded: watch::Sen
         tracing::info!(?wait, "xDS: dialling again after a pause");
         tokio::time::sleep(wait).await;
     }
+}
+
+/// A connection to the server, dialled until one is made, as theirs dials
+/// (grpc-go's blocking dial): a failed dial is tried again after
+/// [`dial_delay`], so a server that comes up is reached within a second
+/// or two, not after the stream back-off (10 s by default).
+async fn dial(settings: &XdsSettings) -> Channel {
+    let mut retries = 0;
+    loop {
+        match channel(&settings.server, settings.tls.clone()).await {
+            Ok(channel) => return channel,
+            Err(error) => {
+                let wait = dial_delay(retries, crate::random::unit());
+                tracing::warn!(server = %settings.server, %error, ?wait, "xDS: cannot connect; dialling again after a pause");
+                retries = retries.saturating_add(1);
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// The wait after failed dial number `retries + 1`: grpc-go's connection
+/// back-off with its defaults (`backoff.DefaultConfig`: 1 s, times 1.6 a
+/// retry up to 120 s, then ±20%; the first wait is 1 s flat). `random` is
+/// in [0, 1).
+fn dial_delay(retries: u32, random: f64) -> Duration {
+    const BASE_S: f64 = 1.0;
+    const MAX_S: f64 = 120.0;
+    if retries == 0 {
+        return Duration::from_secs_f64(BASE_S);
+    }
+    let mut wait = BASE_S;
+    for _ in 0..retries {
+        if wait >= MAX_S {
+            break;
+        }
+        wait *= 1.6;
+    }
+    let jittered = wait.min(MAX_S) * (1.0 + 0.2 * (2.0 * random - 1.0));
+    Duration::from_secs_f64(jittered.max(0.0))
 }
 
 /// Why a stream ended, and whether it had answered before (then the
@@ -173,13 +217,11 @@ impl Failure {
 /// One stream: subscribe, then apply and answer every response, until the
 /// stream ends.
 async fn subscribe(
+    channel: Channel,
     settings: &XdsSettings,
     shared: &SharedConfig,
     loaded: &watch::Sender<bool>,
 ) -> Result<Infallible, Failure> {
-    let channel = channel(&settings.server, settings.tls.clone())
-        .await
-        .map_err(Failure::new)?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel);
     if let Some(bytes) = settings.max_message_bytes {
         client = client.max_decoding_message_size(bytes);
@@ -489,7 +531,7 @@ impl tonic::codegen::Service<Uri> for Connector {
 
 #[cfg(test)]
 mod tests {
-    use super::{address, Backoff};
+    use super::{address, dial_delay, Backoff};
     use std::time::Duration;
 
     #[test]
@@ -521,6 +563,27 @@ mod tests {
         for n in 0..5 {
             assert_eq!(Backoff::default().delay(n, 0.7), Duration::from_secs(10));
         }
+    }
+
+    /// grpc-go's connection back-off: 1 s, then 1.6 times more a retry up
+    /// to 120 s, each but the first within 20% either way.
+    #[test]
+    fn a_failed_dial_waits_as_grpc_gos_does() {
+        let middle: Vec<u128> = (0..14).map(|n| dial_delay(n, 0.5).as_millis()).collect();
+        assert_eq!(
+            middle,
+            [
+                1000, 1600, 2560, 4096, 6553, 10485, 16777, 26843, 42949, 68719, 109951, 120000,
+                120000, 120000
+            ]
+        );
+        assert_eq!(
+            dial_delay(0, 0.0),
+            Duration::from_secs(1),
+            "no jitter at first"
+        );
+        assert_eq!(dial_delay(2, 0.0).as_millis(), 2048);
+        assert_eq!(dial_delay(u32::MAX, 0.999_999).as_millis(), 143_999);
     }
 
     /// Zero settings would dial flat out: they take jpillora/backoff's

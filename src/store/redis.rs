@@ -207,6 +207,16 @@ fn read_listed(reply: &[String]) -> Result<Vec<LiveLease>> {
         .collect()
 }
 
+/// `connections` spread over `lanes` lanes (at least one), each lane at
+/// least one: the first `connections % lanes` lanes take one more, so the
+/// pool is the size asked for (`ratelimit.redis_pool.cx_active` reads
+/// `REDIS_POOL_SIZE`, as theirs) unless it is smaller than the lanes.
+fn lane_shares(connections: usize, lanes: usize) -> impl Iterator<Item = usize> {
+    let lanes = lanes.max(1);
+    (0..lanes)
+        .map(move |lane| (connections / lanes + usize::from(lane < connections % lanes)).max(1))
+}
+
 impl RedisStore {
     /// Creates the store without waiting for Redis: connections are made on
     /// first use and re-made after failures, so ratekeeper starts (and can
@@ -221,15 +231,13 @@ impl RedisStore {
         let jitter_ms = u64::try_from(settings.expiry_jitter.as_millis()).unwrap_or(u64::MAX);
         let limiter =
             Arc::new(LimiterScript::new(settings.functions).with_expiry_jitter(jitter_ms));
-        let count = settings.lanes.max(1);
-        let per_lane = settings.connections.div_ceil(count).max(1);
         let lines = OutageLines::new();
-        let lanes = (0..count)
-            .map(|_| {
+        let lanes = lane_shares(settings.connections, settings.lanes)
+            .map(|connections| {
                 let caller = Arc::new(Caller::new(
                     Connections::new(
                         RedisSettings {
-                            connections: per_lane,
+                            connections,
                             ..settings.clone()
                         },
                         limiter.generation().clone(),
@@ -243,7 +251,7 @@ impl RedisStore {
                         Arc::clone(&caller),
                         Checks(Arc::clone(&limiter)),
                         clock.clone(),
-                        per_lane,
+                        connections,
                     ))
                 });
                 let budget = (!clustered).then(|| {
@@ -251,7 +259,7 @@ impl RedisStore {
                         Arc::clone(&caller),
                         BudgetOps(Arc::clone(&limiter)),
                         clock.clone(),
-                        per_lane,
+                        connections,
                     ))
                 });
                 Ok(Lane {
@@ -998,6 +1006,18 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pool is as large as asked, spread as evenly as it goes, and no
+    /// lane goes without a connection.
+    #[test]
+    fn lanes_share_the_pool_size_asked_for() {
+        let shares = |connections, lanes| lane_shares(connections, lanes).collect::<Vec<_>>();
+        assert_eq!(shares(3, 2), [2, 1]);
+        assert_eq!(shares(4, 2), [2, 2]);
+        assert_eq!(shares(10, 4), [3, 3, 2, 2]);
+        assert_eq!(shares(1, 2), [1, 1], "at least one a lane");
+        assert_eq!(shares(0, 0), [1]);
+    }
 
     /// Give-backs wait in a bounded number: past it one is not started,
     /// and one that ends makes room again.
