@@ -426,7 +426,7 @@ async fn share_threshold_wildcards_share_one_counter() {
     .await;
 }
 
-/// As theirs, `share_threshold` needs a wildcard value.
+/// As theirs, `share_threshold` needs a wildcard value (or a '*' in the key).
 #[test]
 fn share_threshold_without_a_wildcard_is_refused() {
     let text = "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n";
@@ -440,6 +440,11 @@ fn share_threshold_without_a_wildcard_is_refused() {
     let fixture = std::fs::read_to_string("tests/fixtures/envoy-ratelimit/share_threshold.yaml")
         .expect("fixture");
     if let Err(e) = Config::from_files([(Path::new("share_threshold.yaml"), fixture.as_str())]) {
+        panic!("{e}");
+    }
+    // Theirs looks for the '*' in `key_value`: one in the key will do.
+    let in_key = "domain: d\ndescriptors:\n  - key: a*\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    if let Err(e) = Config::from_files([(Path::new("d.yaml"), in_key)]) {
         panic!("{e}");
     }
 }

@@ -59,7 +59,7 @@ fn the_files_their_loader_takes_load_and_the_ones_it_refuses_are_refused() {
         (&["misspelled_key.yaml"], "unknown field `ratelimit`"),
         (&["misspelled_key2.yaml"], "unknown field `requestsperunit`"),
         (&["non_string_key.yaml"], "0.25"),
-        (&["non_map_list.yaml"], "expected struct"),
+        (&["non_map_list.yaml"], "expected a descriptor: a mapping"),
         (
             &["unlimited_with_unit.yaml"],
             "an unlimited rate limit must not have a unit",

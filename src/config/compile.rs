@@ -180,7 +180,9 @@ fn build_level<P>(
         };
         let (rule_index, share) = rule(payload, &at, &path)?;
         let wildcard = value.as_ref().filter(|v| v.contains('*'));
-        if share && wildcard.is_none() {
+        // Theirs asks for a '*' in `key_value`: one in the key (matched
+        // here as it is, said above) loads too, and shares nothing.
+        if share && wildcard.is_none() && !key.contains('*') {
             return Err(CompileError::new(
                 &at,
                 format!("share_threshold can only be used with wildcard values (containing '*'), but found {label:?}"),
@@ -220,6 +222,8 @@ fn rate_rule(
     // Where each `replaces` list stands, for the error of one naming its own rule.
     let mut replaces_at = Vec::new();
     let mut unlimited_requests_per_unit = 0;
+    // An unlimited limit counts nothing, but its name is the rule's too.
+    let mut unlimited_name = None;
     for limit in node.limits {
         let at = limit.at.as_str();
         for name in &limit.replaces {
@@ -246,6 +250,7 @@ fn rate_rule(
                 ));
             }
             unlimited_requests_per_unit = limit.requests_per_unit.unwrap_or(0);
+            unlimited_name = limit.name;
             continue;
         }
         let rate = rate(&limit, warnings)?;
@@ -260,7 +265,9 @@ fn rate_rule(
         }
         rates.push(rate);
     }
-    let named = |name: &str| rates.iter().any(|r| r.is_named(name));
+    let named = |name: &str| {
+        unlimited_name.as_deref() == Some(name) || rates.iter().any(|r| r.is_named(name))
+    };
     if let Some(i) = replaces.iter().position(|name| named(name)) {
         return Err(CompileError::new(
             &replaces_at[i],

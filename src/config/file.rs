@@ -26,7 +26,10 @@ use crate::vocab::FailureMode;
 pub use super::compile::{DEFAULT_LEASE_TTL, LEASE_TTL_RANGE};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a limits file: a mapping with domain and descriptors"
+)]
 struct RawFile {
     /// envoyproxy/ratelimit's `RateLimitConfig.name` (Envoy Gateway writes
     /// it); not used.
@@ -47,7 +50,10 @@ struct RawFile {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a descriptor: a mapping with key, and value, rate_limit or descriptors"
+)]
 struct RawDescriptor {
     key: Option<Scalar>,
     value: Option<Scalar>,
@@ -64,7 +70,10 @@ struct RawDescriptor {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a rate limit: a mapping with unit and requests_per_unit, or unlimited"
+)]
 struct RawRateLimit {
     unit: Option<UnitName>,
     requests_per_unit: Option<Count>,
@@ -80,13 +89,19 @@ struct RawRateLimit {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a replaces entry: a mapping with name"
+)]
 struct RawReplace {
     name: Option<Scalar>,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a concurrency descriptor: a mapping with key, and value, max_connections or descriptors"
+)]
 struct RawConcurrency {
     key: Option<Scalar>,
     value: Option<Scalar>,
@@ -312,7 +327,8 @@ fn explained(message: String) -> String {
     if message == "recursion limit exceeded" {
         // serde_yaml's depth limit: each descriptor level is a sequence
         // and a mapping.
-        return "nested too deeply (the YAML reader's limit: about 60 levels of descriptors)"
+        return "nested too deeply (the YAML reader's limit: about 60 levels of descriptors), or \
+                an anchor whose value holds an alias of itself"
             .into();
     }
     message
@@ -597,7 +613,12 @@ fn count(count: Option<Count>) -> Option<u32> {
 /// `text` as a count, read as yaml.v2 reads an integer (Go's
 /// `strconv.ParseInt(text, 0, 64)` with `_` removed), else as a float
 /// without a fraction; `None` when it is neither, negative or too large.
+/// yaml.v2 reads a number only from a scalar that starts with a digit, a
+/// sign or a point: `_1` is text there.
 fn parse_count(text: &str) -> Option<u32> {
+    if !text.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '+' | '-' | '.')) {
+        return None;
+    }
     let plain = text.replace('_', "");
     let digits = plain.strip_prefix('+').unwrap_or(&plain);
     let lower = digits.to_ascii_lowercase();

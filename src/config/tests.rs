@@ -176,6 +176,10 @@ descriptors:
             "rate_limit: {unit: second, requests_per_unit: 09a}",
             "is not a count",
         ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: _1}",
+            "\"_1\" is not a count",
+        ),
     ] {
         let e = error(&format!("domain: d\ndescriptors:\n  - key: k\n    {bad}\n"));
         assert!(e.reason.contains(reason), "{bad}: {e}");
@@ -359,6 +363,10 @@ fn refuses_invalid_rules() {
         ),
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}\n",
+            "replaces itself",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, name: a, replaces: [{name: a}]}\n",
             "replaces itself",
         ),
         (
@@ -872,4 +880,26 @@ fn descriptors_nested_past_the_yaml_readers_limit_are_refused_saying_so() {
     let e = Config::load_dir(dir.path()).unwrap_err();
     assert!(e.reason.contains("nested too deeply"), "{e}");
     assert!(e.line.is_some(), "{e}");
+}
+
+/// A node of the wrong shape is named in the file's words, not the
+/// reader's (their `non_map_list.yaml`, a scalar where a mapping goes).
+#[test]
+fn a_node_of_the_wrong_shape_is_named_in_the_files_words() {
+    for (text, expected) in [
+        ("domain: d\ndescriptors:\n  - a\n", "expected a descriptor: a mapping with key"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: ''\n",
+            "expected a rate limit: a mapping with unit and requests_per_unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [m]}\n",
+            "expected a replaces entry: a mapping with name",
+        ),
+        ("- domain: d\n", "expected a limits file: a mapping with domain"),
+    ] {
+        let e = error(text);
+        assert!(e.reason.contains(expected), "{text}: {e}");
+        assert!(!e.reason.contains("Raw"), "{text}: {e}");
+    }
 }
