@@ -652,34 +652,81 @@ async fn grpc_uds_serves_should_rate_limit_on_a_unix_socket() {
     assert!(limited(&server).await);
 }
 
+/// REDIS_SENTINEL_AUTH is the sentinels' password, or `user:password` (an
+/// ACL user), split at the first `:` as theirs splits it.
 #[tokio::test]
-async fn redis_sentinel_auth_is_the_sentinels_password() {
+async fn redis_sentinel_auth_is_the_sentinels_password_or_user() {
     let dir = tempfile::tempdir().unwrap();
     let master = RedisServer::start();
-    let sentinel = Sentinel::start_with(master.port, dir.path(), "requirepass s3cret:x\n");
+    let sentinel = Sentinel::start_with(
+        master.port,
+        dir.path(),
+        "requirepass s3cret\nuser sentuser on >su:pw +@all\n",
+    );
     write(&dir.path().join("limits/l.yaml"), LIMITS);
     let url = format!("mymaster,127.0.0.1:{}", sentinel.port);
+    for (round, auth) in ["s3cret", "sentuser:su:pw"].into_iter().enumerate() {
+        let env = [
+            ("REDIS_URL", url.as_str()),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_SENTINEL_AUTH", auth),
+            ("FAILURE_MODE", "unavailable"),
+        ];
+        let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+        // Through the sentinels to the master: the counter is there.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut client = server.client().await;
+        let user = format!("u{round}");
+        let ask = || request("web", vec![descriptor(&[("user", &user)])]);
+        while client.should_rate_limit(ask()).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{auth}: {}",
+                server.logs()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let mut redis_conn = master.client().get_connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("rk:*")
+            .query(&mut redis_conn)
+            .unwrap();
+        assert_eq!(keys.len(), round + 1, "{auth}: {keys:?}");
+    }
+}
+
+/// Values theirs starts with, read as theirs reads them: a REDIS_URL's
+/// `password` and `db` query parameters (radix reads them), REDIS_TIMEOUT
+/// 0 (no deadline there: the defaults here), a lone REDIS_TLS_CLIENT_CERT
+/// (ignored), a negative EXPIRATION_JITTER_MAX_SECONDS (none) and
+/// LOCAL_CACHE_SIZE_IN_BYTES (on), REDIS_SOCKET_TYPE tcp4.
+#[tokio::test]
+async fn redis_settings_theirs_starts_with_start_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::spawn_free(&["--requirepass", "s3:cret"]);
+    write(&dir.path().join("limits/l.yaml"), LIMITS);
+    let url = format!("redis://127.0.0.1:{}?password=s3%3Acret&db=3", redis.port);
     let env = [
         ("REDIS_URL", url.as_str()),
-        ("REDIS_TYPE", "sentinel"),
-        ("REDIS_SENTINEL_AUTH", "s3cret:x"),
-        ("FAILURE_MODE", "unavailable"),
+        ("REDIS_TIMEOUT", "0"),
+        ("REDIS_TLS_CLIENT_CERT", "/nowhere/client.crt"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "-5"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "-1"),
+        ("REDIS_SOCKET_TYPE", "tcp4"),
     ];
     let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
-    // Through the sentinels to the master: the counter is there.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut client = server.client().await;
-    let ask = || request("web", vec![descriptor(&[("user", "a")])]);
-    while client.should_rate_limit(ask()).await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "{}", server.logs());
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    let mut redis_conn = master.client().get_connection().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("rk:*")
-        .query(&mut redis_conn)
+    assert!(limited(&server).await, "{}", server.logs());
+    let mut conn = redis::Client::open(format!("redis://:s3%3Acret@127.0.0.1:{}/3", redis.port))
+        .unwrap()
+        .get_connection()
         .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("rk:*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 1, "the counter is in db 3: {keys:?}");
+    assert!(
+        server.logs().contains("REDIS_TLS_CLIENT_KEY go together"),
+        "{}",
+        server.logs()
+    );
 }
 
 /// A TLS-only `redis-server` (or sentinel) with `dir`'s `server.crt`,

@@ -94,10 +94,11 @@ pub(crate) struct Cli {
     #[arg(long, env = "REDIS_TLS_CACERT")]
     pub(crate) redis_tls_ca: Option<PathBuf>,
     /// PEM client certificate for Redis mutual TLS.
-    #[arg(long, env = "REDIS_TLS_CLIENT_CERT", requires = "redis_tls_client_key")]
+    /// Used with REDIS_TLS_CLIENT_KEY only: one alone is ignored, as theirs.
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT")]
     pub(crate) redis_tls_client_cert: Option<PathBuf>,
     /// PEM client key for Redis mutual TLS.
-    #[arg(long, env = "REDIS_TLS_CLIENT_KEY", requires = "redis_tls_client_cert")]
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY")]
     pub(crate) redis_tls_client_key: Option<PathBuf>,
     /// The answer while Redis fails: unavailable (gRPC UNAVAILABLE, so that
     /// Envoy's failure_mode_deny decides, as with envoyproxy/ratelimit),
@@ -198,11 +199,11 @@ pub(crate) struct Cli {
     /// Send client connections this old an HTTP/2 GOAWAY (Go syntax, e.g.
     /// `1h30m`), so clients rebalance across replicas (envoyproxy/ratelimit's
     /// default); 0: never, as grpc-go reads it.
-    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = duration, default_value = "24h")]
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_parser = crate::parse::duration, default_value = "24h")]
     pub(crate) max_connection_age: Duration,
     /// Time a connection past its maximum age gets to finish its calls;
     /// then it is closed. 0: never closed, as grpc-go reads it.
-    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = duration, default_value = "1h")]
+    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = crate::parse::duration, default_value = "1h")]
     pub(crate) max_connection_age_grace: Duration,
     /// Log filter: `error`, `warn` (or `warning`), `info`, `debug`,
     /// `trace` in any case (`fatal`, `panic`: `error`), or a directive.
@@ -372,10 +373,4 @@ pub(crate) fn log_format(format: &str) -> LogFormat {
 pub(crate) fn serving_threads(text: &str) -> std::result::Result<NonZeroUsize, String> {
     let n = redis_settings::at_most_1024(text)?;
     NonZeroUsize::new(n).ok_or_else(|| "0: at least one thread serves (1 to 1024)".to_owned())
-}
-
-/// Parses a Go duration (`500ms`, `1h30m`, `1.5h`; or seconds) for clap.
-pub(crate) fn duration(text: &str) -> std::result::Result<Duration, String> {
-    ratekeeper::duration::parse_duration(text)
-        .ok_or_else(|| format!("bad duration {text:?}: e.g. 500ms, 30s, 1h30m, 1.5h"))
 }

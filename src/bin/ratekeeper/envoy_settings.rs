@@ -98,10 +98,10 @@ pub struct EnvoySettings {
     #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN")]
     xds_server_san: Option<String>,
     /// First wait before dialling the xDS server again.
-    #[arg(long, env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", value_parser = crate::cli::duration, default_value = "10s")]
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", value_parser = crate::parse::duration, default_value = "10s")]
     xds_backoff_initial: Duration,
     /// Longest wait before dialling the xDS server again.
-    #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_parser = crate::cli::duration, default_value = "60s")]
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_parser = crate::parse::duration, default_value = "60s")]
     xds_backoff_max: Duration,
     /// Multiplier of the wait at each failed dial (below 1: the wait stays
     /// the initial one, as in envoyproxy/ratelimit).
@@ -138,7 +138,7 @@ pub struct EnvoySettings {
     backend_type: String,
     /// Deadline of connecting to Redis and of each call (Go syntax, e.g.
     /// `10s`), unless REDIS_CONNECT_TIMEOUT_MS / REDIS_TIMEOUT_MS are given.
-    #[arg(long, env = "REDIS_TIMEOUT", value_parser = crate::cli::duration)]
+    #[arg(long, env = "REDIS_TIMEOUT", value_parser = crate::parse::redis_timeout)]
     pub redis_timeout: Option<Duration>,
     /// `tcp` or `unix`: with `unix` (a single Redis), REDIS_URL is the path
     /// of Redis's Unix socket. Unset: a REDIS_URL starting with `/` is one.
@@ -154,14 +154,21 @@ pub struct EnvoySettings {
     pub redis_tls_skip_hostname_verification: bool,
     /// The most seconds added, at random, to the TTL of the Redis keys a
     /// call creates, so that the keys of one window do not all expire at
-    /// once; decisions do not change. Default 0: none (theirs: 300).
-    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 0)]
-    expiration_jitter_max_seconds: u64,
+    /// once; decisions do not change. Default 0: none (theirs: 300); a
+    /// negative value is none, as there.
+    #[arg(
+        long,
+        env = "EXPIRATION_JITTER_MAX_SECONDS",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    expiration_jitter_max_seconds: i64,
     /// Size of the over-limit cache (keys known to be full until their
     /// window ends, answered without Redis), in bytes, each key counted
     /// by its length; 0 turns it off. Unset: 12800000 (some 100,000 keys).
-    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES")]
-    local_cache_size_in_bytes: Option<usize>,
+    /// A negative size is their cache library's least, 512 KiB.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", allow_negative_numbers = true)]
+    local_cache_size_in_bytes: Option<i64>,
     /// envoyproxy/ratelimit's runtime root. With any RUNTIME_* set (and no
     /// CONFIG_DIR), the limits are every file under
     /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`.
@@ -248,7 +255,7 @@ impl EnvoySettings {
     /// Redis and the limiter's arithmetic both take).
     pub fn expiry_jitter(&self) -> Result<Duration> {
         const MOST: u64 = 365 * 24 * 3600;
-        match self.expiration_jitter_max_seconds {
+        match u64::try_from(self.expiration_jitter_max_seconds).unwrap_or(0) {
             seconds if seconds <= MOST => Ok(Duration::from_secs(seconds)),
             seconds => Err(startup(format!(
                 "EXPIRATION_JITTER_MAX_SECONDS {seconds} is more than a year ({MOST})"
@@ -257,9 +264,13 @@ impl EnvoySettings {
     }
 
     /// The over-limit cache's size in bytes, LOCAL_CACHE_SIZE_IN_BYTES
-    /// (`None`: the default).
+    /// (`None`: the default). Below 0 it is freecache's least, 512 KiB:
+    /// theirs turns the cache on for any size but 0, and freecache raises
+    /// a smaller one to that.
     pub fn over_cache_bytes(&self) -> Option<usize> {
+        const FREECACHE_LEAST: usize = 512 * 1024;
         self.local_cache_size_in_bytes
+            .map(|bytes| usize::try_from(bytes).unwrap_or(FREECACHE_LEAST))
     }
 
     /// Refuses a backend other than Redis (or memory, without REDIS_URL).
@@ -396,9 +407,11 @@ fn startup(message: impl Into<String>) -> Error {
 
 /// A Redis URL with envoyproxy/ratelimit's `<var>_SOCKET_TYPE`
 /// (`socket_type`) and `<var>_SENTINEL_AUTH` (`sentinel_auth`) applied: a
-/// socket path as a `unix://` URL, the sentinels' password in each
-/// sentinel's address. `var` (`REDIS`, `REDIS_PERSECOND`) names the
-/// variables in errors.
+/// socket path as a `unix://` URL, the sentinels' credentials in each
+/// sentinel's address; and each `redis://` address's `username`,
+/// `password` and `db` query parameters, which their client reads, where
+/// redis-rs reads them ([`with_query_credentials`]). `var` (`REDIS`,
+/// `REDIS_PERSECOND`) names the variables in errors.
 pub fn redis_url(
     var: &str,
     url: &str,
@@ -409,13 +422,20 @@ pub fn redis_url(
     let unix = match socket_type.map(str::to_ascii_lowercase) {
         None => url.starts_with('/'),
         Some(kind) if kind == "unix" => true,
-        Some(kind) if kind == "tcp" || kind.is_empty() => false,
+        // Go's networks: tcp4 and tcp6 pick the address family there; here
+        // the address does.
+        Some(kind) if matches!(kind.as_str(), "tcp" | "tcp4" | "tcp6" | "") => false,
         Some(other) => {
             return Err(startup(format!(
                 "{var}_SOCKET_TYPE {other:?} is not supported: tcp or unix"
             )))
         }
     };
+    let url = &url
+        .split(',')
+        .map(with_query_credentials)
+        .collect::<Vec<_>>()
+        .join(",");
     match topology {
         Topology::Single if unix && !url.contains("://") => {
             let path = std::path::absolute(url)
@@ -430,18 +450,17 @@ pub fn redis_url(
     }
 }
 
-/// `mastername,host:port,...` with `password` in each sentinel's address
-/// (`redis://:password@host:port`); an address given as a URL is kept.
-fn with_sentinel_password(url: &str, password: &str) -> String {
-    let encoded: String = password
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
+/// `mastername,host:port,...` with `auth` in each sentinel's address:
+/// `user:password` (split at the first `:`, as theirs) as
+/// `redis://user:password@host:port`, a lone password as
+/// `redis://:password@host:port`; an address given as a URL is kept.
+fn with_sentinel_password(url: &str, auth: &str) -> String {
+    let userinfo = match auth.split_once(':') {
+        Some((user, password)) => {
+            format!("{}:{}", percent_encoded(user), percent_encoded(password))
+        }
+        None => format!(":{}", percent_encoded(auth)),
+    };
     url.split(',')
         .enumerate()
         .map(|(i, part)| {
@@ -449,11 +468,104 @@ fn with_sentinel_password(url: &str, password: &str) -> String {
             if i == 0 || part.is_empty() || part.contains("://") {
                 part.to_owned()
             } else {
-                format!("redis://:{encoded}@{part}")
+                format!("redis://{userinfo}@{part}")
             }
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// A `redis://` address whose query names `username`, `password` or `db`
+/// (radix, their client, reads them) with those moved into its user info
+/// and path, where redis-rs reads them; what the address already says
+/// there wins, as in radix. Other query parameters stay; any other address
+/// is kept as it is.
+fn with_query_credentials(address: &str) -> String {
+    let Some((base, query)) = address
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split_once('?'))
+    else {
+        return address.to_owned();
+    };
+    let (mut user, mut password, mut db, mut others) = (None, None, None, Vec::new());
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("username", v)) => user = Some(percent_decoded(v)),
+            Some(("password", v)) => password = Some(percent_decoded(v)),
+            Some(("db", v)) => db = Some(v),
+            _ => others.push(pair),
+        }
+    }
+    let (authority, path) = base.split_at(base.find('/').unwrap_or(base.len()));
+    let (userinfo, host) = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => (Some(userinfo.to_owned()), host),
+        None => (None, authority),
+    };
+    let userinfo = userinfo.or_else(|| match (&user, &password) {
+        (None, None) => None,
+        _ => Some(format!(
+            "{}:{}",
+            percent_encoded(user.as_deref().unwrap_or("")),
+            percent_encoded(password.as_deref().unwrap_or(""))
+        )),
+    });
+    let path = match (path, db) {
+        ("" | "/", Some(db)) if !db.is_empty() => format!("/{db}"),
+        _ => path.to_owned(),
+    };
+    let mut url = String::from("redis://");
+    if let Some(userinfo) = userinfo {
+        url.push_str(&userinfo);
+        url.push('@');
+    }
+    url.push_str(host);
+    url.push_str(&path);
+    if !others.is_empty() {
+        url.push('?');
+        url.push_str(&others.join("&"));
+    }
+    url
+}
+
+/// `text` percent-encoded for a URL's user info (unreserved bytes kept).
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A query value percent-decoded (`+` as a space, as Go's `url.ParseQuery`);
+/// a `%` not followed by two hex digits is kept.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The host of `host:port` (`[v6]:port` too).
@@ -541,7 +653,7 @@ pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{headers, host, node_metadata, with_sentinel_password};
+    use super::{headers, host, node_metadata, with_query_credentials, with_sentinel_password};
 
     #[test]
     fn their_list_formats_are_read_as_theirs() {
@@ -562,9 +674,42 @@ mod tests {
         );
         assert_eq!(host("envoy-gateway:18001"), "envoy-gateway");
         assert_eq!(host("[::1]:18001"), "::1");
+        // user:password split at the first ':', as theirs (strings.Cut).
         assert_eq!(
-            with_sentinel_password("mymaster, s1:26379,redis://s2:26379", "p@ss:w"),
-            "mymaster,redis://:p%40ss%3Aw@s1:26379,redis://s2:26379"
+            with_sentinel_password("mymaster, s1:26379,redis://s2:26379", "p@ss:w:x"),
+            "mymaster,redis://p%40ss:w%3Ax@s1:26379,redis://s2:26379"
         );
+        assert_eq!(
+            with_sentinel_password("mymaster,s1:26379", "s3cret"),
+            "mymaster,redis://:s3cret@s1:26379"
+        );
+    }
+
+    /// radix's query parameters, moved where redis-rs reads them; what the
+    /// address says itself wins, as in radix's parseRedisURL.
+    #[test]
+    fn a_urls_query_credentials_and_db_are_read_as_radix_reads_them() {
+        for (given, read) in [
+            (
+                "redis://h:6379?password=s%40cret",
+                "redis://:s%40cret@h:6379",
+            ),
+            (
+                "redis://h:6379?username=u&password=p&db=3",
+                "redis://u:p@h:6379/3",
+            ),
+            ("redis://h:6379/2?db=3", "redis://h:6379/2"),
+            ("redis://x:y@h:6379?password=p", "redis://x:y@h:6379"),
+            (
+                "redis://h:6379?db=1&protocol=resp2",
+                "redis://h:6379/1?protocol=resp2",
+            ),
+            ("redis://h:6379?password=a+b%3A", "redis://:a%20b%3A@h:6379"),
+            ("redis://h:6379", "redis://h:6379"),
+            ("rediss://h:6379?password=p", "rediss://h:6379?password=p"),
+            ("h:6379", "h:6379"),
+        ] {
+            assert_eq!(with_query_credentials(given), read, "{given}");
+        }
     }
 }

@@ -22,6 +22,7 @@ mod cli;
 mod envoy_settings;
 mod listen;
 mod otel_settings;
+mod parse;
 mod redis_settings;
 mod settings_compat;
 mod stats_settings;
@@ -214,6 +215,9 @@ fn stores(cli: &Cli, lanes: usize) -> Result<Stores> {
         return Ok(Store::Memory(MemoryStore::new(Arc::new(SystemClock))).into());
     };
     let (cert, key) = (&cli.redis_tls_client_cert, &cli.redis_tls_client_key);
+    if cert.is_some() != key.is_some() {
+        tracing::warn!("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together: one alone is ignored (as envoyproxy/ratelimit)");
+    }
     let shared = redis_settings::Shared {
         tls_ca: cli.redis_tls_ca.as_deref(),
         tls_client: cert.as_deref().zip(key.as_deref()),
@@ -307,7 +311,7 @@ async fn subscribe_xds(envoy: &EnvoySettings, load_options: LoadOptions) -> Resu
 /// A Redis deadline: the flag in milliseconds, else REDIS_TIMEOUT, else
 /// `default_ms`.
 fn redis_timeout(flag_ms: Option<u64>, default_ms: u64, envoy: &EnvoySettings) -> Duration {
-    match (flag_ms, envoy.redis_timeout) {
+    match (flag_ms, parse::or_default(envoy.redis_timeout)) {
         (Some(ms), _) => Duration::from_millis(ms),
         (None, Some(timeout)) => timeout,
         (None, None) => Duration::from_millis(default_ms),

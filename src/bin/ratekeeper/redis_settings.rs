@@ -15,6 +15,7 @@ use ratekeeper::vocab::Topology;
 use ratekeeper::{Error, Result};
 
 use crate::envoy_settings::redis_url;
+use crate::parse::or_default;
 use crate::read_file as read;
 
 /// Connections to a Redis or serving threads, as clap reads them: at most
@@ -80,7 +81,7 @@ pub struct PerSecondArgs {
     redis_persecond_sentinel_auth: Option<String>,
     /// Deadline of connecting to the per-second Redis and of each call (Go
     /// syntax). Default: the main Redis's deadlines.
-    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", value_parser = crate::cli::duration)]
+    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", value_parser = crate::parse::redis_timeout)]
     redis_persecond_timeout: Option<Duration>,
 }
 
@@ -195,8 +196,9 @@ impl PerSecondArgs {
             connections: self.redis_persecond_pool_size.unwrap_or(main.connections),
             socket_type: self.redis_persecond_socket_type.as_deref(),
             sentinel_auth: self.redis_persecond_sentinel_auth.as_deref(),
-            connect_timeout: self.redis_persecond_timeout.unwrap_or(main.connect_timeout),
-            call_timeout: self.redis_persecond_timeout.unwrap_or(main.call_timeout),
+            connect_timeout: or_default(self.redis_persecond_timeout)
+                .unwrap_or(main.connect_timeout),
+            call_timeout: or_default(self.redis_persecond_timeout).unwrap_or(main.call_timeout),
         }))
     }
 }

@@ -33,7 +33,7 @@ pub struct StatsSettings {
     #[arg(long, env = "EXTRA_TAGS", default_value = "")]
     extra_tags: String,
     /// How often statsd counters are sent.
-    #[arg(long, env = "STATS_FLUSH_INTERVAL", value_parser = crate::cli::duration, default_value = "10s")]
+    #[arg(long, env = "STATS_FLUSH_INTERVAL", value_parser = crate::parse::duration, default_value = "10s")]
     stats_flush_interval: Duration,
     /// Send statsd stats DogStatsD's way: tags as `|#key:value`, names
     /// through the mogrifiers. Not with USE_STATSD=true (as theirs).
