@@ -36,6 +36,8 @@ COPY --from=build /out/ratelimit /bin/ratelimit
 COPY --chown=0:0 examples/config/ /etc/ratekeeper/config/
 WORKDIR /etc/ratekeeper
 USER 65534:65534
-# 8081: gRPC (Envoy RLS v3, grpc.health.v1, reflection); 9090: GET /metrics.
-EXPOSE 8081 9090
+# 8081: gRPC (Envoy RLS v3, grpc.health.v1, reflection); 8080: HTTP (POST
+# /json, GET /healthcheck, which Envoy Gateway's probes ask); 6070: the
+# debug port (/rlconfig, /stats); 9090: GET /metrics.
+EXPOSE 8080 8081 6070 9090
 ENTRYPOINT ["/bin/ratelimit"]

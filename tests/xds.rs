@@ -1168,9 +1168,16 @@ async fn without_force_start_the_binary_serves_once_the_first_snapshot_is_in() {
     ads.publish("7", vec![domain("d", "user", 5)]);
     let ads_server = AdsServer::start(&ads, certs.xds_server(), 0);
     let env = xds_env(&certs, &ads_server);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // Limits files mounted too (a chart's): xDS counts, and it says so.
+    env.push(("CONFIG_DIR", "/nowhere/limits"));
     // Returns once the binary says it listens: after the first snapshot.
     let ratekeeper = Ratekeeper::spawn_in(root.path(), &[], &env);
+    assert!(
+        ratekeeper.logs().contains("CONFIG_DIR is not read"),
+        "{}",
+        ratekeeper.logs()
+    );
     let answer = ratekeeper
         .client()
         .await

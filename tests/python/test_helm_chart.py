@@ -356,6 +356,22 @@ def test_existing_secret_password_via_redis_auth(chart):
     assert "REDIS_PASSWORD" not in env and "value" not in env["REDIS_AUTH"]
 
 
+def test_go_durations_unix_sockets_and_probe_thresholds_are_taken(chart):
+    """What the binary takes, the schema takes: Go durations for the
+    connection age and its grace (0: never), a Unix socket as the Redis URL,
+    a readiness probe's successThreshold."""
+    for age in ["0", "0s", "1h30m", "1.5h", "500ms"]:
+        values = {"maxConnectionAge": age, "maxConnectionAgeGrace": age}
+        env = values_of(container(server_deployment(render(chart, values))))
+        assert env["GRPC_MAX_CONNECTION_AGE"] == age
+        assert env["GRPC_MAX_CONNECTION_AGE_GRACE"] == age
+    values = {"redis": {"mode": "standalone", "url": "/var/run/redis/redis.sock"}}
+    env = values_of(container(server_deployment(render(chart, values))))
+    assert env["REDIS_URL"] == "/var/run/redis/redis.sock"
+    probe = container(server_deployment(render(chart, {"readinessProbe": {"successThreshold": 2}})))
+    assert probe["readinessProbe"]["successThreshold"] == 2
+
+
 def test_redis_embedded(chart):
     objects = render(chart, ci_values("redis-embedded.yaml"))
     redis_name = f"{FULLNAME}-redis"
@@ -729,7 +745,6 @@ BAD_VALUES = {
     "expected-replicas-string": {"expectedReplicas": "3"},
     "response-headers-string": {"responseHeaders": "true"},
     "max-connection-age-no-unit": {"maxConnectionAge": "3600"},
-    "max-connection-age-zero": {"maxConnectionAge": "0s"},
     "max-connection-age-words": {"maxConnectionAge": "1 hour"},
     "max-detailed-series-negative": {"maxDetailedMetricSeries": -1},
     "serving-threads-zero": {"servingThreads": 0},

@@ -327,23 +327,27 @@ pub(crate) fn log_filter(level: &str) -> Result<String> {
             _ => level.into(),
         });
     }
+    // tracing's directives: a default level and `target=level`s, any
+    // order (`warn,ratekeeper=debug`), their levels named as above.
     let directive = |d: &str| match d.split_once('=') {
         Some((target, level)) => {
-            !target.is_empty()
+            let target_ok = !target.is_empty()
                 && target
                     .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_:".contains(c))
-                && tracing_level(level).is_some()
+                    .all(|c| c.is_ascii_alphanumeric() || "_:".contains(c));
+            tracing_level(level)
+                .filter(|_| target_ok)
+                .map(|level| format!("{target}={level}"))
         }
-        None => false,
+        None => tracing_level(d).map(str::to_owned),
     };
-    if level.split(',').all(directive) {
-        return Ok(level.to_owned());
+    match level.split(',').map(directive).collect::<Option<Vec<_>>>() {
+        Some(directives) => Ok(directives.join(",")),
+        None => Err(Error::Startup(format!(
+            "LOG_LEVEL {level:?} is not a level: expected error, warn, info, debug or trace \
+             (or tracing directives such as warn,ratekeeper=debug)"
+        ))),
     }
-    Err(Error::Startup(format!(
-        "LOG_LEVEL {level:?} is not a level: expected error, warn, info, debug or trace \
-         (or tracing directives such as ratekeeper=debug)"
-    )))
 }
 
 /// A logrus level name (any case) as tracing's; `None` when not one.
@@ -373,4 +377,29 @@ pub(crate) fn log_format(format: &str) -> LogFormat {
 pub(crate) fn serving_threads(text: &str) -> std::result::Result<NonZeroUsize, String> {
     let n = redis_settings::at_most_1024(text)?;
     NonZeroUsize::new(n).ok_or_else(|| "0: at least one thread serves (1 to 1024)".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    /// A logrus level, or tracing's directives: a default level and
+    /// `target=level`s in any order, each level named as logrus or tracing
+    /// names it.
+    #[test]
+    fn log_level_takes_a_level_or_tracing_directives() {
+        for (given, filter) in [
+            ("WARNING", "warn"),
+            ("debug", "info,ratekeeper=debug"),
+            ("warn,ratekeeper=debug", "warn,ratekeeper=debug"),
+            ("ratekeeper=debug,warning", "ratekeeper=debug,warn"),
+            ("info,h2=warn", "info,h2=warn"),
+            ("h2=Warning", "h2=warn"),
+        ] {
+            assert_eq!(log_filter(given).ok().as_deref(), Some(filter), "{given}");
+        }
+        for bad in ["warnn", "warn ", "h2=loud", "=warn", "info,", "a.b=warn"] {
+            assert!(log_filter(bad).is_err(), "{bad}");
+        }
+    }
 }

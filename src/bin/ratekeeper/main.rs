@@ -167,7 +167,14 @@ async fn first_limits(cli: &Cli) -> Result<(SharedConfig, Option<Watched>)> {
             let config = load_files(&dir, load_options, &cli.envoy)?;
             Ok((config, Some(Watched { dir, loaded })))
         }
-        ConfigType::GrpcXdsSotw => Ok((subscribe_xds(&cli.envoy, load_options).await?, None)),
+        ConfigType::GrpcXdsSotw => {
+            if let Some(dir) = &cli.config_dir {
+                // A chart or manifest that mounts limits files and sets
+                // CONFIG_TYPE too: say which one counts.
+                tracing::warn!(dir = %dir.display(), "CONFIG_TYPE=GRPC_XDS_SOTW: the limits come over xDS; CONFIG_DIR is not read");
+            }
+            Ok((subscribe_xds(&cli.envoy, load_options).await?, None))
+        }
     }
 }
 
