@@ -1515,6 +1515,58 @@ async fn a_silent_sentinel_hides_no_switch() {
     server.stop().await;
 }
 
+/// Only one sentinel is listed; it dies, and another makes the failover.
+/// The other was learned from the listed one (`SENTINEL SENTINELS`), as
+/// their client learns sentinels, so its `+switch-master` is followed:
+/// before, nothing announced the switch and reconnects asked only the
+/// dead sentinel, so no answer came from Redis after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_learned_from_the_listed_one_is_followed() {
+    let a = RedisServer::start();
+    let b = RedisServer::spawn_free(&["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    let b_port = b.port;
+    wait_synced(b_port);
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let listed = Sentinel::start(a.port, dir.path());
+    let other = Sentinel::start(a.port, other_dir.path());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let known: Vec<redis::Value> = redis::cmd("SENTINEL")
+            .arg("SENTINELS")
+            .arg("mymaster")
+            .query(&mut redis_at(listed.port))
+            .unwrap();
+        if !known.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sentinels never met");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("mymaster,127.0.0.1:{}", listed.port);
+    let server = failover_server(&a, Topology::Sentinel, url).await;
+    // Learned when the listed one is first followed; followed itself at
+    // the next look, 5 s on.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let loops = Loops::start(&server, 4).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    drop(listed);
+    let moved = fail_over(other.port, b_port, &loops).await;
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let answers = loops.finish().await;
+    let settled = from_redis_a_second_after(&answers, moved);
+    assert!(
+        settled > 0,
+        "no answer from Redis a second after the switch"
+    );
+    let on_b = counted_after(b_port);
+    assert!(
+        on_b >= settled,
+        "{on_b} counted on the new master, {settled} answered from Redis a second after the switch"
+    );
+    server.stop().await;
+}
+
 /// The over-limit cache answers a full counter without asking Redis. When
 /// Redis restarts empty the counter is gone and other replicas admit again,
 /// so this one must stop refusing too, long before the window ends.

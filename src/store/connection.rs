@@ -234,6 +234,10 @@ pub struct Connections {
     following: AtomicBool,
     /// `host:port` of the master the connections reach (sentinel only).
     master: Mutex<Option<String>>,
+    /// Sentinels the listed ones know of (`SENTINEL SENTINELS`), as
+    /// addresses alike the first listed: asked and followed as those are,
+    /// so that a list of one sentinel survives its loss.
+    learned_sentinels: Mutex<Vec<String>>,
     /// A sentinel named a new master that no reconnect begun since has
     /// reached yet: reconnecting goes on until one does.
     switch_pending: AtomicBool,
@@ -390,6 +394,7 @@ impl Connections {
             connecting: AtomicBool::new(false),
             following: AtomicBool::new(false),
             master: Mutex::new(None),
+            learned_sentinels: Mutex::new(Vec::new()),
             switch_pending: AtomicBool::new(false),
             runtime: OnceLock::new(),
             connected: watch::Sender::new(0),
@@ -669,11 +674,11 @@ impl Connections {
                 Ok(vec![Conn::Cluster(client.get_async_connection().await?)])
             }
             Topology::Sentinel => {
-                let (name, sentinels) = s.sentinels()?;
+                let (name, sentinels) = self.sentinels()?;
                 let wait = s.connect_timeout;
                 let asks = sentinels
                     .into_iter()
-                    .map(|sentinel| Box::pin(named_master(sentinel, &name, wait)));
+                    .map(|(_, sentinel)| Box::pin(named_master(sentinel, &name, wait)));
                 let (master, _) = futures_util::future::select_ok(asks).await.map_err(|_| {
                     Error::Store(format!("no sentinel named a master for {name:?}"))
                 })?;
@@ -693,6 +698,68 @@ impl Connections {
                 }
                 *self.master.lock().unwrap_or_else(|p| p.into_inner()) = Some(master);
                 Ok(conns)
+            }
+        }
+    }
+
+    /// Sentinel's master name and each sentinel, listed or learned, with
+    /// its address.
+    fn sentinels(&self) -> Result<(String, Vec<(String, redis::Client)>)> {
+        let (name, mut addresses) = self.settings.sentinel_addresses()?;
+        addresses.extend(
+            self.learned_sentinels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        let sentinels = addresses
+            .into_iter()
+            .map(|a| Ok((a.clone(), self.settings.sentinel_client(&a)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((name, sentinels))
+    }
+
+    /// Adds the sentinels `sentinel` knows of for `master` that are neither
+    /// listed nor learned yet.
+    async fn learn_sentinels(&self, sentinel: &redis::Client, master: &str) {
+        let wait = self.settings.connect_timeout;
+        let ask = async {
+            let mut conn = sentinel.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("SENTINELS")
+                .arg(master)
+                .query_async::<Vec<Vec<String>>>(&mut conn)
+                .await
+        };
+        let Ok(Ok(known)) = tokio::time::timeout(wait, ask).await else {
+            return;
+        };
+        let Ok((_, listed)) = self.settings.sentinel_addresses() else {
+            return;
+        };
+        let mut learned = self
+            .learned_sentinels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for fields in known {
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|pair| pair[0] == name)
+                    .and_then(|pair| pair.get(1))
+            };
+            let (Some(ip), Some(port)) = (field("ip"), field("port")) else {
+                continue;
+            };
+            let address = host_port(ip, port);
+            let known = listed
+                .iter()
+                .chain(learned.iter())
+                .any(|a| at(a) == address);
+            if !known {
+                tracing::info!(sentinel = %address, "learned a sentinel from another");
+                learned.push(alike(&listed[0], &address));
             }
         }
     }
@@ -773,18 +840,27 @@ impl Connections {
 /// so that one silent (paused, cut off) hides nothing the others announce;
 /// ends when the connections are dropped.
 async fn follow_switches(connections: Weak<Connections>) {
-    let Some(this) = connections.upgrade() else {
-        return;
-    };
-    let Ok((master, sentinels)) = this.settings.sentinels() else {
-        return;
-    };
-    let wait = this.settings.connect_timeout;
-    drop(this);
-    let followers = sentinels
-        .iter()
-        .map(|sentinel| follow_one(sentinel, &master, wait, &connections));
-    futures_util::future::join_all(followers).await;
+    let mut followed = std::collections::HashSet::new();
+    loop {
+        let Some(this) = connections.upgrade() else {
+            return;
+        };
+        let Ok((master, sentinels)) = this.sentinels() else {
+            return;
+        };
+        let wait = this.settings.connect_timeout;
+        drop(this);
+        for (address, sentinel) in sentinels {
+            if followed.insert(address) {
+                let (master, connections) = (master.clone(), connections.clone());
+                tokio::spawn(async move {
+                    follow_one(&sentinel, &master, wait, &connections).await;
+                });
+            }
+        }
+        // Learned ones join the followed at the next look.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 /// Follows one sentinel's announcements, subscribing again a second after
@@ -825,6 +901,7 @@ async fn subscribe(
     let pubsub = subscribed.await.ok()?.ok()?;
     let named = named_master(sentinel.clone(), master, wait).await;
     let this = connections.upgrade()?;
+    this.learn_sentinels(sentinel, master).await;
     let reached = this
         .master
         .lock()
@@ -891,6 +968,23 @@ fn host_port(host: &str, port: impl std::fmt::Display) -> String {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
+    }
+}
+
+/// The `host:port` of a sentinel's address as listed (`host:port`, or a
+/// URL with credentials: `redis://user:pass@host:port`).
+fn at(address: &str) -> &str {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    rest.rsplit_once('@').map_or(rest, |(_, host)| host)
+}
+
+/// `host_port` written as `listed` is (its scheme and credentials): a
+/// learned sentinel takes the listed ones' password and TLS.
+fn alike(listed: &str, host_port: &str) -> String {
+    let host = at(listed);
+    match listed.strip_suffix(host) {
+        Some(prefix) => format!("{prefix}{host_port}"),
+        None => host_port.to_owned(),
     }
 }
 
@@ -1000,18 +1094,22 @@ impl RedisSettings {
         Ok(parts)
     }
 
-    /// Sentinel's master name and a client of each sentinel (with the
-    /// master's TLS, as envoyproxy/ratelimit dials both alike).
-    fn sentinels(&self) -> Result<(String, Vec<redis::Client>)> {
-        let addresses = self.addresses()?;
-        let (name, sentinels) = addresses
-            .split_first()
-            .ok_or_else(|| Error::Startup("sentinel: expected mastername,host:port,...".into()))?;
-        let sentinels = sentinels
-            .iter()
-            .map(|a| self.client(self.node_without_auth(a)?))
-            .collect::<Result<Vec<_>>>()?;
-        Ok((name.clone(), sentinels))
+    /// Sentinel's master name and the sentinels' addresses, as listed.
+    fn sentinel_addresses(&self) -> Result<(String, Vec<String>)> {
+        let mut addresses = self.addresses()?;
+        if addresses.len() < 2 {
+            return Err(Error::Startup(
+                "sentinel: expected mastername,host:port,...".into(),
+            ));
+        }
+        let name = addresses.remove(0);
+        Ok((name, addresses))
+    }
+
+    /// A client of the sentinel at `address` (with the master's TLS, as
+    /// envoyproxy/ratelimit dials both alike).
+    fn sentinel_client(&self, address: &str) -> Result<redis::Client> {
+        self.client(self.node_without_auth(address)?)
     }
 
     /// A sentinel's address: sentinels here take no password; TLS (a
@@ -1056,6 +1154,19 @@ mod tests {
         for secret in ["url-secret", "auth-secret", "key-secret"] {
             assert!(!debug.contains(secret), "{debug}");
         }
+    }
+
+    /// A learned sentinel is written as the first listed one is: its
+    /// scheme and credentials, the learned host and port.
+    #[test]
+    fn a_learned_sentinel_takes_the_listed_ones_credentials() {
+        assert_eq!(at("redis://u:p@10.0.0.1:26379"), "10.0.0.1:26379");
+        assert_eq!(at("10.0.0.1:26379"), "10.0.0.1:26379");
+        assert_eq!(
+            alike("rediss://:p%40w@s1:26379", "10.0.0.2:26380"),
+            "rediss://:p%40w@10.0.0.2:26380"
+        );
+        assert_eq!(alike("s1:26379", "[::1]:26380"), "[::1]:26380");
     }
 
     #[test]
