@@ -434,6 +434,51 @@ async fn silent_http_connections_are_closed() {
     server.stop().await;
 }
 
+/// Between requests a kept-alive connection waits far longer than the
+/// handshake timeout (500 ms here): a pooling client (a load balancer with
+/// a 60 s idle timeout, lua-resty-http's keepalive pool) sends its next
+/// request on it seconds later, as theirs takes it. Before, it was closed
+/// after the handshake timeout and that request failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_waits_between_requests() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let server = TestServer::start(&[LIMITS], common::Backend::Memory.store(clock())).await;
+    server.serving().await;
+    let mut stream = std::net::TcpStream::connect(server.http).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    for round in 0..2 {
+        if round == 1 {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+        }
+        stream
+            .write_all(b"GET /healthcheck HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        assert!(
+            status.starts_with("HTTP/1.1 200"),
+            "round {round}: {status:?}"
+        );
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+    }
+    server.stop().await;
+}
+
 /// The idle timer is the client's: a request the server takes longer to
 /// answer than `--handshake-timeout-ms` (here `/json` on a Redis that
 /// stopped answering, until the store's deadline) gets its answer, where

@@ -4,7 +4,11 @@
 //! clock restarts with every byte read or written, and does not run out
 //! while a request is being answered ([`InFlight`]: its body in, its
 //! response not yet made): the silence is then the server's, as when
-//! `/json` waits on a Redis slower than the idle timeout.
+//! `/json` waits on a Redis slower than the idle timeout. Between requests
+//! (a response written, nothing of the next read yet) a kept-alive
+//! connection waits [`KEEP_ALIVE_IDLE`] instead: clients and load
+//! balancers pool connections for longer than a handshake's timeout, and
+//! one closed under them fails the request they send on it.
 
 use std::future::Future;
 use std::io;
@@ -18,8 +22,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+/// How long a kept-alive HTTP/1 connection may wait between requests:
+/// longer than load balancers' idle timeouts (AWS's 60 s, Google Cloud's
+/// 600 s), so that they close it first, as they expect of a backend.
+/// envoyproxy/ratelimit's server never closes one.
+pub const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(3600);
+
 /// An accepted connection that fails its pending read once it has been
-/// idle for `timeout` with no request of it being answered.
+/// idle for `timeout` with no request of it being answered
+/// ([`KEEP_ALIVE_IDLE`] between requests).
 pub struct Idle {
     inner: TcpStream,
     timeout: Duration,
@@ -42,8 +53,8 @@ impl Idle {
         self.in_flight.clone()
     }
 
-    fn active(&mut self) {
-        let next = Instant::now() + self.timeout;
+    fn active(&mut self, wait: Duration) {
+        let next = Instant::now() + wait;
         self.deadline.as_mut().reset(next);
     }
 }
@@ -63,7 +74,7 @@ impl AsyncRead for Idle {
             )),
             Poll::Pending => Poll::Pending,
             ready => {
-                this.active();
+                this.active(this.timeout);
                 ready
             }
         }
@@ -78,7 +89,13 @@ impl AsyncWrite for Idle {
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.inner).poll_write(cx, data);
         if written.is_ready() {
-            self.active();
+            // A response (or its part) is out: until the client sends
+            // again, the connection is between requests.
+            let wait = match self.in_flight.any() {
+                true => self.timeout,
+                false => KEEP_ALIVE_IDLE,
+            };
+            self.active(wait);
         }
         written
     }
