@@ -648,8 +648,11 @@ async fn grpc_uds_serves_should_rate_limit_on_a_unix_socket() {
         &[("GRPC_UDS", &socket.display().to_string())],
     );
     assert_eq!(server.grpc, format!("unix:{}", socket.display()));
-    server.grpc = relay_to(socket).await;
+    server.grpc = relay_to(socket.clone()).await;
     assert!(limited(&server).await);
+    // Gone once the server is, as a Go listener removes its socket.
+    assert!(server.terminate().success());
+    assert!(!socket.exists(), "the socket file outlived the server");
 }
 
 /// REDIS_SENTINEL_AUTH is the sentinels' password, or `user:password` (an

@@ -125,7 +125,7 @@ async fn run(cli: Cli, log_format: LogFormat) -> Result<()> {
     let http = http_listeners(&cli, reload_interval).await?;
     announce(&grpc, &metrics_addr, &http, log_format == LogFormat::Json)?;
 
-    Server {
+    let served = Server {
         grpc,
         config_dir,
         load_options: cli.envoy_modes.load_options(),
@@ -151,7 +151,13 @@ async fn run(cli: Cli, log_format: LogFormat) -> Result<()> {
         http,
     }
     .run(shutdown_signal())
-    .await
+    .await;
+    // As Go's listener does on close (theirs): a sidecar that waits for
+    // the socket to go sees the server gone.
+    if let Some(path) = &cli.envoy.grpc_uds {
+        let _ = std::fs::remove_file(path);
+    }
+    served
 }
 
 /// The limits to start with, from the files (with the directory to watch)

@@ -39,7 +39,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("GRPC_SERVER_USE_TLS", Same("")),
     ("GRPC_SERVER_TLS_CERT", Same("")),
     ("GRPC_SERVER_TLS_KEY", Same("")),
-    ("GRPC_CLIENT_TLS_CACERT", Same("")),
+    ("GRPC_CLIENT_TLS_CACERT", Same("client certificates must chain to this CA alone (theirs adds it to the system roots, so a publicly trusted certificate passes too)")),
     ("GRPC_CLIENT_TLS_SAN", Same("but without `GRPC_CLIENT_TLS_CACERT` (no client certificate is checked) it stops the start, where theirs ignores it: a deployment that believes its clients are checked is told they are not")),
     ("LOG_LEVEL", Same("default `info` (theirs `WARN`); also a tracing filter directive")),
     ("LOG_FORMAT", Same("`json` in any case (their field names: `@timestamp`, `@message`, `level`), else their logfmt off a terminal")),
