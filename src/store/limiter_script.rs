@@ -286,6 +286,33 @@ impl LimiterScript {
         )
     }
 
+    /// The health probe's call: the limiter with no checks, which reads
+    /// and writes nothing. On a cluster a keyless call goes to any node,
+    /// and a replica refuses a function that may write, so there `slot_key`
+    /// is declared (and unused): its slot sends the call to a primary.
+    pub fn probe_command(&self, now: &str, slot_key: Option<&str>) -> Cmd {
+        let mut cmd = self.invocation();
+        cmd.arg(usize::from(slot_key.is_some()));
+        if let Some(key) = slot_key {
+            cmd.arg(key);
+        }
+        cmd.arg(now);
+        cmd
+    }
+
+    /// `FCALL <function>` or `EVALSHA <sha>`, before the keys.
+    fn invocation(&self) -> Cmd {
+        if self.uses_functions() {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(&self.function);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.script.get_hash());
+            cmd
+        }
+    }
+
     /// The call deciding one request's checks in one hash slot, in `pass`.
     pub fn slot_command<'c, C>(&self, now: &str, all_or_nothing: bool, pass: Pass, checks: C) -> Cmd
     where
@@ -299,15 +326,7 @@ impl LimiterScript {
         R: Iterator<Item = (bool, Pass, C)> + Clone,
         C: ExactSizeIterator<Item = &'c Check>,
     {
-        let mut cmd = if self.uses_functions() {
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg(&self.function);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.script.get_hash());
-            cmd
-        };
+        let mut cmd = self.invocation();
         let keys: usize = requests.clone().map(|(_, _, checks)| checks.len()).sum();
         cmd.arg(keys);
         for (_, _, checks) in requests.clone() {

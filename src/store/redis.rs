@@ -973,8 +973,12 @@ impl RedisStore {
 
     /// [`Self::ping`] on one connection.
     async fn ping_on(&self, conn: &mut Conn) -> Result<()> {
-        let no_checks = std::iter::empty::<(bool, std::slice::Iter<'_, Check>)>();
-        let cmd = self.limiter.command(&self.now_arg(), no_checks);
+        // On a cluster, a slot drawn at random: a primary at random.
+        let slot_key = (self.topology == Topology::Cluster)
+            .then(|| format!("rk:probe:{{{}}}", (crate::random::unit() * 16384.0) as u32));
+        let cmd = self
+            .limiter
+            .probe_command(&self.now_arg(), slot_key.as_deref());
         let reply: Vec<i64> = self
             .probe("the health probe", self.limiter.call(conn, &cmd))
             .await?;
