@@ -98,6 +98,74 @@ async fn the_cluster_probe_reaches_primaries_only() {
     }
 }
 
+/// A master down with no replica to take its slots fails a call in three
+/// for as long as it is down. The cluster connection is rebuilt after
+/// failures in a row, but paced (1, 2, 4, then 8 s apart): before, under
+/// load each serving thread rebuilt it every few failures, a new
+/// connection to every node some four times a second, to no avail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_cluster_outage_rebuilds_the_connection_at_a_pace() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let seeds = cluster.seeds();
+    let server = Ratekeeper::start(
+        LIMITS_OPEN,
+        dir.path(),
+        &[
+            "--redis-type",
+            "cluster",
+            "--redis-url",
+            &seeds,
+            "--redis-timeout-ms",
+            "200",
+        ],
+    );
+    let before = load(&server, 64, |a| a.len() >= 50, Duration::from_secs(20)).await;
+    assert!(before.iter().all(|a| !a.2), "degraded before any failure");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    for worker in 0..8 {
+        let mut client = server.client().await;
+        let stop = Arc::clone(&stop);
+        loads.push(tokio::spawn(async move {
+            let mut i = worker;
+            while !stop.load(Ordering::Relaxed) {
+                i += 8;
+                let key = format!("v{}", i % 64);
+                let _ = client
+                    .should_rate_limit(request("d", vec![descriptor(&[("k", &key)])]))
+                    .await;
+            }
+        }));
+    }
+    cluster.nodes[0].kill();
+    let received = || {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut redis_at(cluster.nodes[1].port))
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first = received();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let opened = received() - first;
+    stop.store(true, Ordering::Relaxed);
+    for load in loads {
+        load.await.unwrap();
+    }
+    println!("partial cluster outage: {opened} connections opened to a healthy node in 6 s");
+    // Two serving threads, each rebuilding at most at 1 s and 3 s into
+    // that window (and each rebuild one connection a node).
+    assert!(
+        opened <= 8,
+        "{opened} connections opened to a healthy node in 6 s of a partial outage"
+    );
+}
+
 #[tokio::test]
 async fn cluster_master_killed_under_load_fails_open_then_recovers() {
     let mut cluster = RedisCluster::start(3, 1);

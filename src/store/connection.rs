@@ -253,6 +253,10 @@ pub struct Connections {
     /// Replacements for silence since an answer (see
     /// [`MAX_SILENCE_DOUBLINGS`]).
     silent_replacements: AtomicU32,
+    /// A cluster's last rebuild (ms since `epoch`; 0: none yet) and the
+    /// rebuilds of this outage (see [`CLUSTER_REBUILD_SPACING`]).
+    last_rebuild_ms: AtomicU64,
+    outage_rebuilds: AtomicU32,
     /// When the failures in a row began (or the connections were last
     /// replaced, if later), in ms since `epoch`.
     failing_since_ms: AtomicU64,
@@ -329,6 +333,17 @@ impl std::ops::Add for PoolCounts {
 /// only a fresh topology shows the promoted replica.
 const CLUSTER_REBUILD_AFTER: usize = 3;
 
+/// The least time between two cluster rebuilds while calls keep failing,
+/// doubled by each (1, 2, 4, then 8 s): a master down with no replica to
+/// take its slots fails a call in three, and rebuilding after every few
+/// made each replica open a new connection to every node some four times
+/// a second, to no avail. The first rebuild of an outage is at once: a
+/// failover's new map is what it is for.
+const CLUSTER_REBUILD_SPACING: Duration = Duration::from_secs(1);
+
+/// Quiet after which the next cluster rebuild counts as an outage's first.
+const CLUSTER_OUTAGE_OVER: Duration = Duration::from_secs(30);
+
 /// How many times a cluster call is sent again after a redirect, a
 /// TRYAGAIN or a lost connection: enough for a stale slot map, a slot
 /// being moved and its keys split between two nodes, one after another.
@@ -400,6 +415,8 @@ impl Connections {
             connected: watch::Sender::new(0),
             failures: AtomicUsize::new(0),
             silent_replacements: AtomicU32::new(0),
+            last_rebuild_ms: AtomicU64::new(0),
+            outage_rebuilds: AtomicU32::new(0),
             broken: AtomicBool::new(false),
             lines,
             failing_since_ms: AtomicU64::new(0),
@@ -544,12 +561,37 @@ impl Connections {
                 }
             }
             Topology::Cluster => {
-                if failures >= CLUSTER_REBUILD_AFTER {
+                if failures >= CLUSTER_REBUILD_AFTER && self.rebuild_due() {
                     self.failures.store(0, Ordering::Relaxed);
                     self.reconnect();
                 }
             }
         }
+    }
+
+    /// Whether a cluster rebuild may start now (and then it counts as
+    /// made): see [`CLUSTER_REBUILD_SPACING`].
+    fn rebuild_due(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.last_rebuild_ms.load(Ordering::Relaxed);
+        let since = Duration::from_millis(now.saturating_sub(last));
+        if last == 0 || since >= CLUSTER_OUTAGE_OVER {
+            self.outage_rebuilds.store(0, Ordering::Relaxed);
+        }
+        let made = self.outage_rebuilds.load(Ordering::Relaxed);
+        let spacing = match made {
+            0 => Duration::ZERO,
+            n => CLUSTER_REBUILD_SPACING * (1 << (n - 1).min(MAX_SILENCE_DOUBLINGS)),
+        };
+        let due = since >= spacing
+            && self
+                .last_rebuild_ms
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        if due {
+            self.outage_rebuilds.fetch_add(1, Ordering::Relaxed);
+        }
+        due
     }
 
     /// The silence that replaces the connections now: doubled by each
