@@ -8,9 +8,15 @@
 //! each such message) or lease ids (field 1 of a `Heartbeat` or `Release`)
 //! have their bodies wrapped by [`Counted`], which counts that field's
 //! length-delimited occurrences at the top of each message and ends the
-//! call with `INVALID_ARGUMENT` at the first past the cap. Other messages
-//! of those services have no such field 2 (a settle's is a number). A
-//! compressed or malformed message is left to the decoder.
+//! call with `INVALID_ARGUMENT` at the first past the cap. Inside each
+//! descriptor it counts the entries too (field 1), against
+//! `caps::MAX_ENTRIES` a descriptor and `caps::MAX_REQUEST_ENTRIES` in all:
+//! one descriptor of two million empty entries decodes as large as two
+//! million descriptors. Fields inside a group (the deprecated wire types
+//! 3 and 4, which the decoder skips) count as nothing, and the scan goes
+//! on after them. Other messages of those services have no such field 2
+//! (a settle's is a number). A compressed or malformed message is left to
+//! the decoder.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -26,7 +32,7 @@ use tonic::Status;
 use crate::pb::v1::budget_service_server::BudgetServiceServer;
 use crate::pb::v1::concurrency_service_server::ConcurrencyServiceServer;
 use crate::service::budget::Budget;
-use crate::service::caps::{self, MAX_DESCRIPTORS};
+use crate::service::caps::{self, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_REQUEST_ENTRIES};
 use crate::service::concurrency::{self, Concurrency, MAX_LEASE_IDS};
 use crate::service::rls::RateLimiter;
 
@@ -153,9 +159,9 @@ where
             None => return Poll::Ready(None),
         };
         if let (Some(scan), Some(data)) = (&mut this.scan, frame.data_ref()) {
-            if scan.feed(data) > scan.counting.max() {
-                let past_max = scan.counting.past_max();
-                return Poll::Ready(Some(Err(Status::invalid_argument(past_max))));
+            scan.feed(data);
+            if let Some(refused) = scan.refusal() {
+                return Poll::Ready(Some(Err(Status::invalid_argument(refused))));
             }
         }
         Poll::Ready(Some(Ok(frame)))
@@ -200,8 +206,18 @@ impl At {
     };
 }
 
+/// What a length-delimited field about to be read is to the scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// A descriptor: its bytes are read, for its entries.
+    Descriptor,
+    /// Anything else: its bytes are passed.
+    Other,
+}
+
 /// Counts the length-delimited occurrences of one field at the top of a
-/// stream of gRPC messages, fed in pieces of any size.
+/// stream of gRPC messages, fed in pieces of any size (and, for
+/// descriptors, each one's entries).
 #[derive(Debug, Clone, Copy)]
 struct Scan {
     counting: Counting,
@@ -209,6 +225,17 @@ struct Scan {
     /// Bytes of the current message still to come.
     left: u64,
     count: usize,
+    /// Groups open at this point (fields inside count as nothing).
+    groups: u32,
+    /// What the length-delimited field whose length is being read is.
+    field: Field,
+    /// Bytes of the descriptor being read still to come, inside one.
+    descriptor_left: Option<u64>,
+    /// Entries of that descriptor, and of the message in all.
+    descriptor_entries: usize,
+    entries: usize,
+    /// Why the message is refused, once past an entries cap.
+    refused: Option<Option<usize>>,
 }
 
 impl Scan {
@@ -218,7 +245,22 @@ impl Scan {
             at: At::FRAME,
             left: 0,
             count: 0,
+            groups: 0,
+            field: Field::Other,
+            descriptor_left: None,
+            descriptor_entries: 0,
+            entries: 0,
+            refused: None,
         }
+    }
+
+    /// Why the message read so far is refused, if it is: past its field's
+    /// cap, or past an entries cap.
+    fn refusal(&self) -> Option<String> {
+        if self.count > self.counting.max() {
+            return Some(self.counting.past_max());
+        }
+        self.refused.map(caps::past_max_entries)
     }
 
     /// Reads `bytes`; the count of fields so far in the current message.
@@ -278,6 +320,9 @@ impl Scan {
         }
         self.left = length;
         self.count = 0;
+        self.groups = 0;
+        self.descriptor_left = None;
+        self.entries = 0;
         match (compressed, length) {
             (_, 0) => self.next_field(),
             (true, n) => At::Skip { n },
@@ -304,36 +349,82 @@ impl Scan {
             0 => At::Varint,
             1 => At::Skip { n: 8 },
             2 => {
-                if tag >> 3 == self.counting.field() {
-                    self.count += 1;
+                self.field = Field::Other;
+                if self.groups == 0 {
+                    self.counted(tag >> 3);
                 }
                 At::Length { value: 0, shift: 0 }
+            }
+            3 => {
+                self.groups += 1;
+                self.next_field()
+            }
+            4 if self.groups > 0 => {
+                self.groups -= 1;
+                self.next_field()
             }
             5 => At::Skip { n: 4 },
             _ => At::Lost,
         }
     }
 
-    /// What follows a length-delimited field's length: its bytes.
+    /// Counts a length-delimited field number `field` outside any group:
+    /// the counted field at the top, or an entry inside a descriptor.
+    fn counted(&mut self, field: u64) {
+        match self.descriptor_left {
+            None if field == self.counting.field() => {
+                self.count += 1;
+                if self.counting == Counting::Descriptors {
+                    self.field = Field::Descriptor;
+                }
+            }
+            Some(_) if field == 1 => {
+                self.descriptor_entries += 1;
+                self.entries += 1;
+                if self.descriptor_entries > MAX_ENTRIES {
+                    self.refused.get_or_insert(Some(self.count - 1));
+                } else if self.entries > MAX_REQUEST_ENTRIES {
+                    self.refused.get_or_insert(None);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// What follows a length-delimited field's length: its bytes (a
+    /// descriptor's read field by field).
     fn length(&mut self, length: u64) -> At {
+        let room = self.descriptor_left.unwrap_or(self.left).min(self.left);
         match length {
             0 => self.next_field(),
-            n if n > self.left => At::Lost,
+            n if n > room => At::Lost,
+            n if self.field == Field::Descriptor => {
+                self.descriptor_left = Some(n);
+                self.descriptor_entries = 0;
+                At::Tag { value: 0, shift: 0 }
+            }
             n => At::Skip { n },
         }
     }
 
-    /// The next field's tag, or the next message's header.
-    fn next_field(&self) -> At {
+    /// The next field's tag (a descriptor read whole: the next top-level
+    /// one's), or the next message's header.
+    fn next_field(&mut self) -> At {
+        if self.descriptor_left == Some(0) {
+            self.descriptor_left = None;
+        }
         match self.left {
             0 => At::FRAME,
             _ => At::Tag { value: 0, shift: 0 },
         }
     }
 
-    /// `n` bytes of the message read.
+    /// `n` bytes of the message (and of the descriptor being read) read.
     fn consumed(&mut self, n: u64) {
         self.left = self.left.saturating_sub(n);
+        if let Some(left) = &mut self.descriptor_left {
+            *left = left.saturating_sub(n);
+        }
     }
 }
 
@@ -434,6 +525,76 @@ mod tests {
         let bytes = framed(&heartbeat);
         assert_eq!(Scan::new(Counting::LeaseIds).feed(&bytes), 3);
         assert_eq!(Scan::new(Counting::Descriptors).feed(&bytes), 0);
+    }
+
+    /// `entries` empty entries in each of `descriptors` descriptors.
+    fn wide(descriptors: usize, entries: usize) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    entries: vec![Entry::default(); entries],
+                    hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: 7 }),
+                    ..Default::default()
+                };
+                descriptors
+            ],
+            hits_addend: 1,
+        }
+    }
+
+    /// The refusal of `bytes` fed in pieces of `piece` bytes.
+    fn refusal(bytes: &[u8], piece: usize) -> Option<String> {
+        let mut scan = Scan::new(Counting::Descriptors);
+        for chunk in bytes.chunks(piece) {
+            scan.feed(chunk);
+            if let Some(refused) = scan.refusal() {
+                return Some(refused);
+            }
+        }
+        None
+    }
+
+    /// Entries are counted inside each descriptor, against the cap of one
+    /// descriptor and of the request; within them a message passes.
+    #[test]
+    fn counts_each_descriptors_entries_and_all_of_them() {
+        let in_one = format!("descriptors[2] has more than {MAX_ENTRIES} entries");
+        let in_all = format!("more than {MAX_REQUEST_ENTRIES} entries in all");
+        let mut one_too_many = wide(3, 1);
+        one_too_many.descriptors[2] = wide(1, MAX_ENTRIES + 1).descriptors.remove(0);
+        for piece in [1, 3, 4096, usize::MAX] {
+            let at = |request: &RateLimitRequest| refusal(&framed(request), piece);
+            assert_eq!(at(&wide(3, MAX_ENTRIES)), None, "{piece}");
+            assert_eq!(at(&wide(32, MAX_REQUEST_ENTRIES / 32)), None, "{piece}");
+            assert!(
+                at(&one_too_many).is_some_and(|r| r.starts_with(&in_one)),
+                "{piece}"
+            );
+            let many = wide(40, 2000);
+            assert!(at(&many).is_some_and(|r| r.starts_with(&in_all)), "{piece}");
+        }
+    }
+
+    /// A group (wire types 3 and 4, which the decoder skips) hides nothing:
+    /// the descriptors after it are counted.
+    #[test]
+    fn descriptors_after_a_group_are_counted() {
+        let mut body = RateLimitRequest {
+            domain: "d".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        // Field 15 as a group: its start, a field inside, its end.
+        body.extend_from_slice(&[15 << 3 | 3, 1 << 3 | 2, 0, 15 << 3 | 4]);
+        for _ in 0..MAX_DESCRIPTORS + 1 {
+            body.extend_from_slice(&[2 << 3 | 2, 0]);
+        }
+        let mut framed = vec![0];
+        framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&body);
+        let refused = refusal(&framed, 5);
+        assert_eq!(refused, Some(caps::past_max_descriptors()));
     }
 
     #[test]

@@ -28,6 +28,21 @@ pub const MAX_DESCRIPTORS: usize = 1024;
 /// rule (some 1,160 matches).
 pub const MAX_ENTRIES: usize = MAX_DESCRIPTOR_DEPTH;
 
+/// Most entries in one request, all descriptors together: far above what
+/// Envoy sends (a handful a descriptor), low enough that a 4 MiB message of
+/// empty entries (two million) is refused before it is decoded.
+pub const MAX_REQUEST_ENTRIES: usize = 64 * 1024;
+
+/// Why a request past [`MAX_ENTRIES`] in a descriptor, or past
+/// [`MAX_REQUEST_ENTRIES`] in all, is refused where entries are counted as
+/// they are read (`descriptor`: the index of the one past its cap).
+pub fn past_max_entries(descriptor: Option<usize>) -> String {
+    match descriptor {
+        Some(i) => format!("descriptors[{i}] has more than {MAX_ENTRIES} entries: at most {MAX_ENTRIES} are accepted"),
+        None => format!("more than {MAX_REQUEST_ENTRIES} entries in all: at most {MAX_REQUEST_ENTRIES} are accepted per request"),
+    }
+}
+
 /// Why a request of more than [`MAX_DESCRIPTORS`] is refused where it is
 /// counted as it is read, and stopped past the cap (`/json`'s body, a gRPC
 /// call's bytes): how many it holds is not known.
@@ -57,8 +72,13 @@ pub fn validate<D: Entries>(domain: &str, descriptors: &[D]) -> Result<(), Statu
             descriptors.len(),
         ));
     }
+    let mut in_all = 0;
     for (i, descriptor) in descriptors.iter().enumerate() {
         let entries = descriptor.entries();
+        in_all += entries.len();
+        if in_all > MAX_REQUEST_ENTRIES {
+            return invalid(past_max_entries(None));
+        }
         if entries.len() > MAX_ENTRIES {
             return invalid(format!(
                 "descriptors[{i}] has {} entries: at most {MAX_ENTRIES} are accepted",
