@@ -406,6 +406,12 @@ async fn silent_http_connections_are_closed() {
             server.http,
             &b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"dom"[..],
         ),
+        // And one that never comes after the server's `100 Continue`: that
+        // interim answer does not make the connection one between requests.
+        (
+            server.http,
+            &b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\nexpect: 100-continue\r\n\r\n"[..],
+        ),
     ] {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
         stream.write_all(sent).unwrap();

@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -74,6 +74,7 @@ impl AsyncRead for Idle {
             )),
             Poll::Pending => Poll::Pending,
             ready => {
+                this.in_flight.client_spoke();
                 this.active(this.timeout);
                 ready
             }
@@ -89,11 +90,11 @@ impl AsyncWrite for Idle {
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.inner).poll_write(cx, data);
         if written.is_ready() {
-            // A response (or its part) is out: until the client sends
-            // again, the connection is between requests.
-            let wait = match self.in_flight.any() {
-                true => self.timeout,
-                false => KEEP_ALIVE_IDLE,
+            // A response (or its part) is out: once one is answered and
+            // until the client sends again, it is between requests.
+            let wait = match self.in_flight.between_requests() {
+                true => KEEP_ALIVE_IDLE,
+                false => self.timeout,
             };
             self.active(wait);
         }
@@ -110,23 +111,37 @@ impl AsyncWrite for Idle {
 }
 
 /// How many of a connection's requests are being answered (their bodies
-/// in, their responses not yet made), shared by its [`Idle`] and the
-/// connection's service (`super::answering`, through [`super::Peer`]).
+/// in, their responses not yet made), and whether one was answered since
+/// the client last sent a byte; shared by its [`Idle`] and the connection's
+/// service (`super::answering`, through [`super::Peer`]).
 #[derive(Debug, Clone, Default)]
-pub struct InFlight(Arc<AtomicUsize>);
+pub struct InFlight(Arc<(AtomicUsize, AtomicBool)>);
 
 impl InFlight {
     /// One more request being answered.
     pub fn add(&self) {
-        self.0.fetch_add(1, Ordering::AcqRel);
+        self.0 .0.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// One fewer (after an [`Self::add`]).
+    /// One fewer (after an [`Self::add`]): its response is made.
     pub fn sub(&self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0 .1.store(true, Ordering::Release);
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn any(&self) -> bool {
-        self.0.load(Ordering::Acquire) > 0
+        self.0 .0.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether the connection is between requests: none being answered,
+    /// and one answered since the client last sent (not an interim
+    /// `100 Continue` before a body that never comes).
+    fn between_requests(&self) -> bool {
+        !self.any() && self.0 .1.load(Ordering::Acquire)
+    }
+
+    /// The client sent a byte (of a next request, or of this one's body).
+    fn client_spoke(&self) {
+        self.0 .1.store(false, Ordering::Release);
     }
 }
