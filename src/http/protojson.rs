@@ -33,6 +33,7 @@ use crate::service::caps;
 /// a body's parse costs memory in proportion to what may be evaluated, not
 /// to what it holds (16 MiB of `{}` were 5.6 million descriptors, 0.9 GB).
 pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
+    ENTRIES_IN_REQUEST.set(0);
     let Object(raw): Object<JsonRequest> =
         serde_json::from_slice(body).map_err(|e| format!("bad RateLimitRequest JSON: {e}"))?;
     raw.into_request()
@@ -112,21 +113,41 @@ fn descriptors<'de, D: Deserializer<'de>>(
     ))
 }
 
-/// A descriptor's entries: at most [`caps::MAX_ENTRIES`].
+thread_local! {
+    /// The entries of the request being parsed, all descriptors together
+    /// (a parse runs on one thread, from [`parse_request`]'s start).
+    static ENTRIES_IN_REQUEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A descriptor's entries: at most [`caps::MAX_ENTRIES`], and at most
+/// [`caps::MAX_REQUEST_ENTRIES`] in the request.
 fn entries<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Vec<Object<JsonEntry>>>, D::Error> {
-    deserializer.deserialize_option(Capped::new(caps::MAX_ENTRIES, || {
+    let capped = Capped::new(caps::MAX_ENTRIES, || {
         let max = caps::MAX_ENTRIES;
         format!("a descriptor has more than {max} entries: at most {max} are accepted")
-    }))
+    });
+    deserializer.deserialize_option(Capped {
+        each: Some(|| {
+            let in_all = ENTRIES_IN_REQUEST.get() + 1;
+            ENTRIES_IN_REQUEST.set(in_all);
+            match in_all > caps::MAX_REQUEST_ENTRIES {
+                true => Err(caps::past_max_entries(None)),
+                false => Ok(()),
+            }
+        }),
+        ..capped
+    })
 }
 
 /// A JSON array (or `null`) of at most `max` elements: refused at the
-/// element past them, as `too_long` says.
+/// element past them, as `too_long` says, or when `each` (called per
+/// element) refuses one.
 struct Capped<T> {
     max: usize,
     too_long: fn() -> String,
+    each: Option<fn() -> Result<(), String>>,
     element: PhantomData<T>,
 }
 
@@ -135,6 +156,7 @@ impl<T> Capped<T> {
         Capped {
             max,
             too_long,
+            each: None,
             element: PhantomData,
         }
     }
@@ -164,6 +186,9 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for Capped<T> {
         while let Some(item) = seq.next_element()? {
             if items.len() == self.max {
                 return Err(de::Error::custom((self.too_long)()));
+            }
+            if let Some(each) = self.each {
+                each().map_err(de::Error::custom)?;
             }
             items.push(item);
         }
@@ -569,6 +594,23 @@ mod tests {
             "{error}"
         );
         assert!(parse_request(br#"{"descriptors": null}"#).is_ok());
+        // All descriptors' entries together, counted as read too (and
+        // afresh for each request).
+        let wide = |descriptors: usize, entries: usize| {
+            let descriptor = format!(r#"{{"entries": [{}]}}"#, list(entries, "{}"));
+            format!(
+                r#"{{"domain": "d", "descriptors": [{}]}}"#,
+                list(descriptors, &descriptor)
+            )
+        };
+        let full = wide(32, caps::MAX_REQUEST_ENTRIES / 32);
+        assert!(parse_request(full.as_bytes()).is_ok());
+        assert!(parse_request(full.as_bytes()).is_ok(), "counted afresh");
+        let error = parse_request(wide(40, 2000).as_bytes()).unwrap_err();
+        assert!(
+            error.contains("more than 65536 entries in all: at most 65536 are accepted"),
+            "{error}"
+        );
     }
 
     #[test]

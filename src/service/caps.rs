@@ -121,7 +121,8 @@ mod tests {
         assert!(validate("api", &[descriptor(&[("k", &long_value)])]).is_ok());
         let many = vec![descriptor(&[("k", "v")]); MAX_DESCRIPTORS + 1];
         let wide = [descriptor(&vec![("k", "v"); MAX_ENTRIES + 1])];
-        let cases: [(&str, &[Descriptor], &str); 5] = [
+        let all_wide = vec![descriptor(&vec![("k", "v"); 2000]); 40];
+        let cases: [(&str, &[Descriptor], &str); 6] = [
             ("", &ok, "domain must not be empty"),
             ("api", &[], "descriptor list must not be empty"),
             ("api", &many, "at most 1024"),
@@ -131,6 +132,7 @@ mod tests {
                 "descriptors[0].entries[0]: the key must not be empty",
             ),
             ("api", &wide, "at most 2048"),
+            ("api", &all_wide, "more than 65536 entries in all"),
         ];
         for (domain, descriptors, message) in cases {
             let e = validate(domain, descriptors).unwrap_err();
