@@ -62,42 +62,6 @@ async fn load(
     answers
 }
 
-/// On a cluster the health probe goes to primaries only: a keyless call
-/// goes to any node the client is connected to, and a replica refuses the
-/// limiter (a function that may write). A review saw replicas refuse
-/// hundreds of probes under load over minutes, which made readiness flap
-/// with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION; idle here, the client had
-/// only primaries connected, so this checks the routing rather than
-/// replaying that run.
-#[tokio::test]
-async fn the_cluster_probe_reaches_primaries_only() {
-    let cluster = RedisCluster::start(3, 1);
-    let Store::Redis(store) = cluster.store(None) else {
-        panic!("a Redis store");
-    };
-    for probe in 0..40 {
-        if let Err(e) = store.ping().await {
-            panic!("probe {probe} of a healthy cluster: {e}");
-        }
-    }
-    for node in &cluster.nodes {
-        let mut conn = redis_at(node.port);
-        let role: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut conn)
-            .unwrap();
-        if !role.contains("role:slave") {
-            continue;
-        }
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut conn)
-            .unwrap();
-        let fcall = stats.lines().find(|l| l.starts_with("cmdstat_fcall:"));
-        assert!(fcall.is_none(), "a replica was probed: {fcall:?}");
-    }
-}
-
 /// A master down with no replica to take its slots fails a call in three
 /// for as long as it is down. The cluster connection is rebuilt after
 /// failures in a row, but paced (1, 2, 4, then 8 s apart): before, under

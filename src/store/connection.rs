@@ -24,6 +24,7 @@
 //! unreachable; and from the serving lane that will use the connections, so
 //! their readers run on its thread (`crate::lanes`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -234,10 +235,12 @@ pub struct Connections {
     following: AtomicBool,
     /// `host:port` of the master the connections reach (sentinel only).
     master: Mutex<Option<String>>,
-    /// Sentinels the listed ones know of (`SENTINEL SENTINELS`), as
-    /// addresses alike the first listed: asked and followed as those are,
-    /// so that a list of one sentinel survives its loss.
-    learned_sentinels: Mutex<Vec<String>>,
+    /// The sentinels each listed one last said it knows of (`SENTINEL
+    /// SENTINELS`), as addresses alike the first listed: asked and followed
+    /// as those are, so that a list of one sentinel survives its loss.
+    /// Replaced at each answer, so a sentinel gone (a pod's old address)
+    /// is forgotten once a listed one stops naming it.
+    learned_sentinels: Mutex<HashMap<String, Vec<String>>>,
     /// A sentinel named a new master that no reconnect begun since has
     /// reached yet: reconnecting goes on until one does.
     switch_pending: AtomicBool,
@@ -344,6 +347,10 @@ const CLUSTER_REBUILD_SPACING: Duration = Duration::from_secs(1);
 /// Quiet after which the next cluster rebuild counts as an outage's first.
 const CLUSTER_OUTAGE_OVER: Duration = Duration::from_secs(30);
 
+/// Rebuilds after which [`CLUSTER_REBUILD_SPACING`] stops doubling (1, 2,
+/// 4, then 8 s).
+const MAX_CLUSTER_REBUILD_DOUBLINGS: u32 = 3;
+
 /// How many times a cluster call is sent again after a redirect, a
 /// TRYAGAIN or a lost connection: enough for a stale slot map, a slot
 /// being moved and its keys split between two nodes, one after another.
@@ -409,7 +416,7 @@ impl Connections {
             connecting: AtomicBool::new(false),
             following: AtomicBool::new(false),
             master: Mutex::new(None),
-            learned_sentinels: Mutex::new(Vec::new()),
+            learned_sentinels: Mutex::new(HashMap::new()),
             switch_pending: AtomicBool::new(false),
             runtime: OnceLock::new(),
             connected: watch::Sender::new(0),
@@ -575,21 +582,23 @@ impl Connections {
         let now = self.epoch.elapsed().as_millis() as u64;
         let last = self.last_rebuild_ms.load(Ordering::Relaxed);
         let since = Duration::from_millis(now.saturating_sub(last));
-        if last == 0 || since >= CLUSTER_OUTAGE_OVER {
-            self.outage_rebuilds.store(0, Ordering::Relaxed);
-        }
-        let made = self.outage_rebuilds.load(Ordering::Relaxed);
+        let made = match last == 0 || since >= CLUSTER_OUTAGE_OVER {
+            true => 0,
+            false => self.outage_rebuilds.load(Ordering::Relaxed),
+        };
         let spacing = match made {
             0 => Duration::ZERO,
-            n => CLUSTER_REBUILD_SPACING * (1 << (n - 1).min(MAX_SILENCE_DOUBLINGS)),
+            n => CLUSTER_REBUILD_SPACING * (1 << (n - 1).min(MAX_CLUSTER_REBUILD_DOUBLINGS)),
         };
+        // The one call that moves the last rebuild's time makes it, and
+        // counts it: a concurrent loser changes nothing.
         let due = since >= spacing
             && self
                 .last_rebuild_ms
                 .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok();
         if due {
-            self.outage_rebuilds.fetch_add(1, Ordering::Relaxed);
+            self.outage_rebuilds.store(made + 1, Ordering::Relaxed);
         }
         due
     }
@@ -745,26 +754,66 @@ impl Connections {
     }
 
     /// Sentinel's master name and each sentinel, listed or learned, with
-    /// its address.
+    /// its address (a learned one whose address does not parse is left
+    /// out).
     fn sentinels(&self) -> Result<(String, Vec<(String, redis::Client)>)> {
-        let (name, mut addresses) = self.settings.sentinel_addresses()?;
-        addresses.extend(
-            self.learned_sentinels
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .cloned(),
-        );
-        let sentinels = addresses
+        let (name, addresses) = self.settings.sentinel_addresses()?;
+        let mut sentinels = addresses
             .into_iter()
             .map(|a| Ok((a.clone(), self.settings.sentinel_client(&a)?)))
             .collect::<Result<Vec<_>>>()?;
+        for address in self.learned() {
+            match self.settings.sentinel_client(&address) {
+                Ok(client) => sentinels.push((address, client)),
+                Err(error) => {
+                    tracing::warn!(%error, sentinel = %address, "a learned sentinel's address is not one: left out")
+                }
+            }
+        }
         Ok((name, sentinels))
     }
 
-    /// Adds the sentinels `sentinel` knows of for `master` that are neither
-    /// listed nor learned yet.
-    async fn learn_sentinels(&self, sentinel: &redis::Client, master: &str) {
+    /// The learned sentinels that are not listed, each once.
+    fn learned(&self) -> Vec<String> {
+        let Ok((_, listed)) = self.settings.sentinel_addresses() else {
+            return Vec::new();
+        };
+        let learned = self
+            .learned_sentinels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut found: Vec<String> = Vec::new();
+        for address in learned.values().flatten() {
+            let known = listed
+                .iter()
+                .chain(found.iter())
+                .any(|a| at(a) == at(address));
+            if !known {
+                found.push(address.clone());
+            }
+        }
+        found
+    }
+
+    /// Whether `address` is a sentinel listed or learned now.
+    fn knows_sentinel(&self, address: &str) -> bool {
+        let listed = self
+            .settings
+            .sentinel_addresses()
+            .is_ok_and(|(_, listed)| listed.iter().any(|a| a == address));
+        listed || self.learned().iter().any(|a| a == address)
+    }
+
+    /// Records the sentinels the listed sentinel at `address` knows of for
+    /// `master`, in place of what it said before; a learned one is not
+    /// asked (the list stays anchored on the configured sentinels).
+    async fn learn_sentinels(&self, sentinel: &redis::Client, address: &str, master: &str) {
+        let Ok((_, listed)) = self.settings.sentinel_addresses() else {
+            return;
+        };
+        if !listed.iter().any(|a| a == address) {
+            return;
+        }
         let wait = self.settings.connect_timeout;
         let ask = async {
             let mut conn = sentinel.get_multiplexed_async_connection().await?;
@@ -777,31 +826,26 @@ impl Connections {
         let Ok(Ok(known)) = tokio::time::timeout(wait, ask).await else {
             return;
         };
-        let Ok((_, listed)) = self.settings.sentinel_addresses() else {
-            return;
-        };
-        let mut learned = self
-            .learned_sentinels
+        let answer: Vec<String> = known
+            .iter()
+            .filter_map(|fields| {
+                let field = |name: &str| {
+                    fields
+                        .chunks(2)
+                        .find(|pair| pair[0] == name)
+                        .and_then(|pair| pair.get(1))
+                };
+                Some(alike(&listed[0], &host_port(field("ip")?, field("port")?)))
+            })
+            .collect();
+        let before = self.learned();
+        self.learned_sentinels
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        for fields in known {
-            let field = |name: &str| {
-                fields
-                    .chunks(2)
-                    .find(|pair| pair[0] == name)
-                    .and_then(|pair| pair.get(1))
-            };
-            let (Some(ip), Some(port)) = (field("ip"), field("port")) else {
-                continue;
-            };
-            let address = host_port(ip, port);
-            let known = listed
-                .iter()
-                .chain(learned.iter())
-                .any(|a| at(a) == address);
-            if !known {
-                tracing::info!(sentinel = %address, "learned a sentinel from another");
-                learned.push(alike(&listed[0], &address));
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(address.to_owned(), answer);
+        for learned in self.learned() {
+            if !before.contains(&learned) {
+                tracing::info!(sentinel = %at(&learned), "learned a sentinel from another");
             }
         }
     }
@@ -892,11 +936,13 @@ async fn follow_switches(connections: Weak<Connections>) {
         };
         let wait = this.settings.connect_timeout;
         drop(this);
+        // A follower whose sentinel was forgotten ends on its own.
+        followed.retain(|a| sentinels.iter().any(|(address, _)| address == a));
         for (address, sentinel) in sentinels {
-            if followed.insert(address) {
+            if followed.insert(address.clone()) {
                 let (master, connections) = (master.clone(), connections.clone());
                 tokio::spawn(async move {
-                    follow_one(&sentinel, &master, wait, &connections).await;
+                    follow_one(&sentinel, &address, &master, wait, &connections).await;
                 });
             }
         }
@@ -909,18 +955,21 @@ async fn follow_switches(connections: Weak<Connections>) {
 /// it goes away or falls silent, until the connections are dropped.
 async fn follow_one(
     sentinel: &redis::Client,
+    address: &str,
     master: &str,
     wait: Duration,
     connections: &Weak<Connections>,
 ) {
-    loop {
-        if let Some(pubsub) = subscribe(sentinel, master, wait, connections).await {
-            if !listen(pubsub, master, wait, connections).await {
+    let known = || {
+        connections
+            .upgrade()
+            .is_some_and(|this| this.knows_sentinel(address))
+    };
+    while known() {
+        if let Some(pubsub) = subscribe(sentinel, address, master, wait, connections).await {
+            if !listen(pubsub, address, master, wait, connections).await {
                 return;
             }
-        }
-        if connections.strong_count() == 0 {
-            return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -931,6 +980,7 @@ async fn follow_one(
 /// this subscription down) is caught up with here.
 async fn subscribe(
     sentinel: &redis::Client,
+    address: &str,
     master: &str,
     wait: Duration,
     connections: &Weak<Connections>,
@@ -943,7 +993,7 @@ async fn subscribe(
     let pubsub = subscribed.await.ok()?.ok()?;
     let named = named_master(sentinel.clone(), master, wait).await;
     let this = connections.upgrade()?;
-    this.learn_sentinels(sentinel, master).await;
+    this.learn_sentinels(sentinel, address, master).await;
     let reached = this
         .master
         .lock()
@@ -963,6 +1013,7 @@ async fn subscribe(
 /// dropped.
 async fn listen(
     pubsub: redis::aio::PubSub,
+    address: &str,
     master: &str,
     wait: Duration,
     connections: &Weak<Connections>,
@@ -993,6 +1044,9 @@ async fn listen(
                 }
             }
             Ok(None) => return true,
+            // Forgotten (no listed sentinel names it any more): its
+            // follower ends, as another server may take its address.
+            Err(_) if !this.knows_sentinel(address) => return false,
             Err(_) => {
                 let pong = tokio::time::timeout(wait, sink.ping::<redis::Value>()).await;
                 if !matches!(pong, Ok(Ok(_))) {
@@ -1014,18 +1068,19 @@ fn host_port(host: &str, port: impl std::fmt::Display) -> String {
 }
 
 /// The `host:port` of a sentinel's address as listed (`host:port`, or a
-/// URL with credentials: `redis://user:pass@host:port`).
+/// URL with credentials, a path or a query: `redis://user:pass@host:port/0`).
 fn at(address: &str) -> &str {
     let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let rest = rest.split(['/', '?']).next().unwrap_or(rest);
     rest.rsplit_once('@').map_or(rest, |(_, host)| host)
 }
 
-/// `host_port` written as `listed` is (its scheme and credentials): a
-/// learned sentinel takes the listed ones' password and TLS.
+/// `host_port` written as `listed` is (its scheme, credentials, path and
+/// query): a learned sentinel takes the listed ones' password and TLS.
 fn alike(listed: &str, host_port: &str) -> String {
     let host = at(listed);
-    match listed.strip_suffix(host) {
-        Some(prefix) => format!("{prefix}{host_port}"),
+    match listed.split_once(host) {
+        Some((prefix, suffix)) => format!("{prefix}{host_port}{suffix}"),
         None => host_port.to_owned(),
     }
 }
@@ -1209,6 +1264,11 @@ mod tests {
             "rediss://:p%40w@10.0.0.2:26380"
         );
         assert_eq!(alike("s1:26379", "[::1]:26380"), "[::1]:26380");
+        assert_eq!(at("redis://:p@s1:26379/0?x=1"), "s1:26379");
+        assert_eq!(
+            alike("redis://:p@s1:26379/0", "10.0.0.2:26380"),
+            "redis://:p@10.0.0.2:26380/0"
+        );
     }
 
     #[test]

@@ -550,3 +550,33 @@ pub fn outcomes(reply: &[i64], checks: usize) -> Result<Vec<Outcome>> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "(cursor)".into(),
+            })
+            .collect()
+    }
+
+    /// The probe declares its slot's key on a cluster, where the client
+    /// routes a call by its first key (to that slot's primary) and a
+    /// keyless one to any node; elsewhere it names none.
+    #[test]
+    fn the_probe_names_a_key_only_to_be_routed_by_it() {
+        for functions in [true, false] {
+            let script = LimiterScript::new(functions);
+            let keyed = args(&script.probe_command("5", Some("rk:probe:{7}")));
+            assert_eq!(keyed[2..], ["1", "rk:probe:{7}", "5"], "{functions}");
+            let keyless = args(&script.probe_command("", None));
+            assert_eq!(keyless[2..], ["0", ""], "{functions}");
+            let call = if functions { "FCALL" } else { "EVALSHA" };
+            assert_eq!(keyed[0], call);
+        }
+    }
+}

@@ -431,11 +431,16 @@ pub fn redis_url(
             )))
         }
     };
-    let url = &url
-        .split(',')
-        .map(with_query_credentials)
-        .collect::<Vec<_>>()
-        .join(",");
+    // A single Redis's URL is one (a ',' in its password stays); cluster
+    // and sentinel list addresses.
+    let url = &match topology {
+        Topology::Single => with_query_credentials(url),
+        _ => url
+            .split(',')
+            .map(with_query_credentials)
+            .collect::<Vec<_>>()
+            .join(","),
+    };
     match topology {
         Topology::Single if unix && !url.contains("://") => {
             let path = std::path::absolute(url)
@@ -488,11 +493,12 @@ fn with_query_credentials(address: &str) -> String {
         return address.to_owned();
     };
     let (mut user, mut password, mut db, mut others) = (None, None, None, Vec::new());
+    // The first of a name counts, as Go's `url.Values.Get` takes it.
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some(("username", v)) => user = Some(percent_decoded(v)),
-            Some(("password", v)) => password = Some(percent_decoded(v)),
-            Some(("db", v)) => db = Some(v),
+            Some(("username", v)) => user = user.or_else(|| Some(percent_decoded(v))),
+            Some(("password", v)) => password = password.or_else(|| Some(percent_decoded(v))),
+            Some(("db", v)) => db = db.or(Some(v)),
             _ => others.push(pair),
         }
     }
@@ -653,7 +659,10 @@ pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{headers, host, node_metadata, with_query_credentials, with_sentinel_password};
+    use super::{
+        headers, host, node_metadata, redis_url, with_query_credentials, with_sentinel_password,
+    };
+    use ratekeeper::vocab::Topology;
 
     #[test]
     fn their_list_formats_are_read_as_theirs() {
@@ -705,11 +714,21 @@ mod tests {
                 "redis://h:6379/1?protocol=resp2",
             ),
             ("redis://h:6379?password=a+b%3A", "redis://:a%20b%3A@h:6379"),
+            ("redis://h:6379?db=1&db=2", "redis://h:6379/1"),
             ("redis://h:6379", "redis://h:6379"),
             ("rediss://h:6379?password=p", "rediss://h:6379?password=p"),
             ("h:6379", "h:6379"),
         ] {
             assert_eq!(with_query_credentials(given), read, "{given}");
         }
+        // A single Redis's URL is not a list: a ',' in its password stays.
+        let single = redis_url(
+            "REDIS",
+            "redis://h:6379?password=a,b",
+            Topology::Single,
+            None,
+            None,
+        );
+        assert_eq!(single.ok().as_deref(), Some("redis://:a%2Cb@h:6379"));
     }
 }
