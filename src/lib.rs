@@ -62,7 +62,7 @@
 //!   [`stat_mapper`]'s statsd_exporter mapping names, and [`read_stats`]
 //!   reads their Redis pool and local cache stats when sent; [`clock`] is the
 //!   time source tests can pin; [`duration`] reads durations written as
-//!   text; [`vocab`] holds the words several layers share (failure mode,
+//!   text, [`query`] URL query text; [`vocab`] holds the words several layers share (failure mode,
 //!   Redis topology); [`error`] the error type; [`pb`] ratekeeper's own
 //!   protos, envoyproxy/ratelimit's `RateLimitConfig` and OTLP's traces.
 //! - [`otel`] traces sampled decisions as OpenTelemetry spans (a child of
@@ -94,6 +94,7 @@ pub mod metric_help;
 pub mod otel;
 pub mod pb;
 pub mod preface;
+pub mod query;
 pub mod random;
 pub mod read_stats;
 pub mod repeated_cap;

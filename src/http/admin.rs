@@ -29,9 +29,9 @@ use serde_json::{json, Value};
 
 use super::Peer;
 use crate::config::watch::SharedConfig;
+use crate::query::decode;
 use crate::rules::Rule;
 use crate::service::admin_leases::AdminLeases;
-use crate::service::id_parts::hex_byte;
 use crate::service::rls::AdminError;
 use crate::service::RateLimiter;
 use crate::tls::ReloadingTls;
@@ -355,33 +355,6 @@ fn pairs(query: &str) -> std::result::Result<Vec<(String, String)>, String> {
             Ok((decode(name)?, decode(value)?))
         })
         .collect()
-}
-
-/// Percent-decodes (`+` is a space); a malformed escape stays as it is. Text
-/// that does not decode to UTF-8 is refused: replacing its bytes would name
-/// another descriptor than the one asked for.
-fn decode(text: &str) -> std::result::Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = bytes.get(i + 1..i + 3).and_then(hex_byte);
-        match (bytes[i], escaped) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("{text:?} does not decode to UTF-8"))
 }
 
 fn entries_json(entries: &[(String, String)]) -> Value {

@@ -496,8 +496,8 @@ fn with_query_credentials(address: &str) -> String {
     // The first of a name counts, as Go's `url.Values.Get` takes it.
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some(("username", v)) => user = user.or_else(|| Some(percent_decoded(v))),
-            Some(("password", v)) => password = password.or_else(|| Some(percent_decoded(v))),
+            Some(("username", v)) => user = user.or_else(|| Some(query_text(v))),
+            Some(("password", v)) => password = password.or_else(|| Some(query_text(v))),
             Some(("db", v)) => db = db.or(Some(v)),
             _ => others.push(pair),
         }
@@ -533,6 +533,12 @@ fn with_query_credentials(address: &str) -> String {
     url
 }
 
+/// A query value decoded ([`ratekeeper::query::decode`]); as written when it
+/// does not decode to UTF-8.
+fn query_text(value: &str) -> String {
+    ratekeeper::query::decode(value).unwrap_or_else(|_| value.to_owned())
+}
+
 /// `text` percent-encoded for a URL's user info (unreserved bytes kept).
 fn percent_encoded(text: &str) -> String {
     text.bytes()
@@ -543,35 +549,6 @@ fn percent_encoded(text: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-/// A query value percent-decoded (`+` as a space, as Go's `url.ParseQuery`);
-/// a `%` not followed by two hex digits is kept.
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The host of `host:port` (`[v6]:port` too).
