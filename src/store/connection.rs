@@ -496,6 +496,12 @@ impl Connections {
         self.current.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// Counts the connections made so far: a call takes it with its
+    /// connection, for [`Self::failed`].
+    pub fn epoch(&self) -> u64 {
+        *self.connected.borrow()
+    }
+
     /// Records a successful call.
     pub fn succeeded(&self) {
         self.failures.store(0, Ordering::Relaxed);
@@ -534,7 +540,15 @@ impl Connections {
     /// ([`is_stale`]), or when calls have failed, none answered, for
     /// [`SILENCE_BEFORE_REPLACING`], the last on a timeout; a cluster is
     /// rebuilt from the seeds after failures in a row.
-    pub fn failed(self: &Arc<Self>, error: Option<&RedisError>) {
+    ///
+    /// `since`: the [`Self::epoch`] the failed call's connection was taken
+    /// in. A call made on connections replaced since failed on those, not
+    /// on the ones in use: its failure changes nothing (a call in flight
+    /// when Redis restarted would otherwise replace the new pool too).
+    pub fn failed(self: &Arc<Self>, since: u64, error: Option<&RedisError>) {
+        if since != self.epoch() {
+            return;
+        }
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures == 1 {
             self.failing_from_now();
