@@ -344,6 +344,10 @@ const CLUSTER_REBUILD_AFTER: usize = 3;
 /// failover's new map is what it is for.
 const CLUSTER_REBUILD_SPACING: Duration = Duration::from_secs(1);
 
+/// A listed sentinel is asked again which others it knows of after this
+/// many 5 s spells without a message on its subscription (a minute).
+const RELEARN_EVERY_QUIET_SPELLS: u32 = 12;
+
 /// Quiet after which the next cluster rebuild counts as an outage's first.
 const CLUSTER_OUTAGE_OVER: Duration = Duration::from_secs(30);
 
@@ -1033,6 +1037,7 @@ async fn listen(
     connections: &Weak<Connections>,
 ) -> bool {
     let (mut sink, mut messages) = pubsub.split();
+    let mut quiet_spells = 0u32;
     loop {
         let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
         let Some(this) = connections.upgrade() else {
@@ -1065,6 +1070,14 @@ async fn listen(
                 let pong = tokio::time::timeout(wait, sink.ping::<redis::Value>()).await;
                 if !matches!(pong, Ok(Ok(_))) {
                     return true;
+                }
+                // About once a minute, the other sentinels it knows of
+                // again (a pod restarted elsewhere, a sentinel added).
+                quiet_spells += 1;
+                if quiet_spells % RELEARN_EVERY_QUIET_SPELLS == 0 {
+                    if let Ok(sentinel) = this.settings.sentinel_client(address) {
+                        this.learn_sentinels(&sentinel, address, master).await;
+                    }
                 }
             }
         }
