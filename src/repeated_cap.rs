@@ -445,10 +445,14 @@ mod tests {
 
     /// `message` as gRPC frames it.
     fn framed(message: &impl Message) -> Vec<u8> {
-        let body = message.encode_to_vec();
+        frame(&message.encode_to_vec())
+    }
+
+    /// A message's bytes behind gRPC's frame header (uncompressed).
+    fn frame(body: &[u8]) -> Vec<u8> {
         let mut framed = vec![0];
         framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&body);
+        framed.extend_from_slice(body);
         framed
     }
 
@@ -590,10 +594,7 @@ mod tests {
         for _ in 0..MAX_DESCRIPTORS + 1 {
             body.extend_from_slice(&[2 << 3 | 2, 0]);
         }
-        let mut framed = vec![0];
-        framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&body);
-        let refused = refusal(&framed, 5);
+        let refused = refusal(&frame(&body), 5);
         assert_eq!(refused, Some(caps::past_max_descriptors()));
     }
 

@@ -38,6 +38,18 @@ fn refused(env: &[(&str, &str)]) -> String {
 
 /// Whether the second request for one user is refused (the limit is 1 an
 /// hour): the limits file was loaded.
+/// Asks `web` for `user` every 100 ms until an answer comes, for `within`
+/// at most (else fails, saying `what` and the server's log).
+async fn until_answered(server: &Ratekeeper, user: &str, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    let mut client = server.client().await;
+    let ask = || request("web", vec![descriptor(&[("user", user)])]);
+    while client.should_rate_limit(ask()).await.is_err() {
+        assert!(Instant::now() < deadline, "{what}:\n{}", server.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn limited(server: &Ratekeeper) -> bool {
     let mut client = server.client().await;
     let ask = || request("web", vec![descriptor(&[("user", "a")])]);
@@ -677,18 +689,8 @@ async fn redis_sentinel_auth_is_the_sentinels_password_or_user() {
         ];
         let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
         // Through the sentinels to the master: the counter is there.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut client = server.client().await;
         let user = format!("u{round}");
-        let ask = || request("web", vec![descriptor(&[("user", &user)])]);
-        while client.should_rate_limit(ask()).await.is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{auth}: {}",
-                server.logs()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        until_answered(&server, &user, Duration::from_secs(10), auth).await;
         let mut redis_conn = master.client().get_connection().unwrap();
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("rk:*")
@@ -821,17 +823,10 @@ async fn sentinel_over_tls_takes_the_masters_ca_and_client_certificate() {
         ("REDIS_TIMEOUT_MS", "2000"),
     ];
     let server = Ratekeeper::spawn_with_env(&dir.path().join("limits"), &[], &env);
+    let what = "never answered through the TLS sentinel";
+    until_answered(&server, "a", Duration::from_secs(5), what).await;
     let mut client = server.client().await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let ask = || request("web", vec![descriptor(&[("user", "a")])]);
-    while client.should_rate_limit(ask()).await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never answered through the TLS sentinel:\n{}",
-            server.logs()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
     let answer = client.should_rate_limit(ask()).await.unwrap().into_inner();
     assert_eq!(
         answer.overall_code,

@@ -62,6 +62,24 @@ async fn load(
     answers
 }
 
+/// The binary on `cluster` (a 200 ms deadline, failing open), once 50
+/// requests in a row were answered from Redis.
+async fn healthy_on_cluster(cluster: &RedisCluster, dir: &std::path::Path) -> Ratekeeper {
+    let seeds = cluster.seeds();
+    let args = [
+        "--redis-type",
+        "cluster",
+        "--redis-url",
+        &seeds,
+        "--redis-timeout-ms",
+        "200",
+    ];
+    let server = Ratekeeper::start(LIMITS_OPEN, dir, &args);
+    let before = load(&server, 64, |a| a.len() >= 50, Duration::from_secs(20)).await;
+    assert!(before.iter().all(|a| !a.2), "degraded before any failure");
+    server
+}
+
 /// A master down with no replica to take its slots fails a call in three
 /// for as long as it is down. The cluster connection is rebuilt after
 /// failures in a row, but paced (1, 2, 4, then 8 s apart): before, under
@@ -71,21 +89,7 @@ async fn load(
 async fn a_partial_cluster_outage_rebuilds_the_connection_at_a_pace() {
     let mut cluster = RedisCluster::start(3, 0);
     let dir = tempfile::tempdir().unwrap();
-    let seeds = cluster.seeds();
-    let server = Ratekeeper::start(
-        LIMITS_OPEN,
-        dir.path(),
-        &[
-            "--redis-type",
-            "cluster",
-            "--redis-url",
-            &seeds,
-            "--redis-timeout-ms",
-            "200",
-        ],
-    );
-    let before = load(&server, 64, |a| a.len() >= 50, Duration::from_secs(20)).await;
-    assert!(before.iter().all(|a| !a.2), "degraded before any failure");
+    let server = healthy_on_cluster(&cluster, dir.path()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = Vec::new();
     for worker in 0..8 {
@@ -134,22 +138,7 @@ async fn a_partial_cluster_outage_rebuilds_the_connection_at_a_pace() {
 async fn cluster_master_killed_under_load_fails_open_then_recovers() {
     let mut cluster = RedisCluster::start(3, 1);
     let dir = tempfile::tempdir().unwrap();
-    let seeds = cluster.seeds();
-    let server = Ratekeeper::start(
-        LIMITS_OPEN,
-        dir.path(),
-        &[
-            "--redis-type",
-            "cluster",
-            "--redis-url",
-            &seeds,
-            "--redis-timeout-ms",
-            "200",
-        ],
-    );
-    // Healthy first.
-    let before = load(&server, 64, |a| a.len() >= 50, Duration::from_secs(20)).await;
-    assert!(before.iter().all(|a| !a.2), "degraded before any failure");
+    let server = healthy_on_cluster(&cluster, dir.path()).await;
 
     // SIGKILL one master (the first three nodes are the masters).
     cluster.nodes[0].kill();
@@ -1563,22 +1552,29 @@ async fn a_silent_sentinel_hides_no_switch() {
     );
     let server = failover_server(&a, Topology::Sentinel, url).await;
 
+    switch_followed(server, other.port, b_port, || silent.pause()).await;
+}
+
+/// Under load on `server`, `lose_one` takes a sentinel away, then the
+/// sentinel at `via` fails the master over to `new_master`: some answer
+/// sent a second after the switch came from Redis, and every such one was
+/// counted on the new master.
+async fn switch_followed(server: TestServer, via: u16, new_master: u16, lose_one: impl FnOnce()) {
     let loops = Loops::start(&server, 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    silent.pause();
-    let moved = fail_over(other.port, b_port, &loops).await;
+    lose_one();
+    let moved = fail_over(via, new_master, &loops).await;
     tokio::time::sleep(Duration::from_millis(4_000)).await;
     let answers = loops.finish().await;
-    // Every answer from Redis sent a second after the switch was counted on B.
     let settled = from_redis_a_second_after(&answers, moved);
     assert!(
         settled > 0,
         "no answer from Redis a second after the switch"
     );
-    let on_b = counted_after(b_port);
+    let on_new = counted_after(new_master);
     assert!(
-        on_b >= settled,
-        "{on_b} counted on the new master, {settled} answered from Redis a second after the switch"
+        on_new >= settled,
+        "{on_new} counted on the new master, {settled} answered from Redis a second after the switch"
     );
     server.stop().await;
 }
@@ -1615,24 +1611,7 @@ async fn a_sentinel_learned_from_the_listed_one_is_followed() {
     // Learned when the listed one is first followed; followed itself at
     // the next look, 5 s on.
     tokio::time::sleep(Duration::from_secs(6)).await;
-
-    let loops = Loops::start(&server, 4).await;
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    drop(listed);
-    let moved = fail_over(other.port, b_port, &loops).await;
-    tokio::time::sleep(Duration::from_millis(4_000)).await;
-    let answers = loops.finish().await;
-    let settled = from_redis_a_second_after(&answers, moved);
-    assert!(
-        settled > 0,
-        "no answer from Redis a second after the switch"
-    );
-    let on_b = counted_after(b_port);
-    assert!(
-        on_b >= settled,
-        "{on_b} counted on the new master, {settled} answered from Redis a second after the switch"
-    );
-    server.stop().await;
+    switch_followed(server, other.port, b_port, move || drop(listed)).await;
 }
 
 /// The over-limit cache answers a full counter without asking Redis. When

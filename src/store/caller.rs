@@ -128,17 +128,17 @@ impl Caller {
             .connections
             .get(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let epoch = self.connections.epoch();
+        let connects = self.connections.connects();
         match tokio::time::timeout_at(deadline, call(conn)).await {
             Err(_) => {
-                self.connections.failed(epoch, None);
+                self.connections.failed(connects, None);
                 Err(Error::Store(format!(
                     "no answer within {:?}",
                     self.call_timeout
                 )))
             }
             Ok(Err(error)) => {
-                self.connections.failed(epoch, Some(&error));
+                self.connections.failed(connects, Some(&error));
                 Err(error.into())
             }
             Ok(Ok(value)) => {

@@ -500,9 +500,9 @@ impl Connections {
         self.current.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Counts the connections made so far: a call takes it with its
-    /// connection, for [`Self::failed`].
-    pub fn epoch(&self) -> u64 {
+    /// How many times connections were made so far: a call takes the count
+    /// with its connection, for [`Self::failed`].
+    pub fn connects(&self) -> u64 {
         *self.connected.borrow()
     }
 
@@ -545,12 +545,12 @@ impl Connections {
     /// [`SILENCE_BEFORE_REPLACING`], the last on a timeout; a cluster is
     /// rebuilt from the seeds after failures in a row.
     ///
-    /// `since`: the [`Self::epoch`] the failed call's connection was taken
+    /// `since`: the [`Self::connects`] count the failed call's connection was taken
     /// in. A call made on connections replaced since failed on those, not
     /// on the ones in use: its failure changes nothing (a call in flight
     /// when Redis restarted would otherwise replace the new pool too).
     pub fn failed(self: &Arc<Self>, since: u64, error: Option<&RedisError>) {
-        if since != self.epoch() {
+        if since != self.connects() {
             return;
         }
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;

@@ -241,15 +241,7 @@ impl LimiterScript {
         now: &str,
         ops: impl Iterator<Item = &'o BudgetOp> + Clone,
     ) -> Cmd {
-        let mut cmd = if self.uses_functions() {
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg(&self.budget_function);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.budget_script.get_hash());
-            cmd
-        };
+        let mut cmd = self.invocation(&self.budget_function, &self.budget_script);
         cmd.arg(ops.clone().map(|op| op.keys.len() + 1).sum::<usize>());
         for op in ops.clone() {
             cmd.arg(op.marker.as_str());
@@ -291,7 +283,7 @@ impl LimiterScript {
     /// and a replica refuses a function that may write, so there `slot_key`
     /// is declared (and unused): its slot sends the call to a primary.
     pub fn probe_command(&self, now: &str, slot_key: Option<&str>) -> Cmd {
-        let mut cmd = self.invocation();
+        let mut cmd = self.invocation(&self.function, &self.script);
         cmd.arg(usize::from(slot_key.is_some()));
         if let Some(key) = slot_key {
             cmd.arg(key);
@@ -300,15 +292,15 @@ impl LimiterScript {
         cmd
     }
 
-    /// `FCALL <function>` or `EVALSHA <sha>`, before the keys.
-    fn invocation(&self) -> Cmd {
+    /// `FCALL <function>` or `EVALSHA <script's sha>`, before the keys.
+    fn invocation(&self, function: &str, script: &Script) -> Cmd {
         if self.uses_functions() {
             let mut cmd = redis::cmd("FCALL");
-            cmd.arg(&self.function);
+            cmd.arg(function);
             cmd
         } else {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.script.get_hash());
+            cmd.arg(script.get_hash());
             cmd
         }
     }
@@ -326,7 +318,7 @@ impl LimiterScript {
         R: Iterator<Item = (bool, Pass, C)> + Clone,
         C: ExactSizeIterator<Item = &'c Check>,
     {
-        let mut cmd = self.invocation();
+        let mut cmd = self.invocation(&self.function, &self.script);
         let keys: usize = requests.clone().map(|(_, _, checks)| checks.len()).sum();
         cmd.arg(keys);
         for (_, _, checks) in requests.clone() {

@@ -929,16 +929,16 @@ impl RedisStore {
         what: &str,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
-        let epoch = self.caller().connections.epoch();
+        let connects = self.caller().connections.connects();
         match tokio::time::timeout(self.probe_timeout(), call).await {
             Err(_) => {
                 // While the breaker keeps requests away, the probe's
                 // silence is what replaces connections to a peer gone.
-                self.caller().connections.failed(epoch, None);
+                self.caller().connections.failed(connects, None);
                 Err(Error::Store(format!("{what} timed out")))
             }
             Ok(Err(error)) => {
-                self.caller().connections.failed(epoch, Some(&error));
+                self.caller().connections.failed(connects, Some(&error));
                 Err(error.into())
             }
             Ok(Ok(value)) => {
