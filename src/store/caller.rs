@@ -124,11 +124,10 @@ impl Caller {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let conn = self
+        let (conn, connects) = self
             .connections
             .get(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let connects = self.connections.connects();
         match tokio::time::timeout_at(deadline, call(conn)).await {
             Err(_) => {
                 self.connections.failed(connects, None);

@@ -440,9 +440,10 @@ impl Connections {
         Ok(connections)
     }
 
-    /// A connection to use now (round-robin). Before the first connection
-    /// is made it waits for it, up to `wait`.
-    pub async fn get(self: &Arc<Self>, wait: Duration) -> Result<Conn> {
+    /// A connection to use now (round-robin), with the [`Self::connects`]
+    /// count it belongs to (for [`Self::failed`]). Before the first
+    /// connection is made it waits for it, up to `wait`.
+    pub async fn get(self: &Arc<Self>, wait: Duration) -> Result<(Conn, u64)> {
         if let Some(conn) = self.pick() {
             return Ok(conn);
         }
@@ -460,18 +461,11 @@ impl Connections {
     }
 
     /// Every connection, the first made if none is yet (waiting up to
-    /// `wait` for it).
-    pub async fn every(self: &Arc<Self>, wait: Duration) -> Result<Vec<Conn>> {
+    /// `wait` for it), with the [`Self::connects`] count they belong to.
+    pub async fn every(self: &Arc<Self>, wait: Duration) -> Result<(Vec<Conn>, u64)> {
         self.get(wait).await?;
-        Ok(self.all())
-    }
-
-    /// Every connection in use now (none before the first connect).
-    pub fn all(&self) -> Vec<Conn> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        Ok((current.clone(), self.connects()))
     }
 
     /// The pool stats' counts, read when stats are sent.
@@ -487,13 +481,16 @@ impl Connections {
         }
     }
 
-    fn pick(&self) -> Option<Conn> {
+    /// A connection and its count, read under the lock a replacement
+    /// bumps the count in: a connection replaced since never passes for one
+    /// of the new pool (whose failures its own would then replace).
+    fn pick(&self) -> Option<(Conn, u64)> {
         let current = self.current.read().unwrap_or_else(|p| p.into_inner());
         if current.is_empty() {
             return None;
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % current.len();
-        Some(current[i].clone())
+        Some((current[i].clone(), self.connects()))
     }
 
     fn in_use(&self) -> usize {
@@ -501,8 +498,8 @@ impl Connections {
     }
 
     /// How many times connections were made so far: a call takes the count
-    /// with its connection, for [`Self::failed`].
-    pub fn connects(&self) -> u64 {
+    /// with its connection ([`Self::get`]), for [`Self::failed`].
+    fn connects(&self) -> u64 {
         *self.connected.borrow()
     }
 
@@ -657,14 +654,15 @@ impl Connections {
                     let replaced = std::mem::replace(&mut *current, conns);
                     // Those found broken were counted closed then.
                     let broken = this.broken.swap(false, Ordering::AcqRel);
+                    // New connections get their own time to answer.
+                    this.failing_from_now();
+                    // Under the lock: see `pick`.
+                    this.connected.send_modify(|n| *n += 1);
                     drop(current);
                     if !broken {
                         this.closed
                             .fetch_add(replaced.len() as u64, Ordering::Relaxed);
                     }
-                    // New connections get their own time to answer.
-                    this.failing_from_now();
-                    this.connected.send_modify(|n| *n += 1);
                     if let Some(left_out) = this.lines.connected.admit() {
                         let (topology, store) = (this.settings.topology, this.settings.store);
                         tracing::info!(?topology, store, left_out, "connected to Redis");
@@ -881,7 +879,7 @@ impl Connections {
         if known || self.settings.topology != Topology::Single {
             return Ok(());
         }
-        if let Some(mut conn) = self.pick() {
+        if let Some((mut conn, _)) = self.pick() {
             self.note_server(&mut conn).await?;
         }
         Ok(())

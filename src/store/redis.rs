@@ -906,11 +906,12 @@ impl RedisStore {
         let caller = self.caller();
         caller.connections.belong_here();
         // Cluster and sentinel make their connections on first use.
-        for mut conn in caller.connections.every(caller.call_timeout).await? {
-            self.probe("loading the limiter", self.limiter.load(&mut conn))
-                .await?;
-            self.probe("SCRIPT LOAD", self.leases.load_async(&mut conn))
-                .await?;
+        let (conns, connects) = caller.connections.every(caller.call_timeout).await?;
+        for mut conn in conns {
+            let load = self.limiter.load(&mut conn);
+            self.probe("loading the limiter", connects, load).await?;
+            let load = self.leases.load_async(&mut conn);
+            self.probe("SCRIPT LOAD", connects, load).await?;
         }
         // Unanswered, the warm-up is tried again: left unknown, the first
         // replacement would take the server for another.
@@ -924,12 +925,14 @@ impl RedisStore {
     /// timeout; an error that shows the connection stale (say `READONLY` on
     /// loading the limiter into a demoted primary), or a timeout after a
     /// silence, replaces it, as on the request path.
+    /// `connects`: the count the connection was taken with
+    /// (`Connections::get`).
     async fn probe<T>(
         &self,
         what: &str,
+        connects: u64,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
-        let connects = self.caller().connections.connects();
         match tokio::time::timeout(self.probe_timeout(), call).await {
             Err(_) => {
                 // While the breaker keeps requests away, the probe's
@@ -962,9 +965,9 @@ impl RedisStore {
     /// closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let caller = self.caller();
-        let mut conns = caller.connections.every(caller.call_timeout).await?;
+        let (mut conns, connects) = caller.connections.every(caller.call_timeout).await?;
         // Together: a probe takes one call's time, not one per connection.
-        let pings = conns.iter_mut().map(|conn| self.ping_on(conn));
+        let pings = conns.iter_mut().map(|conn| self.ping_on(conn, connects));
         for pinged in futures_util::future::join_all(pings).await {
             pinged?;
         }
@@ -972,8 +975,8 @@ impl RedisStore {
         Ok(())
     }
 
-    /// [`Self::ping`] on one connection.
-    async fn ping_on(&self, conn: &mut Conn) -> Result<()> {
+    /// [`Self::ping`] on one connection, taken with `connects`.
+    async fn ping_on(&self, conn: &mut Conn, connects: u64) -> Result<()> {
         // On a cluster, a slot drawn at random: a primary at random.
         let slot_key = (self.topology == Topology::Cluster)
             .then(|| format!("rk:probe:{{{}}}", (crate::random::unit() * 16384.0) as u32));
@@ -981,7 +984,7 @@ impl RedisStore {
             .limiter
             .probe_command(&self.now_arg(), slot_key.as_deref());
         let reply: Vec<i64> = self
-            .probe("the health probe", self.limiter.call(conn, &cmd))
+            .probe("the health probe", connects, self.limiter.call(conn, &cmd))
             .await?;
         if !reply.is_empty() {
             return Err(Error::Store(format!(
@@ -1002,7 +1005,8 @@ impl RedisStore {
                     _ => Ok(()),
                 }
             };
-            self.probe("the health probe's ROLE", primary).await?;
+            self.probe("the health probe's ROLE", connects, primary)
+                .await?;
         }
         Ok(())
     }
