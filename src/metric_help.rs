@@ -98,7 +98,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "ratekeeper_concurrency_leases_lost",
-        "Leases a heartbeat or Hold found gone from the store.",
+        "Leases a heartbeat or Hold found gone from the store (a heartbeat's ids are the caller's word: one released, or never granted, counts too).",
     ),
     (
         "ratekeeper_admin_operations",
@@ -142,7 +142,7 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     (
         "ratekeeper_concurrency_active",
-        "Leases held on a concurrency rule, sampled at each acquire.",
+        "Leases the caller of the latest acquire on a concurrency rule held (that caller's, not the rule's over all callers; a sample, kept until the next acquire).",
     ),
     (
         "ratekeeper_concurrency_held_leases",

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::dogstatsd::Mogrifiers;
+use crate::log_pace::{Paced, OUTAGE_PERIOD_S};
 use crate::{Error, Result};
 
 /// Where and how often the stats are sent.
@@ -181,25 +182,68 @@ pub fn read_when_sent(name: &str, reading: Reading, read: Reader) {
 /// Turns the sink on and starts the task that flushes it, for good.
 pub async fn install(settings: StatsdSettings) -> Result<()> {
     let format = Format::new(&settings)?;
-    let socket = tokio::net::UdpSocket::bind("0.0.0.0:0")
-        .await
-        .map_err(|e| Error::Startup(format!("statsd: cannot open a UDP socket: {e}")))?;
     if REGISTRY.set(Registry::default()).is_err() {
         return Err(Error::Startup("statsd: installed twice".into()));
+    }
+    // Resolved at every flush (a sidecar's name may resolve later, or
+    // move): a name that does not resolve now is said once, not fatal.
+    if let Err(error) = tokio::net::lookup_host(&settings.addr).await {
+        tracing::warn!(%error, addr = %settings.addr, "statsd: the address does not resolve (yet); stats are sent once it does");
     }
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(settings.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sender = Sender::default();
         loop {
             tick.tick().await;
-            for datagram in datagrams(&take_lines(&format)) {
-                if let Err(error) = socket.send_to(datagram.as_bytes(), &settings.addr).await {
-                    tracing::debug!(%error, addr = %settings.addr, "statsd: send failed");
-                }
+            let datagrams = datagrams(&take_lines(&format));
+            if !datagrams.is_empty() {
+                sender.send(&settings.addr, &datagrams).await;
             }
         }
     });
     Ok(())
+}
+
+/// Sends datagrams to the first address a `host:port` resolves to (as
+/// their clients' UDP dial does), from a socket of that address's family:
+/// `localhost` resolves to `::1` first where IPv6 is on, as in most
+/// containers.
+#[derive(Default)]
+struct Sender {
+    v4: Option<tokio::net::UdpSocket>,
+    v6: Option<tokio::net::UdpSocket>,
+}
+
+impl Sender {
+    async fn send(&mut self, addr: &str, datagrams: &[String]) {
+        // Failures cost no more than a warning every few flushes.
+        static FAILED: Paced = Paced::every(OUTAGE_PERIOD_S * 6);
+        if let Err(error) = self.try_send(addr, datagrams).await {
+            if let Some(left_out) = FAILED.admit() {
+                tracing::warn!(%error, addr, left_out, "statsd: stats not sent");
+            }
+        }
+    }
+
+    async fn try_send(&mut self, addr: &str, datagrams: &[String]) -> std::io::Result<()> {
+        let to = tokio::net::lookup_host(addr)
+            .await?
+            .next()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
+        let (slot, any) = match to {
+            std::net::SocketAddr::V4(_) => (&mut self.v4, "0.0.0.0:0"),
+            std::net::SocketAddr::V6(_) => (&mut self.v6, "[::]:0"),
+        };
+        let socket = match slot {
+            Some(socket) => socket,
+            None => slot.insert(tokio::net::UdpSocket::bind(any).await?),
+        };
+        for datagram in datagrams {
+            socket.send_to(datagram.as_bytes(), to).await?;
+        }
+        Ok(())
+    }
 }
 
 /// One line per counter counted and per timer sample since the last flush,

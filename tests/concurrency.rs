@@ -148,6 +148,44 @@ async fn many_lease_sets_are_split_into_store_calls() {
     assert_eq!(script_calls(&redis) - before, 4);
 }
 
+/// A forged id may name a key someone else wrote in our namespace, of
+/// another type: Redis refuses that call (`WRONGTYPE`), and that call
+/// alone. Before, each counted against the circuit breaker every call
+/// shares, and five opened it: acquires and decisions failed with it.
+#[tokio::test]
+async fn forged_ids_naming_a_foreign_key_fail_alone() {
+    let redis = RedisServer::start();
+    let _: () = redis::cmd("SET")
+        .arg("rk:{ext}:conn")
+        .arg("x")
+        .query(&mut redis.client().get_connection().unwrap())
+        .unwrap();
+    let dir = limits_dir();
+    let server = replica(dir.path(), &redis.url());
+    let mut client = connect(&server.grpc).await;
+    let hex: String = "rk:{ext}:conn"
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let forged = format!("{}.30000.{hex}", "ab".repeat(16));
+    for _ in 0..8 {
+        let heartbeat = HeartbeatRequest {
+            lease_ids: vec![forged.clone()],
+        };
+        let refused = client.heartbeat(heartbeat).await.unwrap_err();
+        assert!(refused.message().contains("WRONGTYPE"), "{refused:?}");
+    }
+    let granted = acquire(&mut client, "u", None).await;
+    assert!(granted.granted, "{granted:?}");
+    // Ids are minted in lowercase hex: another spelling is not one.
+    let upper = format!("{}.30000.{hex}", "AB".repeat(16));
+    let heartbeat = HeartbeatRequest {
+        lease_ids: vec![upper],
+    };
+    let refused = client.heartbeat(heartbeat).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
+
 #[tokio::test]
 async fn acquire_heartbeat_release_and_hold_on_every_store() {
     for backend in Backend::all() {

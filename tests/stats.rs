@@ -723,6 +723,27 @@ async fn response_time_in_milliseconds_when_asked() {
     }
 }
 
+/// Stats reach a statsd on IPv6 (`::1`, or the `localhost` of most
+/// containers, which resolves to it first): sent from a socket of the
+/// address's family.
+#[tokio::test]
+async fn statsd_on_ipv6_receives_the_stats() {
+    let Ok(socket) = std::net::UdpSocket::bind("[::1]:0") else {
+        panic!("this machine has no IPv6 loopback (::1)");
+    };
+    let (_dir, server) = one_per_hour(&socket, &[("STATSD_HOST", "::1")]);
+    assert_eq!(hits(&server, 1).await, [1]);
+    assert_stats(
+        &socket,
+        &server,
+        &[
+            ("ratelimit.service.config_load_success", 1),
+            ("ratelimit_server.ShouldRateLimit.total_requests", 2),
+        ],
+        &[],
+    );
+}
+
 /// Their Redis pool stats of both Redis (`cx_active`, a gauge; `cx_total`
 /// and `cx_local_close`, counters) and their local cache gauges, read when
 /// sent: in statsd and, their mapping leaving the names as they are,

@@ -107,43 +107,58 @@ impl Caller {
             ));
         }
         let started = Instant::now();
-        let result = self.by(deadline, call).await;
+        let (result, answered) = self.by(deadline, call).await;
         self.duration.record(started.elapsed().as_secs_f64());
         if let Some(breaker) = &self.breaker {
-            match &result {
-                Ok(_) => breaker.success(),
-                Err(_) => breaker.failure(),
+            match answered {
+                true => breaker.success(),
+                false => breaker.failure(),
             }
         }
         result
     }
 
-    /// Makes the call, connecting first if need be, all by `deadline`.
-    async fn by<T, F, Fut>(&self, deadline: Instant, call: F) -> Result<T>
+    /// Makes the call, connecting first if need be, all by `deadline`;
+    /// with whether Redis answered it as a working Redis does (a reply, or
+    /// an error reply about the call's own keys or arguments).
+    async fn by<T, F, Fut>(&self, deadline: Instant, call: F) -> (Result<T>, bool)
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (conn, connects) = self
-            .connections
-            .get(deadline.saturating_duration_since(Instant::now()))
-            .await?;
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let (conn, connects) = match self.connections.get(wait).await {
+            Ok(taken) => taken,
+            Err(error) => return (Err(error), false),
+        };
         match tokio::time::timeout_at(deadline, call(conn)).await {
             Err(_) => {
                 self.connections.failed(connects, None);
-                Err(Error::Store(format!(
-                    "no answer within {:?}",
-                    self.call_timeout
-                )))
+                let error = format!("no answer within {:?}", self.call_timeout);
+                (Err(Error::Store(error)), false)
             }
             Ok(Err(error)) => {
                 self.connections.failed(connects, Some(&error));
-                Err(error.into())
+                let answered = is_about_the_call(&error);
+                (Err(error.into()), answered)
             }
             Ok(Ok(value)) => {
                 self.connections.succeeded();
-                Ok(value)
+                (Ok(value), true)
             }
         }
     }
+}
+
+/// An error reply about the call itself from a Redis that works: a key
+/// of another type (`WRONGTYPE`: someone else's key where ours would be,
+/// which a forged lease id can name) or an error a script raised (`ERR`).
+/// It fails that call alone: the breaker, shared by every request, must
+/// not open on it.
+fn is_about_the_call(error: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+    ) || error.code() == Some("WRONGTYPE")
 }

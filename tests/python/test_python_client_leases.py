@@ -14,7 +14,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from conftest import CONCURRENCY_DOMAIN, LEASE_TTL_S, MAX_CONNECTIONS
+from conftest import CONCURRENCY_DOMAIN, CONCURRENCY_YAML, LEASE_TTL_S, MAX_CONNECTIONS, run_server, stop
 from rls_client import CHANNEL_OPTIONS
 
 TTL = timedelta(seconds=LEASE_TTL_S)
@@ -135,6 +135,37 @@ def test_hold_reports_a_lost_lease(client):
         client.release([lease.lease_id])
         assert seen.wait(5), "no lost event within 5 s"
     assert lost == [lease.lease_id]
+
+
+def test_hold_reports_the_end_of_its_replica(rk, tmp_path):
+    """A replica stopped under a Hold releases the lease and ends the stream
+    (UNAVAILABLE): on_lost is told, as for a lost event; leaving the block
+    afterwards (which cancels the stream) tells it nothing more."""
+    limits = tmp_path / "limits"
+    limits.mkdir()
+    (limits / f"{CONCURRENCY_DOMAIN}.yaml").write_text(CONCURRENCY_YAML)
+    lost = []
+    seen = threading.Event()
+
+    def on_lost(lease_id):
+        lost.append(lease_id)
+        seen.set()
+
+    with run_server(limits, tmp_path / "ratekeeper.log") as server:
+        with rk.RateLimitClient(server.grpc_addr, timeout=5, options=CHANNEL_OPTIONS) as replica:
+            with replica.hold(CONCURRENCY_DOMAIN, new_user(), on_lost=on_lost) as lease:
+                assert lease.granted
+                stop(server.process)
+                assert seen.wait(5), "on_lost not called when the replica stopped"
+    assert lost == [lease.lease_id]
+
+
+def test_leaving_a_hold_is_not_a_loss(client):
+    lost = []
+    with client.hold(CONCURRENCY_DOMAIN, new_user(), on_lost=lost.append) as lease:
+        assert lease.granted
+    time.sleep(0.5)
+    assert lost == []
 
 
 def test_unlimited_descriptor_is_granted_without_a_lease(client):

@@ -534,8 +534,9 @@ class RateLimitClient:
         or refused). While the block runs the server keeps a granted lease
         alive; on exit the stream is cancelled, which releases it at once (no
         heartbeat or release call needed). If the server reports the lease
-        lost while the block runs, on_lost(lease_id) is called from a
-        background thread: the connection it guarded should close."""
+        lost while the block runs, or the stream ends (the replica stopped or
+        went away), on_lost(lease_id) is called from a background thread:
+        the connection it guarded should close."""
         _, stub = self._lease_api()
         request = self._acquire_request(domain, descriptors, lease_ttl, holder)
         call = stub.Hold(request)  # long-lived: no deadline
@@ -551,20 +552,27 @@ class RateLimitClient:
             else:
                 lease = self._lease(first.acquired)
                 if lease.granted and lease.lease_id and on_lost is not None:
-                    threading.Thread(target=self._watch_hold, args=(call, on_lost), daemon=True).start()
+                    watch = (call, lease.lease_id, on_lost)
+                    threading.Thread(target=self._watch_hold, args=watch, daemon=True).start()
             yield lease
         finally:
             call.cancel()
 
     @staticmethod
-    def _watch_hold(call, on_lost: Callable[[str], None]) -> None:
+    def _watch_hold(call, lease_id: str, on_lost: Callable[[str], None]) -> None:
+        """Calls on_lost(lease_id) when the stream says the lease is lost, or
+        ends for any reason but the block's own exit: a replica stopping
+        releases the leases it holds (UNAVAILABLE), one gone away lets them
+        lapse, and either way nothing keeps the lease any more."""
         try:
             for event in call:
                 if event.WhichOneof("event") == "lost":
-                    on_lost(event.lost)
+                    on_lost(lease_id)
                     return
-        except grpc.RpcError:
-            pass  # cancelled on exit, or the channel closed
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                return  # the block's exit cancelled the stream
+        on_lost(lease_id)
 
     # Budgets: ratekeeper.v1.BudgetService (reserve, then settle).
 

@@ -74,8 +74,13 @@ impl StatsSettings {
             ));
         }
         let host = self.statsd_host.as_deref().unwrap_or("localhost");
+        // An IPv6 literal (`::1`) is bracketed, as Go's JoinHostPort does.
+        let addr = match host.contains(':') && !host.starts_with('[') {
+            true => format!("[{host}]:{}", self.statsd_port),
+            false => format!("{host}:{}", self.statsd_port),
+        };
         Ok(Some(StatsdSettings {
-            addr: format!("{host}:{}", self.statsd_port),
+            addr,
             flush_interval: self.stats_flush_interval,
             extra_tags: self.extra_tags.clone(),
             dog: self.mogrifiers()?,
