@@ -14,8 +14,7 @@
 //!   [`incoming`] accepts connections (over [`tls`] when configured), guards
 //!   them ([`preface`]: the HTTP/2 preface in time; [`authority`] makes
 //!   every caller's `:authority` one h2 takes; [`grpc_only`] answers
-//!   what is not a gRPC call as grpc-go does, [`deadline`] a call whose
-//!   `grpc-timeout` passed; [`repeated_cap`] counts a
+//!   what is not a gRPC call as grpc-go does; [`repeated_cap`] counts a
 //!   request's descriptors or lease ids before they are decoded)
 //!   and deals them to the [`lanes`], one single-threaded runtime per
 //!   core, each serving its connections start to finish with its own copy
@@ -78,7 +77,6 @@
 pub mod authority;
 pub mod clock;
 pub mod config;
-pub mod deadline;
 pub mod dogstatsd;
 pub mod duration;
 pub mod error;

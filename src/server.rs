@@ -13,11 +13,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::ServingStatus;
-use tower_layer::Stack;
 
 use crate::config::watch::{self, SharedConfig};
 use crate::config::LoadOptions;
-use crate::deadline::DeadlineLayer;
 use crate::grpc_only::GrpcOnlyLayer;
 use crate::health::Readiness;
 use crate::http;
@@ -285,7 +283,7 @@ type LaneServing = JoinHandle<std::result::Result<(), tonic::transport::Error>>;
 /// The gRPC server builder, with the answer to requests that are not gRPC
 /// and the caps on descriptors and lease ids before decoding.
 type GrpcServer = tonic::transport::Server<
-    Stack<RepeatedCapLayer, Stack<GrpcOnlyLayer, Stack<DeadlineLayer, tower_layer::Identity>>>,
+    tower_layer::Stack<RepeatedCapLayer, tower_layer::Stack<GrpcOnlyLayer, tower_layer::Identity>>,
 >;
 
 /// Starts gRPC on every lane: each serves its own copy of the services,
@@ -356,7 +354,6 @@ fn serve_on_lanes<H: Health>(
 /// + grace. That drop is `incoming`'s instead.
 fn grpc_builder(limits: &ConnectionLimits) -> GrpcServer {
     tonic::transport::Server::builder()
-        .layer(DeadlineLayer)
         .layer(GrpcOnlyLayer)
         .layer(RepeatedCapLayer)
         .concurrency_limit_per_connection(limits.concurrency_per_connection)

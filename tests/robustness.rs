@@ -281,57 +281,6 @@ async fn lease_ids_past_the_cap_are_refused_before_decoding() {
     server.stop().await;
 }
 
-/// A call whose `grpc-timeout` passes while Redis stalls is answered
-/// DEADLINE_EXCEEDED, as grpc-go answers it: tonic's own timer answered
-/// CANCELLED, which clients take for a call they cancelled themselves (the
-/// Python client's fail-open and its settle's retry missed it). Sent over
-/// raw HTTP/2, so that no client-side timer answers first.
-#[tokio::test]
-async fn a_call_past_its_grpc_timeout_is_deadline_exceeded() {
-    use prost::Message;
-    let redis = common::RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let limits =
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
-    let args = ["--redis-url", &redis.url(), "--redis-timeout-ms", "5000"];
-    let server = common::Ratekeeper::start(limits, dir.path(), &args);
-    let mut client = server.client().await;
-    let call = request("d", vec![descriptor(&[("k", "v")])]);
-    client.should_rate_limit(call.clone()).await.unwrap();
-    redis.pause();
-
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let mut h2 = h2.ready().await.unwrap();
-    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-    let head = tonic::codegen::http::Request::post(format!("http://{}{path}", server.grpc))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("grpc-timeout", "200m")
-        .body(())
-        .unwrap();
-    let (response, mut body) = h2.send_request(head, false).unwrap();
-    let message = call.encode_to_vec();
-    let mut frame = vec![0];
-    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&message);
-    body.send_data(frame.into(), true).unwrap();
-    let started = std::time::Instant::now();
-    let response = tokio::time::timeout(Duration::from_secs(3), response)
-        .await
-        .expect("an answer within 3 s")
-        .unwrap();
-    // Trailers-only: the status is in the headers.
-    let headers = response.headers();
-    assert_eq!(headers["grpc-status"], "4", "{headers:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
-}
-
 /// What is not a gRPC call gets grpc-go's answer on the gRPC port: a GET
 /// HTTP 405 and a JSON POST HTTP 415, each with a gRPC status, before any
 /// service sees it (an HTTP probe aimed at the port fails, as there).

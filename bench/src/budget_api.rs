@@ -81,20 +81,27 @@ impl BudgetClient {
         }
     }
 
-    pub async fn reserve(&mut self, request: ReserveRequest) -> Result<ReserveResponse, Status> {
-        unary(&mut self.grpc, RESERVE, request).await
+    /// Reserves, the call's `grpc-timeout` being `timeout`.
+    pub async fn reserve(
+        &mut self,
+        request: ReserveRequest,
+        timeout: std::time::Duration,
+    ) -> Result<ReserveResponse, Status> {
+        unary(&mut self.grpc, RESERVE, request, Some(timeout)).await
     }
 
+    /// Settles, the call's `grpc-timeout` being `timeout`.
     pub async fn settle(
         &mut self,
         reservation_id: String,
         actual: u64,
+        timeout: std::time::Duration,
     ) -> Result<SettleResponse, Status> {
         let request = SettleRequest {
             reservation_id,
             actual,
         };
-        unary(&mut self.grpc, SETTLE, request).await
+        unary(&mut self.grpc, SETTLE, request, Some(timeout)).await
     }
 }
 

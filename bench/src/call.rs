@@ -63,6 +63,10 @@ impl Caller {
     pub async fn call(&mut self, request: RateLimitRequest, timeout: Duration) -> CallResult {
         let answer = match self {
             Caller::Rls(client) => {
+                // Sent as `grpc-timeout`, as Envoy sends its filter's
+                // timeout (the server keeps a timer per call for it).
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(timeout);
                 let call = client.should_rate_limit(request);
                 match tokio::time::timeout(timeout, call).await {
                     Ok(answer) => answer.map(|r| r.into_inner().overall_code),
@@ -74,7 +78,7 @@ impl Caller {
                 estimate,
                 actual,
             } => {
-                let pair = reserve_then_settle(client, request, *estimate, *actual);
+                let pair = reserve_then_settle(client, request, *estimate, *actual, timeout);
                 match tokio::time::timeout(timeout, pair).await {
                     Ok(answer) => answer,
                     Err(_) => return Err(format!("no answer within {timeout:?}")),
@@ -86,12 +90,14 @@ impl Caller {
 }
 
 /// Reserves `estimate` on the request's descriptors and settles it at
-/// `actual`; answers OK, or OVER_LIMIT when the Reserve was refused.
+/// `actual`, each call under `timeout`; answers OK, or OVER_LIMIT when the
+/// Reserve was refused.
 async fn reserve_then_settle(
     client: &mut BudgetClient,
     request: RateLimitRequest,
     estimate: u64,
     actual: u64,
+    timeout: Duration,
 ) -> Result<i32, Status> {
     let descriptors = request
         .descriptors
@@ -113,13 +119,15 @@ async fn reserve_then_settle(
         estimate,
         ttl: None,
     };
-    let reserved = client.reserve(reserve).await?;
+    let reserved = client.reserve(reserve, timeout).await?;
     if !reserved.granted {
         return Ok(Code::OverLimit as i32);
     }
     // Empty when no rule limits the descriptors: nothing to settle.
     if !reserved.reservation_id.is_empty() {
-        client.settle(reserved.reservation_id, actual).await?;
+        client
+            .settle(reserved.reservation_id, actual, timeout)
+            .await?;
     }
     Ok(Code::Ok as i32)
 }

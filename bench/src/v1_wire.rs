@@ -31,6 +31,7 @@ pub async fn unary<Req, Resp>(
     grpc: &mut Grpc<Channel>,
     path: &'static str,
     request: Req,
+    timeout: Option<std::time::Duration>,
 ) -> Result<Resp, Status>
 where
     Req: prost::Message + Send + Sync + 'static,
@@ -40,12 +41,13 @@ where
         .await
         .map_err(|e| Status::unavailable(format!("channel not ready: {e}")))?;
     let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    let mut request = tonic::Request::new(request);
+    if let Some(timeout) = timeout {
+        // Sent as `grpc-timeout`, as Envoy sends its filter's timeout.
+        request.set_timeout(timeout);
+    }
     let response = grpc
-        .unary(
-            tonic::Request::new(request),
-            PathAndQuery::from_static(path),
-            codec,
-        )
+        .unary(request, PathAndQuery::from_static(path), codec)
         .await?;
     Ok(response.into_inner())
 }

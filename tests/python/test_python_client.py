@@ -108,6 +108,32 @@ def test_fail_open_when_unreachable(rk):
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def test_fail_open_when_the_server_answers_cancelled(rk):
+    """tonic, ratekeeper's gRPC server, answers a call whose grpc-timeout
+    passed there before the client's own timer fired CANCELLED (grpc-go:
+    DEADLINE_EXCEEDED); the client never cancels a unary call itself, so
+    fail_open takes it for no answer too. A server that answers every call
+    so stands in for that race."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Cancelled(grpc.GenericRpcHandler):
+        def service(self, details):
+            def answer(request, context):
+                context.abort(grpc.StatusCode.CANCELLED, "Timeout expired")
+            return grpc.unary_unary_rpc_method_handler(answer)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((Cancelled(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with rk.RateLimitClient(f"127.0.0.1:{port}", timeout=2, fail_open=True, options=CHANNEL_OPTIONS) as c:
+            d = c.should_rate_limit(DOMAIN, [free_user()])
+            assert d.allowed and d.error.startswith("CANCELLED")
+    finally:
+        server.stop(None)
+
+
 def test_bad_request_is_raised_even_when_failing_open(rk, rls_server):
     with rk.RateLimitClient(rls_server.grpc_addr, timeout=5, fail_open=True, options=CHANNEL_OPTIONS) as c:
         with pytest.raises(grpc.RpcError) as e:

@@ -91,15 +91,15 @@ impl ConcurrencyClient {
             lease_ttl: None,
             holder: holder.to_owned(),
         };
-        unary(&mut self.grpc, ACQUIRE, request).await
+        unary(&mut self.grpc, ACQUIRE, request, None).await
     }
 
     pub async fn heartbeat(&mut self, lease_id: &str) -> Result<HeartbeatResponse, Status> {
-        unary(&mut self.grpc, HEARTBEAT, one_lease(lease_id)).await
+        unary(&mut self.grpc, HEARTBEAT, one_lease(lease_id), None).await
     }
 
     pub async fn release(&mut self, lease_id: &str) -> Result<ReleaseResponse, Status> {
-        unary(&mut self.grpc, RELEASE, one_lease(lease_id)).await
+        unary(&mut self.grpc, RELEASE, one_lease(lease_id), None).await
     }
 }
 

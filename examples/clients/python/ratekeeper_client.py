@@ -83,7 +83,14 @@ Descriptor = Union[Mapping[str, str], Sequence[Tuple[str, str]]]
 
 # Errors that mean "no answer from the service" rather than "bad request":
 # with fail_open these allow the call, as Envoy's failure_mode_deny: false does.
-_UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# CANCELLED too: this client cancels no unary call itself, and the server
+# (tonic) answers a call whose deadline passed first there CANCELLED, where
+# grpc-go answers DEADLINE_EXCEEDED (README, "Differences").
+_UNAVAILABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+)
 
 
 def _repository_protos() -> Path:
