@@ -37,6 +37,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: leaky_bucket}
   - key: small
     rate_limit: {unit: minute, requests_per_unit: 20, algorithm: token_bucket}
+  - key: bursty
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: token_bucket, burst: 10}
   - key: small_window
     rate_limit: {unit: minute, requests_per_unit: 20}
   - key: daily
@@ -529,6 +531,29 @@ async fn an_estimate_over_what_a_limit_ever_admits_gets_no_retry_after() {
             let later = reserve(&mut client, key, "big", 1).await;
             assert!(later.retry_after.is_some(), "{at}: this one fits later");
         }
+        server.stop().await;
+    }
+}
+
+/// A status's `limit` is what the limit admits at once, as
+/// `RateLimit-Limit` says: a bucket's burst, which its `remaining` never
+/// passes (it said `requests_per_unit`, 100 over a remaining of 10, and a
+/// gateway told its caller so).
+#[tokio::test]
+async fn a_bucket_status_reports_its_burst_as_the_limit() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let server = server_on(&backend).await;
+        let mut client = connect(&server.addr.to_string()).await;
+        let never = reserve(&mut client, "bursty", "b", 11).await;
+        let status = &never.statuses[0];
+        assert!(!never.granted && never.retry_after.is_none(), "{name}");
+        assert_eq!((status.remaining, status.limit), (10, 10), "{name}");
+        let granted = reserve(&mut client, "bursty", "b", 4).await;
+        let status = &granted.statuses[0];
+        assert_eq!((status.remaining, status.limit), (6, 10), "{name}");
+        let settled = settle(&mut client, &granted.reservation_id, 1).await;
+        assert_eq!(settled.statuses[0].limit, 10, "{name}");
         server.stop().await;
     }
 }

@@ -112,12 +112,18 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write("fake_model: " + format % args + "\n")
 
 
+class Server(ThreadingHTTPServer):
+    # The listen backlog; socketserver's default, 5, reset the connections
+    # of clients past a few arriving at once.
+    request_queue_size = 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", default="127.0.0.1:8001", help="HOST:PORT (port 0: any free port)")
     args = parser.parse_args()
     host, _, port = args.listen.rpartition(":")
-    server = ThreadingHTTPServer((host, int(port)), Handler)
+    server = Server((host, int(port)), Handler)
     print(f"listening http={server.server_address[0]}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -297,6 +297,12 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write("gateway: " + format % args + "\n")
 
 
+class Server(ThreadingHTTPServer):
+    # The listen backlog; socketserver's default, 5, reset the connections
+    # of clients past a few arriving at once.
+    request_queue_size = 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (port 0: any free port)")
@@ -314,7 +320,7 @@ def main() -> None:
     rk.load_stubs()
     Handler.gateway = Gateway(args)
     host, _, port = args.listen.rpartition(":")
-    server = ThreadingHTTPServer((host, int(port)), Handler)
+    server = Server((host, int(port)), Handler)
     print(f"listening http={server.server_address[0]}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -293,7 +293,9 @@ fn slots(plan: &Plan<'_>) -> Vec<ReservedKey> {
             slots.extend(plan.checks[checks.clone()].iter().map(|check| ReservedKey {
                 key: check.key.clone(),
                 descriptor,
-                limit: check.limit,
+                // What it admits at once, as `RateLimit-Limit` reports it:
+                // a bucket's burst (its remaining can reach that).
+                limit: check.capacity(),
             }));
         }
     }

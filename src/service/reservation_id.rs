@@ -44,7 +44,8 @@ pub struct ReservedKey {
     pub key: String,
     /// Index of the Reserve's descriptor this key's limit belongs to.
     pub descriptor: usize,
-    /// The limit's `requests_per_unit`, for the answers.
+    /// What the limit admits at once (its `requests_per_unit`; a bucket's
+    /// `burst`), for the answers.
     pub limit: u64,
 }
 

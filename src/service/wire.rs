@@ -65,14 +65,14 @@ pub fn requested_ttl(
     // Refused before converting: prost-types negates a negative `seconds`,
     // which overflows on i64::MIN.
     let negative = || Status::invalid_argument(format!("{field} must not be negative"));
-    if asked.seconds < 0 || asked.nanos < 0 {
+    if asked.seconds < 0 || (asked.seconds == 0 && asked.nanos < 0) {
         return Err(negative());
     }
-    // Past a second is not a Duration (its nanos are below 10^9), though
-    // the conversion would carry it into the seconds.
-    if asked.nanos >= 1_000_000_000 {
+    // A Duration's nanos are 0 to 10^9 - 1 when its seconds are positive
+    // (the conversion would carry others into the seconds).
+    if !(0..1_000_000_000).contains(&asked.nanos) {
         return Err(Status::invalid_argument(format!(
-            "{field}.nanos must be below 1000000000, not {}",
+            "{field}.nanos must be 0 to 999999999, not {}",
             asked.nanos
         )));
     }
@@ -128,7 +128,20 @@ mod tests {
         let e = requested_ttl(Some(&unnormalized), range, "ttl").unwrap_err();
         assert_eq!(
             e.message(),
-            "ttl.nanos must be below 1000000000, not 2147483647"
+            "ttl.nanos must be 0 to 999999999, not 2147483647"
         );
+        // One second less 5 ns is not negative, but not a Duration either.
+        let mixed = prost_types::Duration {
+            seconds: 1,
+            nanos: -5,
+        };
+        let e = requested_ttl(Some(&mixed), range, "ttl").unwrap_err();
+        assert_eq!(e.message(), "ttl.nanos must be 0 to 999999999, not -5");
+        let negative = prost_types::Duration {
+            seconds: 0,
+            nanos: -5,
+        };
+        let e = requested_ttl(Some(&negative), range, "ttl").unwrap_err();
+        assert_eq!(e.message(), "ttl must not be negative");
     }
 }

@@ -168,6 +168,22 @@ def test_settling_at_actual_usage_frees_the_unused_estimate(gateway):
     assert count > PER_MINUTE // estimate("Say hello in 3 words")
 
 
+def test_many_callers_at_once_are_all_answered_within_the_budget(gateway):
+    """64 callers of one user at once: every one answered (200 or 429; the
+    gateway's listen backlog was socketserver's 5, and some were reset),
+    and what the 200s used fits the minute."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wait_for_fresh_window(60, margin_s=15)
+    user = new_user()
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        answers = list(pool.map(lambda _: chat(gateway, LONG, user), range(64)))
+    statuses = sorted({status for status, _, _ in answers})
+    assert statuses == [200, 429], statuses
+    used = sum(body["usage"]["total_tokens"] for status, _, body in answers if status == 200)
+    assert 0 < used <= PER_MINUTE
+
+
 def test_a_failed_upstream_is_settled_at_zero(gateway):
     wait_for_fresh_window(60, margin_s=15)
     user = new_user()
