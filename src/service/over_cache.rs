@@ -18,7 +18,10 @@
 //! Two callers lower a count on purpose, and then [`OverCache::forget`] its
 //! keys on this replica: the admin API's reset and a budget's settle that
 //! gives back an unused estimate (other replicas keep refusing until the
-//! window ends, as documented in the README).
+//! window ends, as documented in the README). A decision whose store call
+//! was under way meanwhile may have read the count from before: it learns
+//! none of the keys forgotten since it asked ([`Ticket`]), or a reset
+//! answered 200 would be undone by it until the window ends.
 //!
 //! Unless Redis lost the counter: after a restart or a failover to a server
 //! without the data, other replicas admit again while this one would keep
@@ -27,8 +30,9 @@
 //! the change finds it empty).
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use crate::limiter::{Algorithm, Check, Outcome};
 use crate::store::Generation;
@@ -48,6 +52,58 @@ const SWEEP_EVERY_MS: u64 = 100;
 /// freecache does, whatever its keys' lengths: counted as 128 bytes each,
 /// 100,000 keys of 4 KiB took 468 MB.
 const ENTRY_OVERHEAD_BYTES: usize = 72;
+
+/// Keys forgotten lately that a decision under way may still learn:
+/// past this many forgets since it asked, it learns nothing.
+const RECENTLY_FORGOTTEN: usize = 64;
+
+/// The forgets made so far when a decision asked the store: what it may
+/// learn afterwards ([`OverCache::learn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
+/// The keys forgotten lately, as hashes, each with the count of forgets
+/// it was forgotten at.
+#[derive(Debug)]
+struct Forgotten {
+    /// Forgets so far (changed under `recent`'s lock).
+    count: AtomicU64,
+    recent: Mutex<Vec<(u64, u64)>>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Default for Forgotten {
+    fn default() -> Self {
+        Forgotten {
+            count: AtomicU64::new(0),
+            recent: Mutex::new(vec![(0, 0); RECENTLY_FORGOTTEN]),
+            hasher: Default::default(),
+        }
+    }
+}
+
+impl Forgotten {
+    fn record(&self, keys: &[String]) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = self.count.load(Ordering::Relaxed);
+        for key in keys {
+            count += 1;
+            recent[count as usize % RECENTLY_FORGOTTEN] = (count, self.hasher.hash_one(key));
+        }
+        // SeqCst, with `learn`'s: see there.
+        self.count.store(count, Ordering::SeqCst);
+    }
+
+    /// Whether `key` may be learnt by a decision that asked at `ticket`:
+    /// not forgotten since (or too many forgets since to tell).
+    fn learnable(&self, recent: &[(u64, u64)], count: u64, ticket: Ticket, key: &str) -> bool {
+        if count - ticket.0 > RECENTLY_FORGOTTEN as u64 {
+            return false;
+        }
+        let hash = self.hasher.hash_one(key);
+        !recent.iter().any(|&(at, h)| at > ticket.0 && h == hash)
+    }
+}
 
 /// What remembering `key` costs.
 fn entry_bytes(key: &str) -> usize {
@@ -83,6 +139,7 @@ pub struct OverCache {
     hits: AtomicU64,
     expired: AtomicU64,
     overwrites: AtomicU64,
+    forgotten: Forgotten,
 }
 
 /// What envoyproxy/ratelimit's local cache stats (freecache's counts) say
@@ -153,7 +210,13 @@ impl OverCache {
             hits: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             overwrites: AtomicU64::new(0),
+            forgotten: Forgotten::default(),
         }
+    }
+
+    /// Taken by a decision before it asks the store, for [`Self::learn`].
+    pub fn ticket(&self) -> Ticket {
+        Ticket(self.forgotten.count.load(Ordering::Acquire))
     }
 
     /// The counts behind the `localcache` stats.
@@ -191,19 +254,35 @@ impl OverCache {
     }
 
     /// Remembers the checks the store found full (at the limit, refusing
-    /// even one more hit).
+    /// even one more hit), but for keys forgotten since the decision asked
+    /// the store (`ticket`): it may have read their counts from before.
     /// `now_ms` is the store's clock (tests pin it).
-    pub fn learn(&self, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
+    pub fn learn(&self, ticket: Ticket, checks: &[Check], outcomes: &[Outcome], now_ms: u64) {
         if self.capacity_bytes == 0 || !checks.iter().zip(outcomes).any(|(c, o)| full(c, o)) {
             return;
         }
         self.drop_if_stale();
         let now = now_ms;
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
-        self.any.store(true, Ordering::Release);
+        // `any` set, then the forgets counted; `forget` counts, then reads
+        // `any` (all SeqCst): a forget this does not see sees `any`, and
+        // removes what this learns once it has the entries' lock.
+        self.any.store(true, Ordering::SeqCst);
+        let count = self.forgotten.count.load(Ordering::SeqCst);
+        let recent = (count != ticket.0).then(|| {
+            self.forgotten
+                .recent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        });
         for (check, outcome) in checks.iter().zip(outcomes) {
             if !full(check, outcome) {
                 continue;
+            }
+            if let Some(recent) = &recent {
+                if !self.forgotten.learnable(recent, count, ticket, &check.key) {
+                    continue;
+                }
             }
             // A key already held is updated in place, whatever the room.
             let room = |bytes: usize| bytes + entry_bytes(&check.key) <= self.capacity_bytes;
@@ -274,9 +353,14 @@ impl OverCache {
     }
 
     /// Forgets `keys` (their counters were reset), so the next request on
-    /// them asks the store again.
+    /// them asks the store again, and a decision under way learns none of
+    /// them.
     pub fn forget(&self, keys: &[String]) {
-        if !self.any.load(Ordering::Acquire) {
+        if self.capacity_bytes == 0 {
+            return;
+        }
+        self.forgotten.record(keys);
+        if !self.any.load(Ordering::SeqCst) {
             return;
         }
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
@@ -312,6 +396,7 @@ mod tests {
             ..full
         };
         cache.learn(
+            cache.ticket(),
             &[
                 fw.clone(),
                 tb.clone(),
@@ -367,7 +452,12 @@ mod tests {
             reset_ms: 50,
             remaining_before: None,
         };
-        cache.learn(std::slice::from_ref(&shadow), &[full], 1_000);
+        cache.learn(
+            cache.ticket(),
+            std::slice::from_ref(&shadow),
+            &[full],
+            1_000,
+        );
         let answer = cache.answer(&[shadow], 1_010);
         assert_eq!(answer.map(|o| (o[0].over, o[0].reset_ms)), Some((true, 40)));
     }
@@ -382,7 +472,7 @@ mod tests {
             reset_ms: 50,
             remaining_before: None,
         };
-        cache.learn(&fw, &[full], 1_000);
+        cache.learn(cache.ticket(), &fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());
         cache.forget(&["a".to_owned()]);
         assert!(cache.answer(&fw, 1_010).is_none(), "the counter was reset");
@@ -398,16 +488,17 @@ mod tests {
         };
         let off = OverCache::with_capacity(Generation::default(), 0);
         let a = [check("a", Algorithm::FixedWindow, 3)];
-        off.learn(&a, &[full], 1_000);
+        off.learn(off.ticket(), &a, &[full], 1_000);
         assert!(off.answer(&a, 1_010).is_none(), "capacity 0: off");
         let one = OverCache::with_capacity(Generation::default(), entry_bytes("a"));
         let b = [check("b", Algorithm::FixedWindow, 3)];
-        one.learn(&a, &[full], 1_000);
-        one.learn(&b, &[full], 1_000);
+        one.learn(one.ticket(), &a, &[full], 1_000);
+        one.learn(one.ticket(), &b, &[full], 1_000);
         assert!(one.answer(&a, 1_010).is_some());
         assert!(one.answer(&b, 1_010).is_none(), "no room for a second key");
         // Full, it still learns a later end of the window it holds.
         one.learn(
+            one.ticket(),
             &a,
             &[Outcome {
                 reset_ms: 100,
@@ -423,12 +514,12 @@ mod tests {
             OverCache::with_capacity(Generation::default(), entry_bytes(&long) + entry_bytes("a"));
         let long = [check(&long, Algorithm::FixedWindow, 3)];
         for learnt in [&long, &a, &b] {
-            sized.learn(learnt, &[full], 1_000);
+            sized.learn(sized.ticket(), learnt, &[full], 1_000);
         }
         assert!(sized.answer(&long, 1_010).is_some() && sized.answer(&a, 1_010).is_some());
         assert!(sized.answer(&b, 1_010).is_none(), "no room left");
         sized.forget(&[long[0].key.clone()]);
-        sized.learn(&b, &[full], 1_020);
+        sized.learn(sized.ticket(), &b, &[full], 1_020);
         assert!(
             sized.answer(&b, 1_030).is_some(),
             "the room a forgotten key freed"
@@ -445,16 +536,16 @@ mod tests {
         };
         let cache = OverCache::with_capacity(Generation::default(), 2 * entry_bytes("a"));
         let [a, b, c] = ["a", "b", "c"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
-        cache.learn(&a, &[full], 1_000);
-        cache.learn(&a, &[full], 1_001);
+        cache.learn(cache.ticket(), &a, &[full], 1_000);
+        cache.learn(cache.ticket(), &a, &[full], 1_001);
         assert!(cache.answer(&a, 1_010).is_some());
         assert!(cache.answer(&[a[0].clone(), b[0].clone()], 1_010).is_none());
         let stats = cache.stats();
         assert_eq!((stats.entries, stats.hits, stats.overwrites), (1, 1, 1));
         // Past a's window, with the cache full, c takes its room: a is
         // dropped as expired.
-        cache.learn(&b, &[full], 1_060);
-        cache.learn(&c, &[full], 1_100);
+        cache.learn(cache.ticket(), &b, &[full], 1_060);
+        cache.learn(cache.ticket(), &c, &[full], 1_100);
         assert!(cache.answer(&c, 1_105).is_some());
         let stats = cache.stats();
         assert_eq!((stats.entries, stats.hits, stats.expired), (2, 2, 1));
@@ -475,23 +566,23 @@ mod tests {
         let cache = OverCache::with_capacity(Generation::default(), 2 * entry_bytes("a"));
         let [a, b, c, d, e] =
             ["a", "b", "c", "d", "e"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
-        cache.learn(&a, &[full(1_000)], 0); // until 1,000
-        cache.learn(&b, &[full(1_010)], 0); // until 1,010
-        cache.learn(&c, &[full(5_000)], 999);
+        cache.learn(cache.ticket(), &a, &[full(1_000)], 0); // until 1,000
+        cache.learn(cache.ticket(), &b, &[full(1_010)], 0); // until 1,010
+        cache.learn(cache.ticket(), &c, &[full(5_000)], 999);
         assert!(cache.answer(&c, 999).is_none(), "full, nothing expired yet");
         assert_eq!(cache.stats().expired, 0);
-        cache.learn(&c, &[full(5_000)], 1_000); // a expires: c takes its room
+        cache.learn(cache.ticket(), &c, &[full(5_000)], 1_000); // a expires: c takes its room
         assert!(cache.answer(&c, 1_000).is_some());
         assert_eq!(cache.stats().expired, 1);
         // b has expired too, but the last sweep was 20 ms ago.
-        cache.learn(&d, &[full(5_000)], 1_020);
+        cache.learn(cache.ticket(), &d, &[full(5_000)], 1_020);
         assert!(cache.answer(&d, 1_020).is_none());
         assert_eq!(cache.stats().expired, 1);
-        cache.learn(&d, &[full(5_000)], 1_100);
+        cache.learn(cache.ticket(), &d, &[full(5_000)], 1_100);
         assert!(cache.answer(&d, 1_100).is_some());
         assert_eq!(cache.stats().expired, 2);
         // Full of entries that live until 6,000 and more: no sweep before.
-        cache.learn(&e, &[full(1_000)], 5_000);
+        cache.learn(cache.ticket(), &e, &[full(1_000)], 5_000);
         assert!(cache.answer(&e, 5_000).is_none());
         assert_eq!(cache.stats().expired, 2);
     }
@@ -507,14 +598,56 @@ mod tests {
             reset_ms: 50,
             remaining_before: None,
         };
-        cache.learn(&fw, &[full], 1_000);
+        cache.learn(cache.ticket(), &fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());
         generation.bump();
         assert!(cache.answer(&fw, 1_010).is_none(), "Redis lost the counter");
-        cache.learn(&fw, &[full], 1_020);
+        cache.learn(cache.ticket(), &fw, &[full], 1_020);
         assert!(
             cache.answer(&fw, 1_030).is_some(),
             "learns again afterwards"
         );
+    }
+
+    /// A decision that asked the store before a key was forgotten (its
+    /// counter reset meanwhile) learns nothing of that key, but learns the
+    /// others; past RECENTLY_FORGOTTEN forgets since, nothing at all.
+    #[test]
+    fn a_decision_under_way_learns_no_key_forgotten_since_it_asked() {
+        let cache = OverCache::default();
+        let full = Outcome {
+            over: true,
+            remaining: 0,
+            reset_ms: 50,
+            remaining_before: None,
+        };
+        let (a, b) = (
+            check("a", Algorithm::FixedWindow, 3),
+            check("b", Algorithm::FixedWindow, 3),
+        );
+        let asked = cache.ticket();
+        cache.forget(&["a".to_owned()]);
+        cache.learn(asked, &[a.clone(), b.clone()], &[full, full], 1_000);
+        assert!(cache.answer(std::slice::from_ref(&a), 1_000).is_none());
+        assert!(cache.answer(std::slice::from_ref(&b), 1_000).is_some());
+        // Asked after the forget: learnt.
+        cache.learn(cache.ticket(), std::slice::from_ref(&a), &[full], 1_000);
+        assert!(cache.answer(std::slice::from_ref(&a), 1_000).is_some());
+
+        let c = check("c", Algorithm::FixedWindow, 3);
+        let asked = cache.ticket();
+        let others: Vec<String> = (0..RECENTLY_FORGOTTEN).map(|i| format!("x{i}")).collect();
+        cache.forget(&others);
+        cache.learn(asked, std::slice::from_ref(&c), &[full], 1_000);
+        assert!(
+            cache.answer(std::slice::from_ref(&c), 1_000).is_some(),
+            "64 since: told apart"
+        );
+        let asked = cache.ticket();
+        cache.forget(&others);
+        cache.forget(&["y".to_owned()]);
+        let d = check("d", Algorithm::FixedWindow, 3);
+        cache.learn(asked, std::slice::from_ref(&d), &[full], 1_000);
+        assert!(cache.answer(&[d], 1_000).is_none(), "65 since: cannot tell");
     }
 }

@@ -118,6 +118,7 @@ pub async fn from_cache_or_store(
         }
         return Ok((known, Source::Cache));
     }
+    let ticket = over.ticket();
     let outcomes = match span {
         None => store.apply(checks, all_or_nothing).await,
         Some(span) => {
@@ -136,7 +137,7 @@ pub async fn from_cache_or_store(
             outcomes
         }
     }?;
-    over.learn(checks, &outcomes, now_ms);
+    over.learn(ticket, checks, &outcomes, now_ms);
     Ok((outcomes, Source::Store))
 }
 
