@@ -58,7 +58,8 @@
 //!   [`metric_help`] describes;
 //!   [`their_stats`] counts envoyproxy/ratelimit's stats (names from
 //!   [`stat_key`]) in [`statsd`] (plain, or DogStatsD through
-//!   [`dogstatsd`]'s mogrifiers) and in the Prometheus series
+//!   [`dogstatsd`]'s mogrifiers, marked with the container
+//!   [`container_id`] finds) and in the Prometheus series
 //!   [`stat_mapper`]'s statsd_exporter mapping names, and [`read_stats`]
 //!   reads their Redis pool and local cache stats when sent; [`clock`] is the
 //!   time source tests can pin; [`duration`] reads durations written as
@@ -77,6 +78,7 @@
 pub mod authority;
 pub mod clock;
 pub mod config;
+pub mod container_id;
 pub mod dogstatsd;
 pub mod duration;
 pub mod error;

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::container_id;
 use crate::dogstatsd::Mogrifiers;
 use crate::log_pace::{Paced, OUTAGE_PERIOD_S};
 use crate::{Error, Result};
@@ -316,6 +317,8 @@ enum Format {
     Dog {
         extra_tags: Vec<String>,
         mogrifiers: Mogrifiers,
+        /// `|c:<id>` ([`crate::container_id`]), or empty.
+        container: String,
     },
 }
 
@@ -330,6 +333,10 @@ impl Format {
                     .chain(tags.iter().map(|(k, v)| format!("{k}:{v}")))
                     .collect(),
                 mogrifiers: mogrifiers.clone(),
+                container: container_field(container_id::detect(
+                    |name| std::env::var(name).ok(),
+                    &container_id::LINUX,
+                )),
             },
         })
     }
@@ -343,12 +350,13 @@ impl Format {
             Format::Dog {
                 extra_tags,
                 mogrifiers,
+                container,
             } => {
                 let (name, tags) = mogrifiers.mogrify(name);
                 let tags = [extra_tags.as_slice(), &tags].concat();
                 match tags.is_empty() {
-                    true => (name, String::new()),
-                    false => (name, format!("|#{}", tags.join(","))),
+                    true => (name, container.clone()),
+                    false => (name, format!("|#{}{container}", tags.join(","))),
                 }
             }
         }
@@ -376,6 +384,17 @@ fn datagrams(lines: &[String]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The `|c:` field of a detected container id, said once at start.
+fn container_field(id: Option<String>) -> String {
+    match id {
+        Some(id) => {
+            tracing::info!(container = %id, "DogStatsD origin detection: lines carry the container");
+            format!("|c:{id}")
+        }
+        None => String::new(),
+    }
 }
 
 /// `EXTRA_TAGS` (`k:v,k:v`), sorted by key and cleaned as gostats cleans
@@ -489,11 +508,28 @@ mod tests {
         let dog = Format::Dog {
             extra_tags: vec!["app:rk".into()],
             mogrifiers: Mogrifiers::default(),
+            container: String::new(),
         };
         assert_eq!(
             timer_lines(&dog, "t", &[1.5, 0.25], 0.5),
             ["t:1.500|ms|@0.5|#app:rk", "t:0.250|ms|@0.5|#app:rk"]
         );
+        // The container field last, as datadog-go writes it.
+        let contained = Format::Dog {
+            extra_tags: vec!["app:rk".into()],
+            mogrifiers: Mogrifiers::default(),
+            container: "|c:in-42".into(),
+        };
+        assert_eq!(
+            timer_lines(&contained, "t", &[1.5], 0.5),
+            ["t:1.500|ms|@0.5|#app:rk|c:in-42"]
+        );
+        let untagged = Format::Dog {
+            extra_tags: Vec::new(),
+            mogrifiers: Mogrifiers::default(),
+            container: "|c:in-42".into(),
+        };
+        assert_eq!(untagged.line("n", "1", "c"), "n:1|c|c:in-42");
         assert_eq!(
             timer_lines(&dog, "t", &[1.5], 1.0 / 4096.0),
             ["t:1.500|ms|@0.000244140625|#app:rk"]

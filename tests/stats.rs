@@ -124,11 +124,16 @@ fn parse_line(line: &str) -> (String, u64) {
     let mut fields = rest.split('|');
     let value = fields.next().unwrap();
     let kind = fields.next().expect("a type");
-    let tags = fields.find_map(|f| f.strip_prefix('#'));
-    let name = match tags {
+    let rest: Vec<&str> = fields.collect();
+    let tags = rest.iter().find_map(|f| f.strip_prefix('#'));
+    let mut name = match tags {
         Some(tags) => format!("{name}#{tags}"),
         None => name.to_owned(),
     };
+    // DogStatsD's container field (origin detection), kept in the key.
+    if let Some(container) = rest.iter().find(|f| f.starts_with("c:")) {
+        name = format!("{name}|{container}");
+    }
     match kind {
         "c" => (name, value.parse().expect("a whole count")),
         "ms" => {
@@ -426,6 +431,13 @@ async fn dogstatsd_gets_tags_and_mogrified_names() {
         ],
     );
     traffic(&server).await;
+    // The server runs where this test does: the container it finds is
+    // this one's (none on most test machines; `container_id`'s own tests
+    // read made-up cgroups).
+    let env = |name: &str| std::env::var(name).ok();
+    let container = ratekeeper::container_id::detect(env, &ratekeeper::container_id::LINUX)
+        .map(|id| format!("|c:{id}"))
+        .unwrap_or_default();
     let tags = "#app:rk,zone:eu_west";
     let expected: Vec<(String, u64)> = [
         (
@@ -448,8 +460,8 @@ async fn dogstatsd_gets_tags_and_mogrified_names() {
     ]
     .into_iter()
     .map(|(name, more, n)| match more.strip_prefix('|') {
-        Some(kind) => (format!("{name}{tags}|{kind}"), n),
-        None => (format!("{name}{tags}{more}"), n),
+        Some(kind) => (format!("{name}{tags}{container}|{kind}"), n),
+        None => (format!("{name}{tags}{more}{container}"), n),
     })
     .collect();
     let sums = receive(&socket, Duration::from_secs(10), |sums| {
