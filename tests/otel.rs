@@ -101,6 +101,13 @@ async fn call(server: &Ratekeeper, traceparent: Option<String>) -> i32 {
 
 /// Spans received until `count` arrived (or 10 s passed), with the
 /// resource's attributes of the last export.
+/// The spans' names, envoyproxy/ratelimit's: the call's (otelgrpc's), its
+/// execution's and, on Redis, the store call's.
+const CALL: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const EXECUTION: &str = "ShouldRateLimit Execution";
+const REDIS_STORE: &str = "Redis Pipeline Execution";
+const MEMORY_STORE: &str = "Memory Store Execution";
+
 async fn spans(exports: &mut Exports, count: usize) -> (Vec<Span>, Vec<(String, String)>) {
     let mut spans = Vec::new();
     let mut resource = Vec::new();
@@ -184,16 +191,21 @@ async fn decisions_join_the_callers_trace_over_otlp_http_with_a_redis_store_call
     let cached = format!("00-{cached_trace}-{PARENT}-01");
     assert_eq!(call(&server, Some(cached)).await, 2);
 
-    let (spans, resource) = spans(&mut exports, 3).await;
-    assert_eq!(spans.len(), 3, "two decisions, one store call: {spans:?}");
+    let (spans, resource) = spans(&mut exports, 5).await;
+    assert_eq!(
+        spans.len(),
+        5,
+        "two decisions of two spans, one store call: {spans:?}"
+    );
     let of_trace = |trace: &str, name: &str| {
         spans
             .iter()
             .find(|s| hex(&s.trace_id) == trace && s.name == name)
             .unwrap_or_else(|| panic!("no {name} in trace {trace}: {spans:?}"))
     };
-    let decision = of_trace(TRACE, "ShouldRateLimit");
-    let store = of_trace(TRACE, "store.apply");
+    let decision = of_trace(TRACE, CALL);
+    let execution = of_trace(TRACE, EXECUTION);
+    let store = of_trace(TRACE, REDIS_STORE);
     assert_eq!(
         hex(&decision.parent_span_id),
         PARENT,
@@ -204,14 +216,25 @@ async fn decisions_join_the_callers_trace_over_otlp_http_with_a_redis_store_call
     assert_eq!(attr(decision, "ratelimit.outcome"), "OVER_LIMIT");
     assert_eq!(attr(decision, "ratelimit.store"), "redis");
     assert_eq!(attr(decision, "ratelimit.answered_by"), "store");
+    // As otelgrpc and their service name and mark them.
+    assert_eq!(attr(decision, "rpc.system"), "grpc");
     assert_eq!(
-        store.parent_span_id, decision.span_id,
-        "a child of the decision"
+        attr(decision, "rpc.service"),
+        "envoy.service.ratelimit.v3.RateLimitService"
+    );
+    assert_eq!(attr(decision, "rpc.method"), "ShouldRateLimit");
+    assert_eq!(attr(decision, "rpc.grpc.status_code"), "0");
+    assert_eq!(execution.parent_span_id, decision.span_id);
+    assert_ne!(execution.span_id, decision.span_id);
+    assert_eq!(attr(execution, "domain"), "d");
+    assert_eq!(
+        store.parent_span_id, execution.span_id,
+        "a child of the execution"
     );
     assert_eq!(attr(store, "ratelimit.checks"), "1");
     assert!(decision.start_time_unix_nano <= store.start_time_unix_nano);
     assert!(store.end_time_unix_nano <= decision.end_time_unix_nano);
-    let from_cache = of_trace(&cached_trace, "ShouldRateLimit");
+    let from_cache = of_trace(&cached_trace, CALL);
     assert_eq!(attr(from_cache, "ratelimit.answered_by"), "cache");
     assert_eq!(attr(from_cache, "ratelimit.outcome"), "OVER_LIMIT");
 
@@ -223,17 +246,29 @@ async fn decisions_join_the_callers_trace_over_otlp_http_with_a_redis_store_call
         &server.http,
         "POST",
         "/json",
-        &[("traceparent", &traceparent)],
+        &[
+            ("traceparent", &traceparent),
+            ("tracestate", "vendor=abc,other=x"),
+        ],
         body,
     )
     .expect("/json");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let (json_spans, _) = crate::spans(&mut exports, 2).await;
+    let (json_spans, _) = crate::spans(&mut exports, 3).await;
     let from_json = json_spans
         .iter()
-        .find(|s| hex(&s.trace_id) == json_trace && s.name == "ShouldRateLimit")
+        .find(|s| hex(&s.trace_id) == json_trace && s.name == CALL)
         .unwrap_or_else(|| panic!("no /json decision: {json_spans:?}"));
     assert_eq!(hex(&from_json.parent_span_id), PARENT);
+    // The caller's tracestate goes on with its trace, in every span.
+    let of_json = json_spans.iter().filter(|s| hex(&s.trace_id) == json_trace);
+    assert!(
+        of_json.clone().count() == 3
+            && of_json
+                .clone()
+                .all(|s| s.trace_state == "vendor=abc,other=x"),
+        "{json_spans:?}"
+    );
     assert_eq!(attr(from_json, "ratelimit.outcome"), "OK");
     for (key, value) in [
         ("service.name", "rk-test"),
@@ -266,8 +301,9 @@ async fn root_decisions_are_sampled_by_rate_and_exported_over_otlp_grpc() {
     );
     // No traceparent: a root trace, sampled at the default rate of 1.
     assert_eq!(call(&server, None).await, 1);
-    let (spans, resource) = spans(&mut exports, 2).await;
-    let decision = spans.iter().find(|s| s.name == "ShouldRateLimit").unwrap();
+    let (spans, resource) = spans(&mut exports, 3).await;
+    let decision = spans.iter().find(|s| s.name == CALL).unwrap();
+    assert!(spans.iter().any(|s| s.name == MEMORY_STORE), "{spans:?}");
     assert!(decision.parent_span_id.is_empty(), "a root span");
     assert_eq!(decision.trace_id.len(), 16);
     assert_eq!(attr(decision, "ratelimit.outcome"), "OK");
@@ -351,8 +387,8 @@ async fn a_redis_call_shared_by_sampled_decisions_is_one_span_the_others_link_to
     assert!(codes.iter().all(|&c| c == 1), "{codes:?}");
 
     // Every decision and its store span, plus one span per shared call.
-    let (spans, _) = spans(&mut exports, 2 * CALLS).await;
-    let stores: Vec<&Span> = spans.iter().filter(|s| s.name == "store.apply").collect();
+    let (spans, _) = spans(&mut exports, 3 * CALLS).await;
+    let stores: Vec<&Span> = spans.iter().filter(|s| s.name == REDIS_STORE).collect();
     let calls: Vec<&Span> = spans
         .iter()
         .filter(|s| s.name == "redis.shared_call")
@@ -431,9 +467,9 @@ async fn a_failed_store_call_is_an_error_span_and_the_failure_mode_answers() {
     redis.kill();
     let sampled = format!("00-{TRACE}-{PARENT}-01");
     assert_eq!(call(&server, Some(sampled)).await, 1, "failure mode open");
-    let (spans, _) = spans(&mut exports, 2).await;
-    let decision = spans.iter().find(|s| s.name == "ShouldRateLimit").unwrap();
-    let store = spans.iter().find(|s| s.name == "store.apply").unwrap();
+    let (spans, _) = spans(&mut exports, 3).await;
+    let decision = spans.iter().find(|s| s.name == CALL).unwrap();
+    let store = spans.iter().find(|s| s.name == REDIS_STORE).unwrap();
     assert_eq!(attr(decision, "ratelimit.answered_by"), "open");
     assert_eq!(attr(decision, "ratelimit.outcome"), "OK");
     let status = store.status.as_ref().expect("the store call failed");

@@ -126,9 +126,11 @@ impl Inner {
             .and_then(|value| parse_traceparent(value.as_bytes()));
         match parent {
             // Parent-based: the caller decided for the whole trace.
-            Some(parent) => parent
-                .sampled
-                .then(|| DecisionSpan::new(parent.trace_id, Some(parent.span_id))),
+            Some(parent) => parent.sampled.then(|| {
+                let mut span = DecisionSpan::new(parent.trace_id, Some(parent.span_id));
+                span.trace_state = trace_state(headers);
+                span
+            }),
             None => {
                 // The random half the sampler reads first: an unsampled
                 // call draws one number.
@@ -139,6 +141,16 @@ impl Inner {
             }
         }
     }
+}
+
+/// The caller's `tracestate` (W3C), carried into its trace's spans: at
+/// most 512 bytes of text, as the specification bounds it; else none.
+fn trace_state(headers: &MetadataMap) -> String {
+    let state = headers.get("tracestate").and_then(|v| v.to_str().ok());
+    state
+        .filter(|state| state.len() <= 512)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The resource every span is reported under.

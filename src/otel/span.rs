@@ -26,6 +26,8 @@ pub struct DecisionSpan {
     pub(super) span_id: [u8; 8],
     /// The caller's span (Envoy's), when the call carried a `traceparent`.
     pub(super) parent: Option<[u8; 8]>,
+    /// The caller's `tracestate`, given to every span of the decision.
+    pub(super) trace_state: String,
     pub(super) start_ns: u64,
     pub(super) end_ns: u64,
     pub(super) domain: String,
@@ -38,6 +40,8 @@ pub struct DecisionSpan {
     /// answered while the store failed.
     pub(super) answered_by: &'static str,
     pub(super) error: Option<String>,
+    /// The call's gRPC status code (0: OK).
+    pub(super) grpc_code: i32,
     pub(super) store_call: Option<StoreCall>,
 }
 
@@ -58,6 +62,7 @@ impl DecisionSpan {
             trace_id,
             span_id: super::context::new_span_id(),
             parent,
+            trace_state: String::new(),
             start_ns: now_ns(),
             end_ns: 0,
             domain: String::new(),
@@ -66,6 +71,7 @@ impl DecisionSpan {
             store: "",
             answered_by: "store",
             error: None,
+            grpc_code: 0,
             store_call: None,
         }
     }
@@ -121,6 +127,7 @@ impl DecisionSpan {
             Ok(_) => "OK",
             Err(status) => {
                 self.error = Some(format!("{:?}: {}", status.code(), status.message()));
+                self.grpc_code = status.code() as i32;
                 "ERROR"
             }
         };
@@ -132,10 +139,16 @@ impl DecisionSpan {
         self.answered_by = who;
     }
 
-    /// The OTLP spans: the decision, then its store call.
+    /// The OTLP spans, named as envoyproxy/ratelimit's: the call's
+    /// (otelgrpc's name and `rpc.*` attributes), its `ShouldRateLimit
+    /// Execution` child (with `domain`), and under that the store call.
     pub(super) fn into_otlp(self, out: &mut Vec<Span>) {
         let mut attributes = vec![
-            text("ratelimit.domain", self.domain),
+            text("rpc.system", "grpc".into()),
+            text("rpc.service", RLS_SERVICE.into()),
+            text("rpc.method", "ShouldRateLimit".into()),
+            int("rpc.grpc.status_code", i64::from(self.grpc_code)),
+            text("ratelimit.domain", self.domain.clone()),
             int("ratelimit.descriptors", self.descriptors as i64),
             text("ratelimit.outcome", self.outcome.into()),
             text("ratelimit.answered_by", self.answered_by.into()),
@@ -143,29 +156,71 @@ impl DecisionSpan {
         if !self.store.is_empty() {
             attributes.push(text("ratelimit.store", self.store.into()));
         }
+        let status = status_of(self.error);
         out.push(Span {
             trace_id: self.trace_id.to_vec(),
             span_id: self.span_id.to_vec(),
             parent_span_id: self.parent.map(|p| p.to_vec()).unwrap_or_default(),
             flags: 1,
-            name: "ShouldRateLimit".into(),
+            trace_state: self.trace_state.clone(),
+            name: format!("{RLS_SERVICE}/ShouldRateLimit"),
             kind: SpanKind::Server as i32,
             start_time_unix_nano: self.start_ns,
             end_time_unix_nano: self.end_ns,
             attributes,
-            status: status_of(self.error),
+            status: status.clone(),
+            ..Span::default()
+        });
+        // Its id made from the call's, here, so that the request path
+        // draws no more random ids than before.
+        let execution_id = execution_span_id(self.span_id);
+        out.push(Span {
+            trace_id: self.trace_id.to_vec(),
+            span_id: execution_id.to_vec(),
+            parent_span_id: self.span_id.to_vec(),
+            flags: 1,
+            trace_state: self.trace_state.clone(),
+            name: "ShouldRateLimit Execution".into(),
+            kind: SpanKind::Internal as i32,
+            start_time_unix_nano: self.start_ns,
+            end_time_unix_nano: self.end_ns,
+            attributes: vec![text("domain", self.domain)],
+            status,
             ..Span::default()
         });
         if let Some(call) = self.store_call {
-            call.into_otlp(self.trace_id, self.span_id, self.store, out);
+            let ids = (self.trace_id, execution_id);
+            call.into_otlp(ids, &self.trace_state, self.store, out);
         }
     }
 }
 
+/// The service whose method the call span names, as otelgrpc names it.
+const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The `ShouldRateLimit Execution` span's id: the call span's, its top
+/// bit flipped (distinct from it, and from any other id but by a 2^-63
+/// chance).
+fn execution_span_id(call: [u8; 8]) -> [u8; 8] {
+    let mut id = call;
+    id[0] ^= 0x80;
+    if id == [0; 8] {
+        id[7] = 1;
+    }
+    id
+}
+
 impl StoreCall {
-    /// The store call's span; when a shared call carried it, that call's
-    /// span too if this decision owns it, else a link to it.
-    fn into_otlp(self, trace_id: [u8; 16], parent: [u8; 8], store: &str, out: &mut Vec<Span>) {
+    /// The store call's span, named as theirs on Redis (`Redis Pipeline
+    /// Execution`); when a shared call carried it, that call's span too
+    /// if this decision owns it, else a link to it.
+    fn into_otlp(
+        self,
+        (trace_id, parent): ([u8; 16], [u8; 8]),
+        trace_state: &str,
+        store: &str,
+        out: &mut Vec<Span>,
+    ) {
         let mut attributes = vec![
             text("ratelimit.store", store.into()),
             int("ratelimit.checks", self.checks as i64),
@@ -187,12 +242,17 @@ impl StoreCall {
                 });
             }
         }
+        let name = match store {
+            "memory" => "Memory Store Execution",
+            _ => "Redis Pipeline Execution",
+        };
         out.push(Span {
             trace_id: trace_id.to_vec(),
             span_id: self.span_id.to_vec(),
+            trace_state: trace_state.to_owned(),
             parent_span_id: parent.to_vec(),
             flags: 1,
-            name: "store.apply".into(),
+            name: name.into(),
             kind: SpanKind::Client as i32,
             start_time_unix_nano: self.start_ns,
             end_time_unix_nano: self.end_ns,

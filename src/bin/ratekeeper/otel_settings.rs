@@ -51,6 +51,13 @@ impl TracingArgs {
         if !self.tracing_enabled {
             return Ok(Tracer::default());
         }
+        let unread = unread_exporter_settings(|name| std::env::var_os(name).is_some());
+        if !unread.is_empty() {
+            tracing::warn!(
+                set = %unread.join(","),
+                "OTLP exporter settings not read here: spans go as plain OTLP to an http:// receiver (a Collector beside ratekeeper adds TLS, headers or compression)"
+            );
+        }
         Tracer::start(&self.settings()?)
     }
 
@@ -85,5 +92,45 @@ impl TracingArgs {
             endpoint,
             protocol,
         })
+    }
+}
+
+/// The OpenTelemetry SDK's OTLP exporter variables (which their exporter
+/// reads) that are set (`is_set`) and have no effect here.
+fn unread_exporter_settings(is_set: impl Fn(&str) -> bool) -> Vec<String> {
+    const UNREAD: [&str; 7] = [
+        "HEADERS",
+        "COMPRESSION",
+        "INSECURE",
+        "CERTIFICATE",
+        "CLIENT_CERTIFICATE",
+        "CLIENT_KEY",
+        "TIMEOUT",
+    ];
+    UNREAD
+        .iter()
+        .flat_map(|name| {
+            [
+                format!("OTEL_EXPORTER_OTLP_{name}"),
+                format!("OTEL_EXPORTER_OTLP_TRACES_{name}"),
+            ]
+        })
+        .filter(|name| is_set(name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unread_exporter_settings;
+
+    #[test]
+    fn exporter_settings_set_but_unread_are_named() {
+        let set = [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+        ];
+        let named = unread_exporter_settings(|name| set.contains(&name));
+        assert_eq!(named, set);
+        assert!(unread_exporter_settings(|name| name == "OTEL_EXPORTER_OTLP_ENDPOINT").is_empty());
     }
 }
