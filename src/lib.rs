@@ -82,6 +82,7 @@ pub mod container_id;
 pub mod dogstatsd;
 pub mod duration;
 pub mod error;
+pub mod fingerprint;
 pub mod grpc_only;
 pub mod headers;
 pub mod health;

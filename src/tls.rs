@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
@@ -45,11 +45,9 @@ impl TlsFiles {
             .collect()
     }
 
-    fn modified(&self) -> Vec<Option<SystemTime>> {
-        self.paths()
-            .into_iter()
-            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-            .collect()
+    /// What the files hold now ([`crate::fingerprint`]).
+    fn fingerprint(&self) -> u64 {
+        crate::fingerprint::of_files(self.paths(), |p| std::fs::read(p))
     }
 
     /// Builds a rustls server configuration from the files.
@@ -288,15 +286,16 @@ impl ReloadingTls {
     /// Loads the files (failing start-up if they are bad) and watches them
     /// every `interval`.
     pub fn start(files: TlsFiles, interval: Duration) -> Result<Self> {
+        // Taken before the load: a rotation while loading is seen.
+        let mut seen = files.fingerprint();
         let tls = ReloadingTls {
             current: Arc::new(RwLock::new(Arc::new(files.load()?))),
         };
         let watched = tls.clone();
         tokio::spawn(async move {
-            let mut seen = files.modified();
             loop {
                 tokio::time::sleep(interval).await;
-                let now = files.modified();
+                let now = files.fingerprint();
                 if now == seen {
                     continue;
                 }

@@ -5,9 +5,6 @@
 //! including the atomic symlink swap of a Kubernetes ConfigMap, at the cost of
 //! reading a few small files once per interval.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -113,15 +110,7 @@ fn fingerprint_read(
     read: impl Fn(&std::path::Path) -> std::io::Result<Vec<u8>>,
 ) -> Option<u64> {
     let files = dir.files().ok()?;
-    let mut hasher = DefaultHasher::new();
-    for path in files {
-        path.hash(&mut hasher);
-        match read(&path) {
-            Ok(contents) => contents.hash(&mut hasher),
-            Err(error) => error.kind().hash(&mut hasher),
-        }
-    }
-    Some(hasher.finish())
+    Some(crate::fingerprint::of_files(files, read))
 }
 
 /// A limits directory to watch, and its [`fingerprint`] when the config in

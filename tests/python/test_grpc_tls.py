@@ -5,6 +5,7 @@ grpcio secure channels speaking Envoy's own messages.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -85,3 +86,21 @@ def test_mutual_tls_and_rotation(start_server, certs):
         with pytest.raises(grpc.RpcError):
             ask(addr, certs / "ca.crt", client)  # the old server certificate is gone
         assert "TLS certificate reloaded" in server.log()
+
+        # Rotated again by a copy that keeps the files' times (cp -p, tar,
+        # rsync -t): told by the contents, not the modification times.
+        make_ca(certs, "ca3")
+        make_cert(certs, "server3", "ca3")
+        times = [(p.stat().st_atime_ns, p.stat().st_mtime_ns) for p in (certs / "server.key", certs / "server.crt")]
+        (certs / "server.key").write_bytes((certs / "server3.key").read_bytes())
+        (certs / "server.crt").write_bytes((certs / "server3.crt").read_bytes())
+        for path, ns in zip((certs / "server.key", certs / "server.crt"), times):
+            os.utime(path, ns=ns)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert ask(addr, certs / "ca3.crt", client) == "OK"
+                break
+            except grpc.RpcError:
+                assert time.monotonic() < deadline, "a copy with the old times was never served"
+                time.sleep(0.1)
