@@ -17,9 +17,11 @@ pub fn of_files<P: AsRef<Path>>(
     for path in paths {
         let path = path.as_ref();
         path.hash(&mut hasher);
+        // Read or not, marked apart: an empty file hashed like a missing
+        // one (a length of 0, a first error kind of 0).
         match read(path) {
-            Ok(contents) => contents.hash(&mut hasher),
-            Err(error) => error.kind().hash(&mut hasher),
+            Ok(contents) => (true, contents).hash(&mut hasher),
+            Err(error) => (false, error.kind()).hash(&mut hasher),
         }
     }
     hasher.finish()
