@@ -89,9 +89,15 @@ impl Runtime {
             match entry.file_type() {
                 Ok(kind) if kind.is_dir() => self.walk(&path, files)?,
                 Ok(_) if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) => files.push(path),
-                // goruntime warns and reads on; a limits file that cannot be
-                // read is an error when loading it, so only skip what is not
-                // a file (a symlinked directory, a dangling link, a socket).
+                // A dangling (or looping) link: loading it names it, and the
+                // config in force stays. goruntime warns and reads on, and
+                // the domain of a ConfigMap key whose file went vanished
+                // unseen. (A key the kubelet drops dangles for a moment,
+                // which the watcher waits out: `watch`.)
+                Ok(kind) if kind.is_symlink() && std::fs::metadata(&path).is_err() => {
+                    files.push(path)
+                }
+                // Not a file: a symlinked directory, a socket.
                 _ => {}
             }
         }
@@ -174,5 +180,22 @@ mod tests {
         runtime.watch_root = true;
         runtime.subdirectory.clear();
         assert!(names(&runtime).is_empty(), "no subdirectory: nothing");
+    }
+
+    #[test]
+    fn a_dangling_link_is_listed_to_be_named_when_loading() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        write(&root.join("rl/config/a.yaml"));
+        std::os::unix::fs::symlink(root.join("gone.yaml"), root.join("rl/config/b.yaml"))
+            .expect("symlink");
+        let runtime = Runtime {
+            root: root.to_owned(),
+            subdirectory: "rl".into(),
+            app_directory: "config".into(),
+            ignore_dotfiles: true,
+            watch_root: false,
+        };
+        assert_eq!(names(&runtime), ["rl/config/a.yaml", "rl/config/b.yaml"]);
     }
 }
