@@ -99,28 +99,35 @@ fn retire(old: Arc<Config>) {
 }
 
 /// A fingerprint of the directory's limits files: names and contents, or
-/// why one cannot be read (so that an edit to another is still seen);
-/// `None` when the directory cannot be listed.
-pub fn fingerprint(dir: &LimitsDir) -> Option<u64> {
+/// why one cannot be read (so that an edit to another is still seen); when
+/// they cannot be listed (the directory missing, a name on a dangling
+/// link), of why: a listing failing for another reason is a change too.
+pub fn fingerprint(dir: &LimitsDir) -> u64 {
     fingerprint_read(dir, |path| std::fs::read(path))
 }
 
 fn fingerprint_read(
     dir: &LimitsDir,
     read: impl Fn(&std::path::Path) -> std::io::Result<Vec<u8>>,
-) -> Option<u64> {
-    let files = dir.files().ok()?;
-    Some(crate::fingerprint::of_files(files, read))
+) -> u64 {
+    match dir.files() {
+        Ok(files) => crate::fingerprint::of_files(files, read),
+        Err(why) => {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            std::hash::Hash::hash(&why.to_string(), &mut hasher);
+            std::hash::Hasher::finish(&hasher)
+        }
+    }
 }
 
 /// A limits directory to watch, and its [`fingerprint`] when the config in
-/// force was loaded from it: `Some(None)` when it could not be read then
-/// (it may appear later), `None` when none was taken (the watcher takes
-/// it at its first look).
+/// force was loaded from it (of why it could not be read, when it could
+/// not: it may appear later), `None` when none was taken (the watcher
+/// takes it at its first look).
 #[derive(Debug, Clone)]
 pub struct Watched {
     pub dir: LimitsDir,
-    pub loaded: Option<Option<u64>>,
+    pub loaded: Option<u64>,
 }
 
 /// Reloads `shared` from the directory (read with `options`) whenever its
@@ -135,8 +142,8 @@ pub async fn watch(
 ) {
     let Watched { dir, loaded } = watched;
     let mut last = match loaded {
-        Some(print) => print,
-        None => off_runtime(dir.clone(), fingerprint).await.flatten(),
+        Some(print) => Some(print),
+        None => off_runtime(dir.clone(), fingerprint).await,
     };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -148,7 +155,7 @@ pub async fn watch(
         let seen = last;
         let changed = off_runtime(dir.clone(), move |dir| {
             let now = fingerprint(dir);
-            if now == seen {
+            if Some(now) == seen {
                 return None;
             }
             let result = Config::load(dir, options);
@@ -171,7 +178,7 @@ pub async fn watch(
             continue;
         }
         deferred = None;
-        last = now;
+        last = Some(now);
         match result {
             Ok(config) => {
                 tracing::info!(%dir, domains = ?config.domain_names(), "limits reloaded");
@@ -235,7 +242,6 @@ mod tests {
             }
         };
         let before = fingerprint_read(&dir, denied);
-        assert!(before.is_some());
         assert_eq!(fingerprint_read(&dir, denied), before, "nothing changed");
         std::fs::write(&a, "domain: a2\n").unwrap();
         assert_ne!(fingerprint_read(&dir, denied), before, "a.yaml was edited");
@@ -244,6 +250,20 @@ mod tests {
             fingerprint_read(&dir, denied),
             "b.yaml readable again"
         );
+    }
+
+    /// A listing that fails is told apart by why: another failing name is
+    /// a change (the watcher then loads it and names the new one).
+    #[test]
+    fn listing_failures_differ_by_what_failed() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LimitsDir::Flat(root.path().to_owned());
+        std::fs::create_dir(root.path().join("dir.yaml")).unwrap();
+        let first = fingerprint(&dir);
+        assert_eq!(fingerprint(&dir), first);
+        std::fs::remove_dir(root.path().join("dir.yaml")).unwrap();
+        std::os::unix::fs::symlink("nowhere", root.path().join("dang.yaml")).unwrap();
+        assert_ne!(fingerprint(&dir), first, "another name fails");
     }
 
     /// A directory that could not be read when the server loaded (it did
@@ -255,7 +275,6 @@ mod tests {
         let path = root.path().join("limits");
         let dir = LimitsDir::Flat(path.clone());
         let loaded = Some(fingerprint(&dir));
-        assert_eq!(loaded, Some(None), "nothing to read yet");
         std::fs::create_dir(&path).unwrap();
         std::fs::write(path.join("l.yaml"), "domain: d\n").unwrap();
         let shared = SharedConfig::awaiting_first();
