@@ -106,6 +106,14 @@ impl Socket {
             StdSocket::Unix(stream) => UnixStream::from_std(stream).map(Socket::Unix),
         }
     }
+
+    /// The client's address, for the logs (none on a Unix socket).
+    fn peer(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Socket::Tcp(stream) => stream.peer_addr().ok(),
+            Socket::Unix(_) => None,
+        }
+    }
 }
 
 impl AsyncRead for Socket {
@@ -429,8 +437,11 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         while let Some(Dealt { stream, load }) = dealt.recv().await {
-            let mut stream = match Socket::from_std(stream) {
-                Ok(stream) => Deadlined::new(stream, handshake_timeout, load),
+            let (mut stream, peer) = match Socket::from_std(stream) {
+                Ok(stream) => {
+                    let peer = stream.peer();
+                    (Deadlined::new(stream, handshake_timeout, load), peer)
+                }
                 Err(error) => {
                     tracing::warn!(%error, "cannot take an accepted connection");
                     continue;
@@ -456,7 +467,7 @@ pub fn incoming(
                             .send(Ok(Accepted::new(Transport::Tls(Box::new(stream)))))
                             .await;
                     }
-                    Ok(Err(error)) => crate::tls::handshake_failed(&error, None),
+                    Ok(Err(error)) => crate::tls::handshake_failed(&error, peer),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
             });

@@ -160,10 +160,28 @@ fn bad(what: &Path, e: &dyn std::fmt::Display) -> Error {
     Error::Startup(format!("TLS: {}: {e}", what.display()))
 }
 
+/// A PEM error as text: the markers it names as text, not byte lists.
+fn pem_error(error: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error as Pem;
+    match error {
+        Pem::MissingSectionEnd { end_marker } => format!(
+            "no \"-----END {}-----\" line: the file ends early",
+            String::from_utf8_lossy(end_marker)
+        ),
+        Pem::IllegalSectionStart { line } => {
+            format!(
+                "not a PEM section start: {:?}",
+                String::from_utf8_lossy(line)
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| bad(path, &e))?;
+        .map_err(|e| bad(path, &pem_error(&e)))?;
     if certs.is_empty() {
         return Err(bad(path, &"no PEM certificate"));
     }
@@ -304,7 +322,7 @@ impl ReloadingTls {
                     Ok(config) => {
                         *watched.current.write().unwrap_or_else(|p| p.into_inner()) =
                             Arc::new(config);
-                        tracing::info!("TLS certificate reloaded");
+                        tracing::info!(cert = %files.cert.display(), key = %files.key.display(), "TLS certificate reloaded");
                         metrics::counter!("ratekeeper_tls_reload_success").increment(1);
                     }
                     Err(error) => {
@@ -325,5 +343,22 @@ impl ReloadingTls {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         tokio_rustls::TlsAcceptor::from(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_certs;
+
+    #[test]
+    fn a_cut_certificate_is_named_in_words() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("tls.crt");
+        std::fs::write(&path, "-----BEGIN CERTIFICATE-----\nMIIB\n").expect("file");
+        let error = read_certs(&path).expect_err("cut short").to_string();
+        assert!(
+            error.contains("tls.crt: no \"-----END CERTIFICATE-----\" line"),
+            "{error}"
+        );
     }
 }

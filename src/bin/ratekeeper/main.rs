@@ -74,6 +74,10 @@ async fn main() {
     }
 }
 
+/// The shortest time between two looks at the limits and TLS files: each
+/// reads every file.
+const MIN_RELOAD_INTERVAL_MS: u64 = 50;
+
 async fn run(cli: Cli, log_format: LogFormat) -> Result<()> {
     telemetry::init_logging(&log_filter(&cli.log_level)?, log_format)?;
     settings_compat::warn_ignored();
@@ -118,7 +122,13 @@ async fn run(cli: Cli, log_format: LogFormat) -> Result<()> {
         .serving_threads
         .map_or_else(ratekeeper::lanes::default_count, NonZeroUsize::get);
     let store = stores(&cli, lanes)?;
-    let reload_interval = Duration::from_millis(cli.reload_interval_ms.max(50));
+    if cli.reload_interval_ms < MIN_RELOAD_INTERVAL_MS {
+        tracing::warn!(
+            asked = cli.reload_interval_ms,
+            "RELOAD_INTERVAL_MS below {MIN_RELOAD_INTERVAL_MS}: files are looked at every {MIN_RELOAD_INTERVAL_MS} ms"
+        );
+    }
+    let reload_interval = Duration::from_millis(cli.reload_interval_ms.max(MIN_RELOAD_INTERVAL_MS));
     let tls = grpc_tls(&cli, reload_interval)?;
     let grpc = bind_grpc(&cli).await?;
     let metrics_addr = serve_metrics(&cli, metrics)?;
