@@ -76,6 +76,7 @@
 //! modules) only parses flags and the environment and calls into these.
 
 pub mod authority;
+pub mod cert_validity;
 pub mod clock;
 pub mod config;
 pub mod container_id;

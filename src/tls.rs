@@ -50,9 +50,23 @@ impl TlsFiles {
         crate::fingerprint::of_files(self.paths(), |p| std::fs::read(p))
     }
 
-    /// Builds a rustls server configuration from the files.
-    pub fn load(&self) -> Result<ServerConfig> {
+    /// Builds a rustls server configuration from the files. A certificate
+    /// not valid now ([`crate::cert_validity`]) is an error with `dates`
+    /// [`Dates::Refuse`] (a reload: the one in force stays), a warning with
+    /// [`Dates::Warn`] (the start, which serves it, as theirs does).
+    pub fn load(&self, dates: Dates) -> Result<ServerConfig> {
         let certs = read_certs(&self.cert)?;
+        let validity = crate::cert_validity::of_certificate(certs[0].as_ref());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        if let Some(why) = validity.and_then(|v| v.not_valid_at(now)) {
+            let why = format!("the certificate is {why}: clients will refuse it");
+            match dates {
+                Dates::Refuse => return Err(bad(&self.cert, &why)),
+                Dates::Warn => tracing::warn!(cert = %self.cert.display(), "TLS: {why}"),
+            }
+        }
         let key = read_key(&self.key)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
@@ -86,6 +100,13 @@ impl TlsFiles {
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
+}
+
+/// What [`TlsFiles::load`] makes of a certificate outside its dates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dates {
+    Warn,
+    Refuse,
 }
 
 /// A TLS client configuration: trusting the system's roots and `ca` (as
@@ -307,7 +328,7 @@ impl ReloadingTls {
         // Taken before the load: a rotation while loading is seen.
         let mut seen = files.fingerprint();
         let tls = ReloadingTls {
-            current: Arc::new(RwLock::new(Arc::new(files.load()?))),
+            current: Arc::new(RwLock::new(Arc::new(files.load(Dates::Warn)?))),
         };
         let watched = tls.clone();
         tokio::spawn(async move {
@@ -318,7 +339,7 @@ impl ReloadingTls {
                     continue;
                 }
                 seen = now;
-                match files.load() {
+                match files.load(Dates::Refuse) {
                     Ok(config) => {
                         *watched.current.write().unwrap_or_else(|p| p.into_inner()) =
                             Arc::new(config);

@@ -25,12 +25,12 @@ def make_ca(cwd: Path, name: str) -> None:
             "-out", f"{name}.crt", "-days", "1", "-subj", f"/CN={name}")
 
 
-def make_cert(cwd: Path, name: str, ca: str) -> None:
+def make_cert(cwd: Path, name: str, ca: str, days: int = 1) -> None:
     (cwd / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     openssl(cwd, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
             "-subj", f"/CN={name}")
     openssl(cwd, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-            "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", "-extfile", "ext.cnf")
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days), "-extfile", "ext.cnf")
 
 
 @pytest.fixture
@@ -104,3 +104,15 @@ def test_mutual_tls_and_rotation(start_server, certs):
             except grpc.RpcError:
                 assert time.monotonic() < deadline, "a copy with the old times was never served"
                 time.sleep(0.1)
+
+        # A rotation to a certificate that expired (valid for 0 days: until
+        # the second it was made) is refused, and the one in force stays.
+        make_cert(certs, "expired", "ca3", days=0)
+        time.sleep(1.1)
+        (certs / "server.key").write_bytes((certs / "expired.key").read_bytes())
+        (certs / "server.crt").write_bytes((certs / "expired.crt").read_bytes())
+        deadline = time.monotonic() + 10
+        while "the certificate is expired at" not in server.log():
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+        assert ask(addr, certs / "ca3.crt", client) == "OK"
