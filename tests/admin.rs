@@ -315,6 +315,7 @@ async fn bad_input_is_400_and_an_unknown_domain_404() {
     )
     .await;
     assert_eq!(free["unlimited"], true);
+    assert_eq!(free["rule"], "free", "the rule that makes it unlimited");
     server.stop().await;
 }
 
@@ -487,6 +488,16 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
     let (code, _, stderr) = cli(&["--addr", addr, "get", "web", "user=eve"]);
     assert_eq!(code, 1, "no token: refused");
     assert!(stderr.contains("401"), "{stderr}");
+    // The 401 names the scheme it wants (RFC 6750).
+    let path = "/v1/descriptor?domain=web&entry=user%3Deve";
+    let refused = common::try_http_exchange_with(addr, "GET", path, &[], "").unwrap();
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    assert!(
+        refused
+            .to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{refused}"
+    );
 
     let with = ["--addr", addr, "--token-file", token.as_str()];
     let (code, stdout, stderr) = cli(&[&with[..], &["get", "web", "user=eve"]].concat());
@@ -566,7 +577,8 @@ async fn the_cli_inspects_and_resets_with_the_token_against_redis() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("ratekeeper_admin_unauthorized 1"),
+        // The CLI's call without the token, and the one above.
+        metrics.contains("ratekeeper_admin_unauthorized 2"),
         "{metrics}"
     );
 }
@@ -584,21 +596,28 @@ fn the_cli_gives_up_on_a_silent_admin_api() {
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
+/// Go's host-less `:PORT` is every interface too, as their listeners read
+/// it (it failed to resolve).
 #[test]
 fn a_public_admin_address_without_a_token_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .arg("--config-dir")
-        .arg(dir.path())
-        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
-        .args(["--http-addr", "off", "--debug-addr", "off"])
-        .args(["--admin-addr", "0.0.0.0:0"])
-        .env_remove("ADMIN_TOKEN_FILE")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
-    assert!(stderr.contains("needs --admin-token-file"), "{stderr}");
+    for public in ["0.0.0.0:0", ":0"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("--config-dir")
+            .arg(dir.path())
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
+            .args(["--http-addr", "off", "--debug-addr", "off"])
+            .args(["--admin-addr", public])
+            .env_remove("ADMIN_TOKEN_FILE")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
+        assert!(
+            stderr.contains("needs --admin-token-file"),
+            "{public}: {stderr}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::header::WWW_AUTHENTICATE;
 use axum::http::request::Parts;
+use axum::http::HeaderValue;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -129,7 +131,12 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
         .unwrap_or("");
     if expected.is_empty() || !same(given.as_bytes(), expected.as_bytes()) {
         metrics::counter!("ratekeeper_admin_unauthorized").increment(1);
-        return failure(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+        let mut refused = failure(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+        // What RFC 6750 has a 401 say: the scheme it wants.
+        refused
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return refused;
     }
     next.run(request).await
 }
@@ -167,7 +174,7 @@ async fn reset(
         Ok((rule, keys)) => {
             tracing::info!(
                 who = %actor(&headers), peer = %peer.addr, domain = %domain.escape_debug(),
-                entries = ?entries, ?rule, keys = keys.len(), "admin: counters reset"
+                entries = %audited(&entries), ?rule, keys = keys.len(), "admin: counters reset"
             );
             metrics::counter!("ratekeeper_admin_operations", "operation" => "reset").increment(1);
             let body = json!({
@@ -217,7 +224,7 @@ async fn revoke(
                 // Escaped: a caller's text must not write lines of its own
                 // into the audit log.
                 who = %actor(&headers), peer = %peer.addr, domain = %domain.escape_debug(),
-                entries = ?entries, lease = %lease.escape_debug(), found, "admin: lease revoked"
+                entries = %audited(&entries), lease = %lease.escape_debug(), found, "admin: lease revoked"
             );
             metrics::counter!("ratekeeper_admin_operations", "operation" => "revoke").increment(1);
             let body = json!({ "domain": domain, "lease": lease, "revoked": found });
@@ -364,6 +371,25 @@ fn entries_json(entries: &[(String, String)]) -> Value {
         .collect()
 }
 
+/// The entries as the audit log shows them, quoted (a caller's text must
+/// not write lines of its own) and each key and value cut at 256
+/// characters: a value may be 64 KiB, and a reset's line is one line.
+fn audited(entries: &[(String, String)]) -> String {
+    const SHOWN: usize = 256;
+    let cut = |text: &str| {
+        let shown: String = text.chars().take(SHOWN).collect();
+        match shown.len() < text.len() {
+            true => format!("{shown:?}… ({} bytes)", text.len()),
+            false => format!("{shown:?}"),
+        }
+    };
+    let shown: Vec<String> = entries
+        .iter()
+        .map(|(key, value)| format!("{}={}", cut(key), cut(value)))
+        .collect();
+    shown.join(",")
+}
+
 fn actor(headers: &HeaderMap) -> String {
     headers
         .get(ACTOR_HEADER)
@@ -404,6 +430,22 @@ fn reply(code: StatusCode, body: &Value) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn audited_entries_are_quoted_and_cut() {
+        let long = "v".repeat(70_000);
+        let entries = [
+            ("user".to_owned(), "eve\nINFO forged".to_owned()),
+            ("blob".to_owned(), long),
+        ];
+        let shown = audited(&entries);
+        assert!(
+            shown.starts_with(r#""user"="eve\nINFO forged","blob"="vvv"#),
+            "{shown}"
+        );
+        assert!(shown.ends_with("v\"… (70000 bytes)"), "{shown}");
+        assert!(shown.len() < 400, "{}", shown.len());
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -121,12 +121,7 @@ pub(crate) fn metrics_addr(
         }
         return metrics.unwrap_or("0.0.0.0:9090").to_owned();
     }
-    let addr = prometheus.unwrap_or(":9090");
-    // Go's host-less `:PORT` listens on every interface.
-    let addr = match addr.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => addr.to_owned(),
-    };
+    let addr = every_interface(prometheus.unwrap_or(":9090")).into_owned();
     if let Some(ignored) = metrics.filter(|m| *m != addr) {
         tracing::warn!(%ignored, used = %addr, "USE_PROMETHEUS=true: metrics listen on PROMETHEUS_ADDR, not METRICS_ADDR");
     }
@@ -211,7 +206,17 @@ pub(crate) async fn bind_admin(
 /// envoyproxy/ratelimit, so an IPv6-only or IPv6-first cluster reaches
 /// the pod: one dual-stack socket on `[::]`, or IPv4 alone where the host
 /// has no IPv6.
+/// Go's host-less `:PORT` (their settings' habit) as every interface's
+/// address; any other address as it is.
+fn every_interface(addr: &str) -> std::borrow::Cow<'_, str> {
+    match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}").into(),
+        None => addr.into(),
+    }
+}
+
 pub(crate) async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
+    let addr = &*every_interface(addr);
     let mut no_ipv6 = None;
     if let Ok(SocketAddr::V4(v4)) = addr.parse::<SocketAddr>() {
         if v4.ip().is_unspecified() {

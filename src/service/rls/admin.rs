@@ -177,7 +177,7 @@ fn peek_request(domain: &str, entries: &[(String, String)]) -> RateLimitRequest 
 fn rule_of(plan: &Plan<'_>) -> DescriptorState {
     let (rule, unlimited, shadow_mode) = match &plan.applied[0] {
         Applied::None => (None, false, false),
-        Applied::Unlimited => (None, true, false),
+        Applied::Unlimited(rule) => (Some(rule.path.clone()), true, false),
         Applied::Counted { rule, .. } => (
             rule.map(|r| r.path.clone()),
             false,

@@ -40,7 +40,7 @@ pub fn decision(
                     limits(&plan.checks[checks.clone()], outcomes.get(checks.clone())),
                 )
             }
-            Some(Applied::Unlimited) => ("(unlimited)", String::new()),
+            Some(Applied::Unlimited(_)) => ("(unlimited)", String::new()),
             _ => ("(none)", String::new()),
         };
         tracing::debug!(

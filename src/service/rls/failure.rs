@@ -190,7 +190,7 @@ fn refuse_all(applied: &[Applied<'_>]) -> RateLimitResponse {
             Applied::Counted { rates, .. } => {
                 status(Code::OverLimit, rates.first().map(current_limit), 0, None)
             }
-            Applied::Unlimited => status(Code::Ok, None, u32::MAX, None),
+            Applied::Unlimited(_) => status(Code::Ok, None, u32::MAX, None),
             Applied::None => status(Code::Ok, None, 0, None),
         })
         .collect();

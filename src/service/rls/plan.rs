@@ -35,8 +35,8 @@ pub fn validate(request: &RateLimitRequest) -> Result<(), Status> {
 pub enum Applied<'c> {
     /// No rule matched (or it was replaced): OK, no `current_limit`.
     None,
-    /// An `unlimited` rule: OK, remaining `u32::MAX`.
-    Unlimited,
+    /// An `unlimited` rule (this one): OK, remaining `u32::MAX`.
+    Unlimited(&'c Rule),
     /// Counted limits: a configured rule's (maybe stacked) or the
     /// descriptor's override; `checks` are their checks, in the same order.
     /// `quota`: a quota descriptor (its rule's `quota_mode`, or `QUOTA_MODE`).
@@ -84,7 +84,9 @@ impl<'c> Plan<'c> {
                 let (rule, rates, shared) = match found {
                     Found::Override(rate) => (None, Cow::Owned(vec![rate]), Vec::new()),
                     Found::Rule(None, _) => return Applied::None,
-                    Found::Rule(Some(rule), _) if rule.is_unlimited() => return Applied::Unlimited,
+                    Found::Rule(Some(rule), _) if rule.is_unlimited() => {
+                        return Applied::Unlimited(rule)
+                    }
                     Found::Rule(Some(rule), shared) => {
                         (Some(rule), Cow::Borrowed(rule.rates.as_slice()), shared)
                     }
@@ -283,7 +285,7 @@ descriptors:
         let plan = plan(&config, &request);
         assert!(matches!(plan.applied[0], Applied::None));
         assert!(matches!(&plan.applied[1], Applied::Counted { checks, .. } if *checks == (0..2)));
-        assert!(matches!(plan.applied[2], Applied::Unlimited));
+        assert!(matches!(plan.applied[2], Applied::Unlimited(_)));
         assert!(matches!(&plan.applied[3], Applied::Counted { checks, .. } if *checks == (2..3)));
         let c = &plan.checks;
         assert_eq!(c.len(), 3);

@@ -72,7 +72,7 @@ pub fn response(
         .iter()
         .zip(verdicts)
         .map(|(applied, verdict)| match (applied, verdict) {
-            (Applied::Unlimited, _) => status(Code::Ok, None, u32::MAX, None),
+            (Applied::Unlimited(_), _) => status(Code::Ok, None, u32::MAX, None),
             (Applied::Counted { rates, .. }, Some(Verdict { state, at })) => status(
                 if state.over {
                     Code::OverLimit
@@ -115,7 +115,7 @@ fn is_over(plan: &Plan<'_>, statuses: &[DescriptorStatus], global_quota: bool) -
         let is_quota = match applied {
             Applied::Counted { quota, .. } => *quota,
             Applied::None => global_quota,
-            Applied::Unlimited => continue,
+            Applied::Unlimited(_) => continue,
         };
         let over = status.code == Code::OverLimit as i32;
         match (is_quota, over) {
@@ -162,7 +162,7 @@ pub fn allow_all(applied: &[Applied<'_>], descriptors: usize) -> RateLimitRespon
             Some(Applied::Counted { rates, .. }) => {
                 status(Code::Ok, rates.first().map(current_limit), 0, None)
             }
-            Some(Applied::Unlimited) => status(Code::Ok, None, u32::MAX, None),
+            Some(Applied::Unlimited(_)) => status(Code::Ok, None, u32::MAX, None),
             _ => status(Code::Ok, None, 0, None),
         })
         .collect();
