@@ -376,6 +376,14 @@ impl OverCache {
 mod tests {
     use super::*;
 
+    /// A full counter's outcome, 50 ms before its window ends.
+    const FULL: Outcome = Outcome {
+        over: true,
+        remaining: 0,
+        reset_ms: 50,
+        remaining_before: None,
+    };
+
     fn check(key: &str, algorithm: Algorithm, limit: u64) -> Check {
         Check::for_test(key, algorithm, limit, 60_000, 1)
     }
@@ -383,12 +391,7 @@ mod tests {
     #[test]
     fn remembers_only_full_fixed_windows_until_reset_and_for_the_same_limit() {
         let cache = OverCache::default();
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         let fw = check("a", Algorithm::FixedWindow, 3);
         let tb = check("b", Algorithm::TokenBucket, 3);
         let partial = Outcome {
@@ -446,12 +449,7 @@ mod tests {
             enforce: false,
             ..check("s", Algorithm::FixedWindow, 3)
         };
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         cache.learn(
             cache.ticket(),
             std::slice::from_ref(&shadow),
@@ -466,12 +464,7 @@ mod tests {
     fn forgets_reset_keys() {
         let cache = OverCache::default();
         let fw = [check("a", Algorithm::FixedWindow, 3)];
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         cache.learn(cache.ticket(), &fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());
         cache.forget(&["a".to_owned()]);
@@ -480,12 +473,7 @@ mod tests {
 
     #[test]
     fn remembers_at_most_its_capacity_and_nothing_at_zero() {
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         let off = OverCache::with_capacity(Generation::default(), 0);
         let a = [check("a", Algorithm::FixedWindow, 3)];
         off.learn(off.ticket(), &a, &[full], 1_000);
@@ -528,12 +516,7 @@ mod tests {
 
     #[test]
     fn counts_what_the_localcache_stats_say() {
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         let cache = OverCache::with_capacity(Generation::default(), 2 * entry_bytes("a"));
         let [a, b, c] = ["a", "b", "c"].map(|k| [check(k, Algorithm::FixedWindow, 3)]);
         cache.learn(cache.ticket(), &a, &[full], 1_000);
@@ -592,12 +575,7 @@ mod tests {
         let generation = Generation::default();
         let cache = OverCache::new(generation.clone());
         let fw = [check("a", Algorithm::FixedWindow, 3)];
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         cache.learn(cache.ticket(), &fw, &[full], 1_000);
         assert!(cache.answer(&fw, 1_010).is_some());
         generation.bump();
@@ -615,12 +593,7 @@ mod tests {
     #[test]
     fn a_decision_under_way_learns_no_key_forgotten_since_it_asked() {
         let cache = OverCache::default();
-        let full = Outcome {
-            over: true,
-            remaining: 0,
-            reset_ms: 50,
-            remaining_before: None,
-        };
+        let full = FULL;
         let (a, b) = (
             check("a", Algorithm::FixedWindow, 3),
             check("b", Algorithm::FixedWindow, 3),

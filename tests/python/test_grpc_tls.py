@@ -55,6 +55,24 @@ def ask(addr: str, root: Path | None, client: tuple[Path, Path] | None = None) -
             return resp.overall_code.name
 
 
+def rotate_to(certs: Path, name: str) -> None:
+    """Writes certificate `name` and its key over the served ones, in place."""
+    (certs / "server.key").write_bytes((certs / f"{name}.key").read_bytes())
+    (certs / "server.crt").write_bytes((certs / f"{name}.crt").read_bytes())
+
+
+def until_served(addr: str, ca: Path, client: tuple[Path, Path], why: str) -> None:
+    """Waits until a handshake trusting `ca` succeeds, up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert ask(addr, ca, client) == "OK"
+            return
+        except grpc.RpcError:
+            assert time.monotonic() < deadline, why
+            time.sleep(0.1)
+
+
 def test_mutual_tls_and_rotation(start_server, certs):
     """Only clients with a certificate from the client CA get answers; the
     server certificate is replaced on disk and the next handshake uses it."""
@@ -73,16 +91,8 @@ def test_mutual_tls_and_rotation(start_server, certs):
         # Rotate: a new CA signs a new server certificate, written in place.
         make_ca(certs, "ca2")
         make_cert(certs, "server2", "ca2")
-        (certs / "server.key").write_bytes((certs / "server2.key").read_bytes())
-        (certs / "server.crt").write_bytes((certs / "server2.crt").read_bytes())
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert ask(addr, certs / "ca2.crt", client) == "OK"
-                break
-            except grpc.RpcError:
-                assert time.monotonic() < deadline, "the new certificate was never served"
-                time.sleep(0.1)
+        rotate_to(certs, "server2")
+        until_served(addr, certs / "ca2.crt", client, "the new certificate was never served")
         with pytest.raises(grpc.RpcError):
             ask(addr, certs / "ca.crt", client)  # the old server certificate is gone
         assert "TLS certificate reloaded" in server.log()
@@ -91,26 +101,18 @@ def test_mutual_tls_and_rotation(start_server, certs):
         # rsync -t): told by the contents, not the modification times.
         make_ca(certs, "ca3")
         make_cert(certs, "server3", "ca3")
-        times = [(p.stat().st_atime_ns, p.stat().st_mtime_ns) for p in (certs / "server.key", certs / "server.crt")]
-        (certs / "server.key").write_bytes((certs / "server3.key").read_bytes())
-        (certs / "server.crt").write_bytes((certs / "server3.crt").read_bytes())
-        for path, ns in zip((certs / "server.key", certs / "server.crt"), times):
+        served = (certs / "server.key", certs / "server.crt")
+        times = [(p.stat().st_atime_ns, p.stat().st_mtime_ns) for p in served]
+        rotate_to(certs, "server3")
+        for path, ns in zip(served, times):
             os.utime(path, ns=ns)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert ask(addr, certs / "ca3.crt", client) == "OK"
-                break
-            except grpc.RpcError:
-                assert time.monotonic() < deadline, "a copy with the old times was never served"
-                time.sleep(0.1)
+        until_served(addr, certs / "ca3.crt", client, "a copy with the old times was never served")
 
         # A rotation to a certificate that expired (valid for 0 days: until
         # the second it was made) is refused, and the one in force stays.
         make_cert(certs, "expired", "ca3", days=0)
         time.sleep(1.1)
-        (certs / "server.key").write_bytes((certs / "expired.key").read_bytes())
-        (certs / "server.crt").write_bytes((certs / "expired.crt").read_bytes())
+        rotate_to(certs, "expired")
         deadline = time.monotonic() + 10
         while "the certificate is expired at" not in server.log():
             assert time.monotonic() < deadline, server.log()
