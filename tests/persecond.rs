@@ -39,6 +39,14 @@ struct Pair {
 }
 
 async fn start(failure_mode: FailureMode) -> Pair {
+    let limiter = LimiterSettings {
+        failure_mode,
+        ..TestServer::limiter_settings()
+    };
+    start_with(limiter).await
+}
+
+async fn start_with(limiter: LimiterSettings) -> Pair {
     let (main, per_second) = (RedisServer::start(), RedisServer::start());
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(START_MS));
     let stores = Stores::new(
@@ -46,10 +54,6 @@ async fn start(failure_mode: FailureMode) -> Pair {
         Some(per_second.store(Some(clock))),
     );
     let config = Config::from_files([(Path::new("api.yaml"), LIMITS)]).expect("limits");
-    let limiter = LimiterSettings {
-        failure_mode,
-        ..TestServer::limiter_settings()
-    };
     let server = TestServer::start_with_limiter(config, None, stores, limiter).await;
     server.serving().await;
     Pair {
@@ -142,6 +146,36 @@ async fn per_second_counters_live_in_the_per_second_redis_and_answers_join() {
         .unwrap()
         .into_inner();
     assert_eq!(summary(&answer), (OK, vec![(OK, 1)]));
+    pair.server.stop().await;
+}
+
+/// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a request the
+/// per-second limit refuses leaves the minute's counter, in the other
+/// Redis, as it was: both are asked first without counting, as theirs
+/// reads every key of both Redis before it counts. (Each decided on its
+/// own, and a caller hammering its per-second limit drained its minute.)
+#[tokio::test]
+async fn a_refusal_in_either_redis_spares_the_other_when_told_to() {
+    let limiter = LimiterSettings {
+        stop_increment_when_over_limit: true,
+        ..TestServer::limiter_settings()
+    };
+    let pair = start_with(limiter).await;
+    let mut client = pair.server.client().await;
+    for (ip, user) in [(1, 4), (0, 3)] {
+        let answer = client.should_rate_limit(both()).await.unwrap().into_inner();
+        assert_eq!(summary(&answer), (OK, vec![(OK, ip), (OK, user)]));
+    }
+    for _ in 0..3 {
+        let refused = client.should_rate_limit(both()).await.unwrap().into_inner();
+        assert_eq!(summary(&refused), (OVER, vec![(OVER, 0), (OK, 3)]));
+    }
+    assert_eq!(count(&pair.main, USER_KEY), 2, "spared");
+    assert_eq!(
+        count(&pair.per_second, IP_KEY),
+        5,
+        "the counter it takes over counts, as theirs"
+    );
     pair.server.stop().await;
 }
 

@@ -98,7 +98,7 @@ pub(super) fn run(
         checks
             .iter()
             .zip(&tried)
-            .any(|(check, t)| check.charges == Charges::WhenOver && check.hits > 0 && !t.over)
+            .any(|(check, t)| check.spares_fitted() && !t.over)
     };
     if blocked && undoable && (all_or_nothing || spares_fitted()) {
         refused_only(&mut keys.states, checks, &mut tried, all_or_nothing, now_ms);

@@ -299,6 +299,14 @@ impl Check {
             self.limit
         }
     }
+
+    /// Whether it gives back the hits it fitted when its request is
+    /// refused ([`Charges::WhenOver`]), which a store (a Cluster slot) can
+    /// do only for a refusal it sees: a request of such checks spanning
+    /// several is first asked in each without saving.
+    pub fn spares_fitted(&self) -> bool {
+        self.charges == Charges::WhenOver && self.hits > 0
+    }
 }
 
 #[cfg(test)]

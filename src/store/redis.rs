@@ -25,7 +25,7 @@ use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
-use crate::limiter::{Charges, Check, Outcome};
+use crate::limiter::{Check, Outcome};
 use crate::vocab::Topology;
 use crate::{Error, Result};
 
@@ -362,13 +362,24 @@ impl RedisStore {
             return batcher.apply((checks.to_vec(), all_or_nothing)).await;
         }
         let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
-        let spares = |c: &Check| c.charges == Charges::WhenOver && c.hits > 0;
-        let pass = if groups.len() > 1 && checks.iter().any(spares) {
+        let pass = if groups.len() > 1 && checks.iter().any(Check::spares_fitted) {
             self.refused_in_any_slot(checks, &groups, all_or_nothing)
                 .await?
         } else {
             Pass::Decide
         };
+        self.apply_groups(checks, &groups, all_or_nothing, pass)
+            .await
+    }
+
+    /// Applies `checks` in `pass`, one call per group of a slot.
+    async fn apply_groups(
+        &self,
+        checks: &[Check],
+        groups: &[Vec<usize>],
+        all_or_nothing: bool,
+        pass: Pass,
+    ) -> Result<Vec<Outcome>> {
         let answers = join_all(
             groups
                 .iter()
@@ -385,6 +396,21 @@ impl RedisStore {
             .into_iter()
             .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
             .collect()
+    }
+
+    /// Applies one request's checks in `pass` ([`Pass::DryRun`]: which
+    /// would be over, saving nothing; [`Pass::Refused`]: as refused by
+    /// checks in another store), a call per slot, unbatched: for a request
+    /// whose checks span this store and the per-second one.
+    pub async fn apply_in_pass(
+        &self,
+        checks: &[Check],
+        all_or_nothing: bool,
+        pass: Pass,
+    ) -> Result<Vec<Outcome>> {
+        let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
+        self.apply_groups(checks, &groups, all_or_nothing, pass)
+            .await
     }
 
     /// Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` a `when_over` check

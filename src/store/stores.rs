@@ -114,6 +114,7 @@ impl<S> Stores<S> {
 }
 
 /// The checks of one store, picked out of a request's.
+#[derive(Clone)]
 pub struct Part {
     pub role: Role,
     /// Where each check sits in the request.

@@ -92,7 +92,7 @@ pub const SETTINGS: &[(&str, Status)] = &[
     ("NEAR_LIMIT_RATIO", Same("")),
     ("CACHE_KEY_PREFIX", Same("default `rk:`; the key format differs (see Differences)")),
     ("BACKEND_TYPE", Same("`redis` only: `memcache` stops the start-up")),
-    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Same("`charges: drop` per domain or limit consumes nothing at all when refused; within each Redis only with `REDIS_PERSECOND` (Differences)")),
+    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Same("`charges: drop` per domain or limit consumes nothing at all when refused")),
     ("LIMIT_RESPONSE_HEADERS_ENABLED", Same("")),
     ("LIMIT_LIMIT_HEADER", Same("")),
     ("LIMIT_REMAINING_HEADER", Same("")),

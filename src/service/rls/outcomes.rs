@@ -4,7 +4,9 @@
 //! no store round trip; otherwise the store applies the checks as one
 //! atomic step, and the cache learns from its answer. With a per-second
 //! store ([`Stores`]), each store's checks go to it (and its cache) at
-//! once, and a store that fails leaves the other's outcomes standing.
+//! once, and a store that fails leaves the other's outcomes standing
+//! (under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` both are asked first
+//! whether either refuses: [`refused_across`]).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -15,7 +17,8 @@ use crate::limiter::{Check, Outcome};
 use crate::otel::shared::{StoreCallTrace, STORE_CALL};
 use crate::otel::DecisionSpan;
 use crate::service::over_cache::OverCache;
-use crate::store::stores::Joined;
+use crate::store::limiter_script::Pass;
+use crate::store::stores::{Joined, Part};
 use crate::store::{Role, Store, Stores};
 use crate::{Error, Result};
 
@@ -50,6 +53,10 @@ pub async fn from_cache_or_stores(
             });
     }
     let [main, per_second] = stores.split(checks);
+    if let Some(refused) = refused_across(stores, overs, [&main, &per_second], all_or_nothing).await
+    {
+        return refused;
+    }
     let part = |role: Role, checks, span| {
         from_cache_or_store(
             stores.get(role),
@@ -91,6 +98,80 @@ pub async fn from_cache_or_stores(
             answered: joined.outcomes,
         }),
     }
+}
+
+/// Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a request spanning
+/// both Redis is refused when either refuses it, sparing the fixed windows
+/// it fitted in the other: both are asked first without counting (a part
+/// the over-limit cache answers is refused already), as theirs reads every
+/// key of both before it counts. The outcomes when so refused; `None` when
+/// it is not (decided then as usual, each store its part), when no check
+/// spares what it fitted, or when a store fails to answer the first
+/// question (the usual path then meets that failure, and its mode).
+async fn refused_across(
+    stores: &Stores,
+    overs: &Stores<Arc<OverCache>>,
+    parts: [&Part; 2],
+    all_or_nothing: bool,
+) -> Option<std::result::Result<(Vec<Outcome>, Source), Failed>> {
+    let [main, per_second] = parts;
+    let (Store::Redis(one), Store::Redis(other)) =
+        (stores.get(main.role), stores.get(per_second.role))
+    else {
+        return None;
+    };
+    if !parts
+        .iter()
+        .any(|p| p.checks.iter().any(Check::spares_fitted))
+    {
+        return None;
+    }
+    // Peeked, not asked: not counted as the cache's answer.
+    let cached = |part: &Part| {
+        let (now_ms, over) = (stores.get(part.role).now_ms(), overs.get(part.role));
+        part.checks
+            .iter()
+            .all(|check| over.peek(check, now_ms).is_some())
+    };
+    if !(cached(main) || cached(per_second)) {
+        let (a, b) = join(
+            one.apply_in_pass(&main.checks, all_or_nothing, Pass::DryRun),
+            other.apply_in_pass(&per_second.checks, all_or_nothing, Pass::DryRun),
+        )
+        .await;
+        let refused = |part: &Part, outcomes: Vec<Outcome>| {
+            let mut over = part.checks.iter().zip(outcomes);
+            over.any(|(check, outcome)| outcome.over && check.enforce)
+        };
+        if !(refused(main, a.ok()?) || refused(per_second, b.ok()?)) {
+            return None;
+        }
+    }
+    let answers = join(
+        one.apply_in_pass(&main.checks, all_or_nothing, Pass::Refused),
+        other.apply_in_pass(&per_second.checks, all_or_nothing, Pass::Refused),
+    )
+    .await;
+    let checks = main.indices.len() + per_second.indices.len();
+    let joined = Joined::new(
+        checks,
+        [(main.clone(), answers.0), (per_second.clone(), answers.1)],
+    );
+    Some(match joined.failure {
+        None => joined
+            .complete()
+            .map(|outcomes| (outcomes, Source::Store))
+            .map_err(|error| Failed {
+                error,
+                store: Role::Main,
+                answered: vec![None; checks],
+            }),
+        Some((error, store)) => Err(Failed {
+            error,
+            store,
+            answered: joined.outcomes,
+        }),
+    })
 }
 
 /// Which answered: envoyproxy/ratelimit counts the cache's answers apart
