@@ -50,6 +50,16 @@ impl TlsFiles {
         crate::fingerprint::of_files(self.paths(), |p| std::fs::read(p))
     }
 
+    /// Whether the certificate file's first certificate is not valid yet
+    /// (its `notBefore` is ahead of this clock).
+    fn not_valid_yet(&self) -> bool {
+        let Ok(certs) = read_certs(&self.cert) else {
+            return false;
+        };
+        crate::cert_validity::of_certificate(certs[0].as_ref())
+            .is_some_and(|validity| validity.not_before > unix_now())
+    }
+
     /// Builds a rustls server configuration from the files. A certificate
     /// not valid now ([`crate::cert_validity`]) is an error with `dates`
     /// [`Dates::Refuse`] (a reload: the one in force stays), a warning with
@@ -57,10 +67,7 @@ impl TlsFiles {
     pub fn load(&self, dates: Dates) -> Result<ServerConfig> {
         let certs = read_certs(&self.cert)?;
         let validity = crate::cert_validity::of_certificate(certs[0].as_ref());
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        if let Some(why) = validity.and_then(|v| v.not_valid_at(now)) {
+        if let Some(why) = validity.and_then(|v| v.not_valid_at(unix_now())) {
             let why = format!("the certificate is {why}: clients will refuse it");
             match dates {
                 Dates::Refuse => return Err(bad(&self.cert, &why)),
@@ -100,6 +107,13 @@ impl TlsFiles {
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
+}
+
+/// Seconds since the Unix epoch, now, as certificates' dates are read.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// What [`TlsFiles::load`] makes of a certificate outside its dates.
@@ -332,21 +346,32 @@ impl ReloadingTls {
         };
         let watched = tls.clone();
         tokio::spawn(async move {
+            // The files last refused for a certificate not valid yet.
+            let mut refused = None;
             loop {
                 tokio::time::sleep(interval).await;
                 let now = files.fingerprint();
                 if now == seen {
                     continue;
                 }
-                seen = now;
-                match files.load(Dates::Refuse) {
+                let loaded = files.load(Dates::Refuse);
+                // A certificate not valid yet becomes valid: looked at
+                // again at every tick (said once) until it loads.
+                let early = loaded.is_err() && files.not_valid_yet();
+                let said = early && refused == Some(now);
+                if !early {
+                    seen = now;
+                }
+                match loaded {
                     Ok(config) => {
                         *watched.current.write().unwrap_or_else(|p| p.into_inner()) =
                             Arc::new(config);
                         tracing::info!(cert = %files.cert.display(), key = %files.key.display(), "TLS certificate reloaded");
                         metrics::counter!("ratekeeper_tls_reload_success").increment(1);
                     }
+                    Err(_) if said => {}
                     Err(error) => {
+                        refused = Some(now);
                         tracing::error!(%error, "TLS reload failed; keeping the current certificate");
                         metrics::counter!("ratekeeper_tls_reload_error").increment(1);
                     }

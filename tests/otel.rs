@@ -99,8 +99,6 @@ async fn call(server: &Ratekeeper, traceparent: Option<String>) -> i32 {
         .overall_code
 }
 
-/// Spans received until `count` arrived (or 10 s passed), with the
-/// resource's attributes of the last export.
 /// The spans' names, envoyproxy/ratelimit's: the call's (otelgrpc's), its
 /// execution's and, on Redis, the store call's.
 const CALL: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -108,6 +106,8 @@ const EXECUTION: &str = "ShouldRateLimit Execution";
 const REDIS_STORE: &str = "Redis Pipeline Execution";
 const MEMORY_STORE: &str = "Memory Store Execution";
 
+/// Spans received until `count` arrived (or 10 s passed), with the
+/// resource's attributes of the last export.
 async fn spans(exports: &mut Exports, count: usize) -> (Vec<Span>, Vec<(String, String)>) {
     let mut spans = Vec::new();
     let mut resource = Vec::new();

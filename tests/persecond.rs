@@ -26,6 +26,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 2}
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: watch
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
 
 /// A minute boundary.
@@ -171,11 +174,40 @@ async fn a_refusal_in_either_redis_spares_the_other_when_told_to() {
         assert_eq!(summary(&refused), (OVER, vec![(OVER, 0), (OK, 3)]));
     }
     assert_eq!(count(&pair.main, USER_KEY), 2, "spared");
-    assert_eq!(
-        count(&pair.per_second, IP_KEY),
-        5,
-        "the counter it takes over counts, as theirs"
-    );
+    // The counter it takes over counts, as theirs; full, it is then known
+    // to the over-limit cache, which answers the next two.
+    assert_eq!(count(&pair.per_second, IP_KEY), 3);
+    pair.server.stop().await;
+}
+
+/// A shadow limit the over-limit cache knows full refuses nothing: the
+/// per-second limit beside it still counts and refuses (it once sent both
+/// Redis a refused pass, and every request went through uncounted).
+#[tokio::test]
+async fn a_cached_shadow_limit_refuses_nothing_across_the_two() {
+    let limiter = LimiterSettings {
+        stop_increment_when_over_limit: true,
+        ..TestServer::limiter_settings()
+    };
+    let pair = start_with(limiter).await;
+    let mut client = pair.server.client().await;
+    let watched = |with_ip: bool| {
+        let mut descriptors = vec![descriptor(&[("watch", "w")])];
+        if with_ip {
+            descriptors.insert(0, descriptor(&[("ip", "10.0.0.9")]));
+        }
+        request("api", descriptors)
+    };
+    for _ in 0..2 {
+        let shadowed = client.should_rate_limit(watched(false)).await.unwrap();
+        assert_eq!(shadowed.into_inner().overall_code, OK);
+    }
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let answer = client.should_rate_limit(watched(true)).await.unwrap();
+        codes.push(answer.into_inner().overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER], "the per-second limit of 2 counts");
     pair.server.stop().await;
 }
 

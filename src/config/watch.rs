@@ -259,10 +259,12 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = LimitsDir::Flat(root.path().to_owned());
         std::fs::create_dir(root.path().join("dir.yaml")).unwrap();
+        assert!(dir.files().is_err(), "a directory's yaml name fails");
         let first = fingerprint(&dir);
         assert_eq!(fingerprint(&dir), first);
         std::fs::remove_dir(root.path().join("dir.yaml")).unwrap();
         std::os::unix::fs::symlink("nowhere", root.path().join("dang.yaml")).unwrap();
+        assert!(dir.files().is_err(), "a dangling link's name fails");
         assert_ne!(fingerprint(&dir), first, "another name fails");
     }
 

@@ -307,6 +307,12 @@ impl Check {
     pub fn spares_fitted(&self) -> bool {
         self.charges == Charges::WhenOver && self.hits > 0
     }
+
+    /// Whether `outcome` refuses the request: over, and enforced (a shadow
+    /// or quota check over its limit refuses nothing).
+    pub fn refused_by(&self, outcome: &Outcome) -> bool {
+        outcome.over && self.enforce
+    }
 }
 
 #[cfg(test)]

@@ -435,7 +435,7 @@ impl RedisStore {
             if group
                 .iter()
                 .zip(answer?)
-                .any(|(&i, o)| o.over && checks[i].enforce)
+                .any(|(&i, o)| checks[i].refused_by(&o))
             {
                 return Ok(Pass::Refused);
             }

@@ -33,6 +33,25 @@ def make_cert(cwd: Path, name: str, ca: str, days: int = 1) -> None:
             "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days), "-extfile", "ext.cnf")
 
 
+def make_cert_from(cwd: Path, name: str, ca: str, seconds: int) -> None:
+    """A server certificate signed by `ca` that becomes valid `seconds`
+    from now (`openssl ca -startdate`: OpenSSL 3.0's x509 sets no start)."""
+    (cwd / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    db = cwd / f"{name}-db"
+    db.mkdir()
+    (db / "index.txt").write_text("")
+    (db / "serial").write_text("1000\n")
+    (cwd / f"{name}-ca.cnf").write_text(
+        f"[ca]\ndefault_ca = rk\n[rk]\ndatabase = {db}/index.txt\nserial = {db}/serial\n"
+        f"new_certs_dir = {db}\ndefault_md = sha256\npolicy = any\n[any]\ncommonName = supplied\n")
+    openssl(cwd, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+    at = lambda s: time.strftime("%y%m%d%H%M%SZ", time.gmtime(time.time() + s))
+    openssl(cwd, "ca", "-batch", "-config", f"{name}-ca.cnf", "-cert", f"{ca}.crt", "-keyfile", f"{ca}.key",
+            "-in", f"{name}.csr", "-out", f"{name}.crt", "-extfile", "ext.cnf",
+            "-startdate", at(seconds), "-enddate", at(86_400))
+
+
 @pytest.fixture
 def certs(tmp_path) -> Path:
     make_ca(tmp_path, "ca")
@@ -62,11 +81,12 @@ def rotate_to(certs: Path, name: str) -> None:
 
 
 def until_served(addr: str, ca: Path, client: tuple[Path, Path], why: str) -> None:
-    """Waits until a handshake trusting `ca` succeeds, up to 10 s."""
+    """Waits until a handshake trusting `ca` succeeds (any answer: the
+    test's many calls may take the limit), up to 10 s."""
     deadline = time.monotonic() + 10
     while True:
         try:
-            assert ask(addr, ca, client) == "OK"
+            ask(addr, ca, client)
             return
         except grpc.RpcError:
             assert time.monotonic() < deadline, why
@@ -117,4 +137,17 @@ def test_mutual_tls_and_rotation(start_server, certs):
         while "the certificate is expired at" not in server.log():
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.1)
-        assert ask(addr, certs / "ca3.crt", client) == "OK"
+        ask(addr, certs / "ca3.crt", client)  # still served
+
+        # One not valid yet is refused too, and served once it is (its
+        # files unchanged: looked at again while refused for its start).
+        make_ca(certs, "ca4")
+        make_cert_from(certs, "early", "ca4", seconds=3)
+        rotate_to(certs, "early")
+        deadline = time.monotonic() + 10
+        while "the certificate is not valid before" not in server.log():
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+        ask(addr, certs / "ca3.crt", client)  # still served
+        until_served(addr, certs / "ca4.crt", client, "a certificate that became valid was never served")
+        assert server.log().count("the certificate is not valid before") == 1, server.log()

@@ -547,6 +547,7 @@ class RateLimitClient:
         _, stub = self._lease_api()
         request = self._acquire_request(domain, descriptors, lease_ttl, holder)
         call = stub.Hold(request)  # long-lived: no deadline
+        exited = threading.Event()  # set before the block's exit cancels the call
         try:
             try:
                 first = next(call)
@@ -559,27 +560,29 @@ class RateLimitClient:
             else:
                 lease = self._lease(first.acquired)
                 if lease.granted and lease.lease_id and on_lost is not None:
-                    watch = (call, lease.lease_id, on_lost)
+                    watch = (call, lease.lease_id, on_lost, exited)
                     threading.Thread(target=self._watch_hold, args=watch, daemon=True).start()
             yield lease
         finally:
+            exited.set()
             call.cancel()
 
     @staticmethod
-    def _watch_hold(call, lease_id: str, on_lost: Callable[[str], None]) -> None:
+    def _watch_hold(call, lease_id: str, on_lost: Callable[[str], None], exited: threading.Event) -> None:
         """Calls on_lost(lease_id) when the stream says the lease is lost, or
         ends for any reason but the block's own exit: a replica stopping
         releases the leases it holds (UNAVAILABLE), one gone away lets them
-        lapse, and either way nothing keeps the lease any more."""
+        lapse, a proxy resetting the stream (CANCELLED) leaves it to lapse,
+        and either way nothing keeps the lease any more."""
         try:
             for event in call:
                 if event.WhichOneof("event") == "lost":
                     on_lost(lease_id)
                     return
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.CANCELLED:
-                return  # the block's exit cancelled the stream
-        on_lost(lease_id)
+        except grpc.RpcError:
+            pass
+        if not exited.is_set():
+            on_lost(lease_id)
 
     # Budgets: ratekeeper.v1.BudgetService (reserve, then settle).
 

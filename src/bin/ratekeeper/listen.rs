@@ -201,11 +201,6 @@ pub(crate) async fn bind_admin(
     }))
 }
 
-/// Listens on `addr`. The unspecified IPv4 address (the default hosts'
-/// `0.0.0.0`) listens on IPv6 too, as Go's `net.Listen("tcp", …)` does for
-/// envoyproxy/ratelimit, so an IPv6-only or IPv6-first cluster reaches
-/// the pod: one dual-stack socket on `[::]`, or IPv4 alone where the host
-/// has no IPv6.
 /// Go's host-less `:PORT` (their settings' habit) as every interface's
 /// address; any other address as it is.
 fn every_interface(addr: &str) -> std::borrow::Cow<'_, str> {
@@ -215,6 +210,11 @@ fn every_interface(addr: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Listens on `addr` (a host-less `:PORT` on every interface). The
+/// unspecified IPv4 address (the default hosts' `0.0.0.0`) listens on IPv6
+/// too, as Go's `net.Listen("tcp", …)` does for envoyproxy/ratelimit, so an
+/// IPv6-only or IPv6-first cluster reaches the pod: one dual-stack socket
+/// on `[::]`, or IPv4 alone where the host has no IPv6.
 pub(crate) async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
     let addr = &*every_interface(addr);
     let mut no_ipv6 = None;

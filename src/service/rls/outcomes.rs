@@ -83,6 +83,15 @@ pub async fn from_cache_or_stores(
         ],
     );
     let source = if cached { Source::Cache } else { Source::Store };
+    answer_of(joined, source)
+}
+
+/// The joined outcomes of a request's parts, or which store failed.
+fn answer_of(
+    joined: Joined,
+    source: Source,
+) -> std::result::Result<(Vec<Outcome>, Source), Failed> {
+    let checks = joined.outcomes.len();
     match joined.failure {
         None => joined
             .complete()
@@ -90,7 +99,7 @@ pub async fn from_cache_or_stores(
             .map_err(|error| Failed {
                 error,
                 store: Role::Main,
-                answered: vec![None; checks.len()],
+                answered: vec![None; checks],
             }),
         Some((error, store)) => Err(Failed {
             error,
@@ -102,21 +111,25 @@ pub async fn from_cache_or_stores(
 
 /// Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a request spanning
 /// both Redis is refused when either refuses it, sparing the fixed windows
-/// it fitted in the other: both are asked first without counting (a part
-/// the over-limit cache answers is refused already), as theirs reads every
-/// key of both before it counts. The outcomes when so refused; `None` when
-/// it is not (decided then as usual, each store its part), when no check
-/// spares what it fitted, or when a store fails to answer the first
-/// question (the usual path then meets that failure, and its mode).
+/// it fitted in the other: each part is first known from its over-limit
+/// cache (every check full) or asked of its Redis without counting, as
+/// theirs reads every key of both before it counts. When an enforced check
+/// of either is over, the parts the cache knows are answered by it and the
+/// others decided as refused (their cache learning from them). `None` when
+/// the request is not refused (decided then as usual, each store its
+/// part), when no check spares what it fitted, or when a store fails to
+/// answer the first question (the usual path then meets that failure, and
+/// its mode); also when, decided as refused, no enforced check is over any
+/// more (a window ended between the two questions): the usual path decides
+/// it anew rather than admit it uncounted.
 async fn refused_across(
     stores: &Stores,
     overs: &Stores<Arc<OverCache>>,
     parts: [&Part; 2],
     all_or_nothing: bool,
 ) -> Option<std::result::Result<(Vec<Outcome>, Source), Failed>> {
-    let [main, per_second] = parts;
-    let (Store::Redis(one), Store::Redis(other)) =
-        (stores.get(main.role), stores.get(per_second.role))
+    let (Store::Redis(main), Store::Redis(per_second)) =
+        (stores.get(Role::Main), stores.get(Role::PerSecond))
     else {
         return None;
     };
@@ -126,52 +139,115 @@ async fn refused_across(
     {
         return None;
     }
-    // Peeked, not asked: not counted as the cache's answer.
-    let cached = |part: &Part| {
-        let (now_ms, over) = (stores.get(part.role).now_ms(), overs.get(part.role));
-        part.checks
-            .iter()
-            .all(|check| over.peek(check, now_ms).is_some())
+    let redis = |part: &Part| match part.role {
+        Role::Main => main,
+        Role::PerSecond => per_second,
     };
-    if !(cached(main) || cached(per_second)) {
-        let (a, b) = join(
-            one.apply_in_pass(&main.checks, all_or_nothing, Pass::DryRun),
-            other.apply_in_pass(&per_second.checks, all_or_nothing, Pass::DryRun),
-        )
-        .await;
-        let refused = |part: &Part, outcomes: Vec<Outcome>| {
-            let mut over = part.checks.iter().zip(outcomes);
-            over.any(|(check, outcome)| outcome.over && check.enforce)
-        };
-        if !(refused(main, a.ok()?) || refused(per_second, b.ok()?)) {
-            return None;
-        }
-    }
-    let answers = join(
-        one.apply_in_pass(&main.checks, all_or_nothing, Pass::Refused),
-        other.apply_in_pass(&per_second.checks, all_or_nothing, Pass::Refused),
+    let tickets = parts.map(|part| overs.get(part.role).ticket());
+    // Peeked: counted as the cache's answers only when they are used.
+    let known = parts.map(|part| {
+        let (over, now_ms) = (overs.get(part.role), stores.get(part.role).now_ms());
+        let known: Option<Vec<Outcome>> =
+            part.checks.iter().map(|c| over.peek(c, now_ms)).collect();
+        known
+    });
+    let asked = join(
+        ask_unless_known(
+            redis(parts[0]),
+            parts[0],
+            &known[0],
+            all_or_nothing,
+            Pass::DryRun,
+        ),
+        ask_unless_known(
+            redis(parts[1]),
+            parts[1],
+            &known[1],
+            all_or_nothing,
+            Pass::DryRun,
+        ),
     )
     .await;
-    let checks = main.indices.len() + per_second.indices.len();
+    let refused = |part: &Part, outcomes: &[Outcome]| {
+        part.checks
+            .iter()
+            .zip(outcomes)
+            .any(|(c, o)| c.refused_by(o))
+    };
+    let (first, second) = (asked.0.ok()?, asked.1.ok()?);
+    if !(refused(parts[0], &first) || refused(parts[1], &second)) {
+        return None;
+    }
+    let decided = join(
+        ask_unless_known(
+            redis(parts[0]),
+            parts[0],
+            &known[0],
+            all_or_nothing,
+            Pass::Refused,
+        ),
+        ask_unless_known(
+            redis(parts[1]),
+            parts[1],
+            &known[1],
+            all_or_nothing,
+            Pass::Refused,
+        ),
+    )
+    .await;
+    let mut answers = [decided.0, decided.1];
+    for ((part, answer), (known, ticket)) in
+        parts.iter().zip(&answers).zip(known.iter().zip(tickets))
+    {
+        let over = overs.get(part.role);
+        match (answer, known) {
+            (Ok(outcomes), None) => over.learn(
+                ticket,
+                &part.checks,
+                outcomes,
+                stores.get(part.role).now_ms(),
+            ),
+            (Ok(_), Some(_)) => over.count_answered(part.checks.len()),
+            (Err(_), _) => {}
+        }
+    }
+    let still_refused = parts
+        .iter()
+        .zip(&answers)
+        .any(|(part, answer)| answer.as_ref().is_ok_and(|o| refused(part, o)));
+    if !still_refused && answers.iter().all(Result::is_ok) {
+        return None;
+    }
+    let [first, second] = std::mem::replace(&mut answers, [Ok(Vec::new()), Ok(Vec::new())]);
+    let checks = parts[0].indices.len() + parts[1].indices.len();
     let joined = Joined::new(
         checks,
-        [(main.clone(), answers.0), (per_second.clone(), answers.1)],
+        [(parts[0].clone(), first), (parts[1].clone(), second)],
     );
-    Some(match joined.failure {
-        None => joined
-            .complete()
-            .map(|outcomes| (outcomes, Source::Store))
-            .map_err(|error| Failed {
-                error,
-                store: Role::Main,
-                answered: vec![None; checks],
-            }),
-        Some((error, store)) => Err(Failed {
-            error,
-            store,
-            answered: joined.outcomes,
-        }),
-    })
+    let source = match known.iter().all(Option::is_some) {
+        true => Source::Cache,
+        false => Source::Store,
+    };
+    Some(answer_of(joined, source))
+}
+
+/// A part's outcomes: `known` (its over-limit cache's), else its Redis's
+/// in `pass`.
+async fn ask_unless_known(
+    redis: &crate::store::RedisStore,
+    part: &Part,
+    known: &Option<Vec<Outcome>>,
+    all_or_nothing: bool,
+    pass: Pass,
+) -> Result<Vec<Outcome>> {
+    match known {
+        Some(outcomes) => Ok(outcomes.clone()),
+        None => {
+            redis
+                .apply_in_pass(&part.checks, all_or_nothing, pass)
+                .await
+        }
+    }
 }
 
 /// Which answered: envoyproxy/ratelimit counts the cache's answers apart
