@@ -151,51 +151,27 @@ async fn refused_across(
             part.checks.iter().map(|c| over.peek(c, now_ms)).collect();
         known
     });
-    let asked = join(
-        ask_unless_known(
-            redis(parts[0]),
-            parts[0],
-            &known[0],
-            all_or_nothing,
-            Pass::DryRun,
-        ),
-        ask_unless_known(
-            redis(parts[1]),
-            parts[1],
-            &known[1],
-            all_or_nothing,
-            Pass::DryRun,
-        ),
-    )
-    .await;
-    let refused = |part: &Part, outcomes: &[Outcome]| {
-        part.checks
-            .iter()
-            .zip(outcomes)
-            .any(|(c, o)| c.refused_by(o))
+    let ask = |i: usize, pass| {
+        ask_unless_known(redis(parts[i]), parts[i], &known[i], all_or_nothing, pass)
     };
-    let (first, second) = (asked.0.ok()?, asked.1.ok()?);
-    if !(refused(parts[0], &first) || refused(parts[1], &second)) {
-        return None;
+    let refused = |part: &Part, outcomes: &[Outcome]| {
+        let mut checked = part.checks.iter().zip(outcomes);
+        checked.any(|(check, outcome)| check.refused_by(outcome))
+    };
+    let cache_refuses = parts
+        .iter()
+        .zip(&known)
+        .any(|(part, known)| known.as_deref().is_some_and(|o| refused(part, o)));
+    // The cache refusing already (a hot key), nothing is asked first.
+    if !cache_refuses {
+        let asked = join(ask(0, Pass::DryRun), ask(1, Pass::DryRun)).await;
+        let (first, second) = (asked.0.ok()?, asked.1.ok()?);
+        if !(refused(parts[0], &first) || refused(parts[1], &second)) {
+            return None;
+        }
     }
-    let decided = join(
-        ask_unless_known(
-            redis(parts[0]),
-            parts[0],
-            &known[0],
-            all_or_nothing,
-            Pass::Refused,
-        ),
-        ask_unless_known(
-            redis(parts[1]),
-            parts[1],
-            &known[1],
-            all_or_nothing,
-            Pass::Refused,
-        ),
-    )
-    .await;
-    let mut answers = [decided.0, decided.1];
+    let decided = join(ask(0, Pass::Refused), ask(1, Pass::Refused)).await;
+    let answers = [decided.0, decided.1];
     for ((part, answer), (known, ticket)) in
         parts.iter().zip(&answers).zip(known.iter().zip(tickets))
     {
@@ -218,7 +194,7 @@ async fn refused_across(
     if !still_refused && answers.iter().all(Result::is_ok) {
         return None;
     }
-    let [first, second] = std::mem::replace(&mut answers, [Ok(Vec::new()), Ok(Vec::new())]);
+    let [first, second] = answers;
     let checks = parts[0].indices.len() + parts[1].indices.len();
     let joined = Joined::new(
         checks,
