@@ -49,6 +49,15 @@ async fn start(failure_mode: FailureMode) -> Pair {
     start_with(limiter).await
 }
 
+/// [`start`] with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+async fn stopping_increments() -> Pair {
+    let limiter = LimiterSettings {
+        stop_increment_when_over_limit: true,
+        ..TestServer::limiter_settings()
+    };
+    start_with(limiter).await
+}
+
 async fn start_with(limiter: LimiterSettings) -> Pair {
     let (main, per_second) = (RedisServer::start(), RedisServer::start());
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(START_MS));
@@ -159,11 +168,7 @@ async fn per_second_counters_live_in_the_per_second_redis_and_answers_join() {
 /// own, and a caller hammering its per-second limit drained its minute.)
 #[tokio::test]
 async fn a_refusal_in_either_redis_spares_the_other_when_told_to() {
-    let limiter = LimiterSettings {
-        stop_increment_when_over_limit: true,
-        ..TestServer::limiter_settings()
-    };
-    let pair = start_with(limiter).await;
+    let pair = stopping_increments().await;
     let mut client = pair.server.client().await;
     for (ip, user) in [(1, 4), (0, 3)] {
         let answer = client.should_rate_limit(both()).await.unwrap().into_inner();
@@ -185,11 +190,7 @@ async fn a_refusal_in_either_redis_spares_the_other_when_told_to() {
 /// Redis a refused pass, and every request went through uncounted).
 #[tokio::test]
 async fn a_cached_shadow_limit_refuses_nothing_across_the_two() {
-    let limiter = LimiterSettings {
-        stop_increment_when_over_limit: true,
-        ..TestServer::limiter_settings()
-    };
-    let pair = start_with(limiter).await;
+    let pair = stopping_increments().await;
     let mut client = pair.server.client().await;
     let watched = |with_ip: bool| {
         let mut descriptors = vec![descriptor(&[("watch", "w")])];

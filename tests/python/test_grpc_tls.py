@@ -93,6 +93,14 @@ def until_served(addr: str, ca: Path, client: tuple[Path, Path], why: str) -> No
             time.sleep(0.1)
 
 
+def until_logged(server, text: str) -> None:
+    """Waits until the server's log holds `text`, up to 10 s."""
+    deadline = time.monotonic() + 10
+    while text not in server.log():
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.1)
+
+
 def test_mutual_tls_and_rotation(start_server, certs):
     """Only clients with a certificate from the client CA get answers; the
     server certificate is replaced on disk and the next handshake uses it."""
@@ -133,10 +141,7 @@ def test_mutual_tls_and_rotation(start_server, certs):
         make_cert(certs, "expired", "ca3", days=0)
         time.sleep(1.1)
         rotate_to(certs, "expired")
-        deadline = time.monotonic() + 10
-        while "the certificate is expired at" not in server.log():
-            assert time.monotonic() < deadline, server.log()
-            time.sleep(0.1)
+        until_logged(server, "the certificate is expired at")
         ask(addr, certs / "ca3.crt", client)  # still served
 
         # One not valid yet is refused too, and served once it is (its
@@ -144,10 +149,7 @@ def test_mutual_tls_and_rotation(start_server, certs):
         make_ca(certs, "ca4")
         make_cert_from(certs, "early", "ca4", seconds=3)
         rotate_to(certs, "early")
-        deadline = time.monotonic() + 10
-        while "the certificate is not valid before" not in server.log():
-            assert time.monotonic() < deadline, server.log()
-            time.sleep(0.1)
+        until_logged(server, "the certificate is not valid before")
         ask(addr, certs / "ca3.crt", client)  # still served
         until_served(addr, certs / "ca4.crt", client, "a certificate that became valid was never served")
         assert server.log().count("the certificate is not valid before") == 1, server.log()
