@@ -334,6 +334,50 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
     }
 }
 
+/// A Redis restart closes every connection a quiet replica holds, before
+/// its next health probe sees it: the decisions that find them closed are
+/// made again on new connections, none failed, and each counted once. The
+/// same after a decision met Redis down (its reconnection refused) just
+/// before it came back.
+#[tokio::test]
+async fn decisions_right_after_a_redis_restart_fail_none() {
+    let mut redis = RedisServer::spawn_free(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let args = ["--redis-url", &url, "--failure-mode", "closed"];
+    let server = Ratekeeper::start(LIMITS, dir.path(), &args);
+    let mut client = server.client().await;
+    let k = |v: &str| request("d", vec![descriptor(&[("k", v)])]);
+    let r = client.should_rate_limit(k("warm")).await.unwrap();
+    assert_eq!(degraded(r.get_ref()), None);
+    // Past the health probes of the start: the next is 5 s away, so the
+    // calls below are the first to meet the closed connections.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    redis.restart();
+    // Several keys, so that calls reach every lane's connections.
+    for i in 1..=3 {
+        for v in ["a", "b", "c", "d"] {
+            let r = client.should_rate_limit(k(v)).await.unwrap().into_inner();
+            assert_eq!(
+                degraded(&r),
+                None,
+                "call {i} on {v} failed: {}",
+                server.logs()
+            );
+            assert_eq!(r.statuses[0].limit_remaining, 1_000_000 - i, "{v}");
+        }
+    }
+
+    redis.kill();
+    let r = client.should_rate_limit(k("a")).await.unwrap().into_inner();
+    assert_eq!(degraded(&r).as_deref(), Some("closed"), "Redis is down");
+    redis.restart();
+    let r = client.should_rate_limit(k("a")).await.unwrap().into_inner();
+    assert_eq!(degraded(&r), None, "back: {}", server.logs());
+    assert_eq!(r.statuses[0].limit_remaining, 1_000_000 - 1);
+}
+
 /// A request that queues behind a call to a Redis that stopped answering is
 /// answered by the deadline of its own arrival (400 ms here), not a whole
 /// call deadline after the call ahead of it gave up.

@@ -53,6 +53,7 @@ impl Caller {
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
+        let invocation = &invocation;
         self.guarded(Instant::now() + self.call_timeout, |mut conn| async move {
             invocation.invoke_async(&mut conn).await
         })
@@ -98,7 +99,7 @@ impl Caller {
 
     async fn guarded<T, F, Fut>(&self, deadline: Instant, call: F) -> Result<T>
     where
-        F: FnOnce(Conn) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         if !self.breaker.as_deref().map_or(true, Breaker::allow) {
@@ -120,34 +121,61 @@ impl Caller {
 
     /// Makes the call, connecting first if need be, all by `deadline`;
     /// with whether Redis answered it as a working Redis does (a reply, or
-    /// an error reply about the call's own keys or arguments).
+    /// an error reply about the call's own keys or arguments). A call that
+    /// finds its connection gone ([`went_away`]) is made once more, by the
+    /// same deadline, on a new one.
     async fn by<T, F, Fut>(&self, deadline: Instant, call: F) -> (Result<T>, bool)
     where
-        F: FnOnce(Conn) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let wait = deadline.saturating_duration_since(Instant::now());
-        let (conn, connects) = match self.connections.get(wait).await {
+        let (mut conn, mut connects) = match self.connections.get(wait).await {
             Ok(taken) => taken,
             Err(error) => return (Err(error), false),
         };
-        match tokio::time::timeout_at(deadline, call(conn)).await {
-            Err(_) => {
-                self.connections.failed(connects, None);
-                let error = format!("no answer within {:?}", self.call_timeout);
-                (Err(Error::Store(error)), false)
-            }
-            Ok(Err(error)) => {
-                self.connections.failed(connects, Some(&error));
-                let answered = is_about_the_call(&error);
-                (Err(error.into()), answered)
-            }
-            Ok(Ok(value)) => {
-                self.connections.succeeded();
-                (Ok(value), true)
+        let mut again = true;
+        loop {
+            match tokio::time::timeout_at(deadline, call(conn.clone())).await {
+                Err(_) => {
+                    self.connections.failed(connects, None);
+                    let error = format!("no answer within {:?}", self.call_timeout);
+                    return (Err(Error::Store(error)), false);
+                }
+                Ok(Err(error)) => {
+                    self.connections.failed(connects, Some(&error));
+                    if std::mem::take(&mut again) && went_away(&error) {
+                        if let Some(taken) = self.connections.again_after(conn, connects) {
+                            (conn, connects) = taken;
+                            continue;
+                        }
+                    }
+                    let answered = is_about_the_call(&error);
+                    return (Err(error.into()), answered);
+                }
+                Ok(Ok(value)) => {
+                    self.connections.succeeded();
+                    return (Ok(value), true);
+                }
             }
         }
     }
+}
+
+/// Whether `error` says the call found no connection: the one it was
+/// given was closed by the server (a restart, a failover's `CLIENT KILL`,
+/// its `timeout` on an idle connection) or by something between (a
+/// proxy's or a load balancer's idle timer), or its reconnection was
+/// refused (that refusal may be older than the call: redis-rs keeps a
+/// failed reconnection's error for the next call, which starts another).
+/// redis-rs answers a call on a connection it already saw closed as it
+/// answers one cut off in flight, so either may be the case. The first is
+/// what a quiet replica meets after a restart, and a call that never left
+/// is safe to make again. The second, made again, counts its hits twice
+/// only if the server ran it and its write outlived the connection
+/// (persisted, or replicated before a failover), and then once.
+fn went_away(error: &redis::RedisError) -> bool {
+    error.is_connection_dropped()
 }
 
 /// An error reply about the call itself from a Redis that works: a key

@@ -186,6 +186,7 @@ impl RedisSettings {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.call_timeout))
             .set_number_of_retries(1)
+            .set_min_delay(RECONNECT_PAUSE)
             .set_max_delay(Duration::from_secs(1))
     }
 }
@@ -331,6 +332,13 @@ impl std::ops::Add for PoolCounts {
     }
 }
 
+/// How long a connection manager waits after a refused reconnect before
+/// its one more attempt, while the calls made on it wait for the outcome:
+/// a probe that met Redis down a moment before it came back otherwise
+/// holds them 100 to 200 ms (redis-rs's default and its jitter), five to
+/// ten call deadlines (jittered up to twice this).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
+
 /// Failed calls in a row after which a cluster connection is rebuilt from
 /// the seeds: the client keeps reconnecting to a dead master's address and
 /// only a fresh topology shows the promoted replica.
@@ -452,6 +460,20 @@ impl Connections {
         let _ = tokio::time::timeout(wait, connected.changed()).await;
         self.pick()
             .ok_or_else(|| Error::StoreNotCalled("not connected to Redis yet".into()))
+    }
+
+    /// Where to make a call once more whose connection `conn`, taken with
+    /// `connects`, went away: a connection of a pool that replaced it
+    /// since, else `conn` again (redis-rs's manager reconnects at once on
+    /// such an error, and the call waits for that, by its deadline). None
+    /// on a cluster, whose connection sends again on its own
+    /// (`CLUSTER_RETRIES`).
+    pub fn again_after(&self, conn: Conn, connects: u64) -> Option<(Conn, u64)> {
+        match self.settings.topology {
+            Topology::Cluster => None,
+            _ if self.connects() == connects => Some((conn, connects)),
+            _ => self.pick(),
+        }
     }
 
     /// Makes this runtime (the lane's, at its warm-up) the one replacements
