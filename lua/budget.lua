@@ -47,8 +47,8 @@
 --   this slot's counter keys, one a line.
 -- A settle trusts only the marker, and only when it names exactly the keys
 -- the settle does: another reservation's keys, or a part of them, touch
--- nothing. One string, written by one SET (replacing whatever the key
--- held) and read by one GET, costs Redis less than a hash and its
+-- nothing. One string, written by one SET (NX: a reserve made again
+-- finds it and takes nothing more) and read by one GET, costs Redis less than a hash and its
 -- PEXPIRE; the marker is a large part of what a reserve and a settle cost
 -- Redis (lua/README.md).
 
@@ -188,35 +188,45 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
   if blocked then
     -- Refused: nothing was saved; each check is reported against its
     -- state as stored, like a refused all-or-nothing request's (a lone
-    -- check refused took nothing: its report stands).
-    out[p] = 0
-    if changed then
+    -- check refused took nothing: its report stands). Unless its marker
+    -- is there: this is a reserve made again after its connection broke
+    -- (src/store/caller.rs), refused only by what it took the first time,
+    -- and granted as it was.
+    local made = not only_check and redis.call('EXISTS', KEYS[k]) == 1
+    out[p] = made and 1 or 0
+    if changed or made then
       local stored = {}
       for i = 1, n do
         local c, key = check_of(ARGV[a + i]), KEYS[k + i]
         local s = stored[key] or c.algo.load(key, c, now)
         stored[key] = s
         local o = p + 3 * i - 2
+        if made then
+          out[o] = 0
+        end
         out[o + 1], out[o + 2] = c.algo.report(s, c, out[o] == 1, false, now)
       end
     end
     forget(n)
     return 1 + 3 * n
   end
-  for i = 1, n do
-    local c = save_with[i]
-    if c ~= nil then
-      local s, algo = state[i], c.algo
-      algo.save(KEYS[k + i], s, c, now, math.max(algo.ttl(s, c, now), 1))
-    end
-  end
   local marker, sk, fields = KEYS[k], KEYS[k + 1], ARGV[a + 1]
   if n > 1 then
     sk, fields = table.concat(KEYS, '\n', k + 1, k + n), table.concat(ARGV, '\n', a + 1, a + n)
   end
-  -- SET replaces whatever the key held, in one command with its expiry.
-  redis.call('SET', marker, pending_at .. marks .. '\t' .. fields .. '\t' .. all_keys .. '\t' .. sk,
-    'PX', px)
+  -- One command with its expiry. NX: a call whose connection broke before
+  -- its reply is made again (src/store/caller.rs), and a reserve Redis had
+  -- made finds its marker (the nonce is 128 random bits): granted as
+  -- before, it takes nothing more (refused, see above).
+  local made = redis.call('SET', marker,
+    pending_at .. marks .. '\t' .. fields .. '\t' .. all_keys .. '\t' .. sk, 'NX', 'PX', px)
+  for i = 1, n do
+    local c = save_with[i]
+    if c ~= nil and made then
+      local s, algo = state[i], c.algo
+      algo.save(KEYS[k + i], s, c, now, math.max(algo.ttl(s, c, now), 1))
+    end
+  end
   forget(n)
   return 1 + 3 * n
 end

@@ -86,14 +86,21 @@ if op == 'acquire' then
       end
     end
   end
+  -- An acquire made again after its connection broke before the reply
+  -- (src/store/caller.rs) finds its lease (ids are 128 random bits) and
+  -- adds nothing: refused only by that lease, it is granted as before
+  -- (asked on the refused path only); granted again, ZADD counts it once.
+  if granted == 0 and redis.call('ZSCORE', KEYS[1], member) then
+    return { 1, 0, 0, unpack(active) }
+  end
   if granted == 1 then
     for i = 1, #KEYS do
-      redis.call('ZADD', KEYS[i], int(now + ttl), member)
+      local added = redis.call('ZADD', KEYS[i], int(now + ttl), member)
       if holder ~= '' then
         redis.call('HSET', holders(KEYS[i]), member, holder)
       end
       keep_until(KEYS[i], ttl, holder ~= '')
-      active[i] = active[i] + 1
+      active[i] = active[i] + added
     end
   end
   return { granted, expired, retry, unpack(active) }

@@ -378,6 +378,62 @@ async fn decisions_right_after_a_redis_restart_fail_none() {
     assert_eq!(r.statuses[0].limit_remaining, 1_000_000 - 1);
 }
 
+/// A call whose connection broke before its reply is made again
+/// (src/store/caller.rs), though Redis may have run it: a Reserve or a
+/// lease acquire made again finds what it made and takes nothing more,
+/// granted as before (on a Redis and on a cluster).
+#[tokio::test]
+async fn a_reserve_or_an_acquire_made_again_takes_nothing_more() {
+    use ratekeeper::limiter::{Algorithm, Charges, Check};
+    use ratekeeper::store::{LeaseSlot, Settled};
+    let redis = RedisServer::spawn_free(&[]);
+    let cluster = RedisCluster::start(3, 0);
+    for (name, store) in [
+        ("redis", redis.store(None)),
+        ("cluster", cluster.store(None)),
+    ] {
+        let check = |hits| Check {
+            key: "rk:{t|user=u}:fw.60000".into(),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            period_ms: 60_000,
+            burst: 0,
+            hits,
+            enforce: true,
+            charges: Charges::Drop,
+        };
+        for _ in 0..2 {
+            let r = store.reserve(&[check(6)], "n1", 60_000).await.unwrap();
+            assert!(r.granted, "{name}: granted, and granted again");
+        }
+        let five = store.reserve(&[check(5)], "n2", 60_000).await.unwrap();
+        assert!(!five.granted, "{name}: 6 of 10 taken, once");
+        let settled = store.settle(&[check(0).key], "n1", 0).await.unwrap();
+        assert!(matches!(settled, Settled::Settled { .. }), "{name}");
+        let ten = store.reserve(&[check(10)], "n3", 60_000).await.unwrap();
+        assert!(ten.granted, "{name}: all 10 back");
+
+        // Made again where its own lease fills the set, and where it fits.
+        for limit in [1, 2] {
+            let slot = [LeaseSlot {
+                key: format!("rk:{{t|user=u{limit}}}:conn"),
+                limit,
+            }];
+            for _ in 0..2 {
+                let a = store.acquire(&slot, "m1", "", 60_000).await.unwrap();
+                assert_eq!((a.granted, a.active), (true, vec![1]), "{name} {limit}");
+            }
+            let other = store.acquire(&slot, "m2", "", 60_000).await.unwrap();
+            let fits = limit == 2;
+            assert_eq!(
+                (other.granted, other.active),
+                (fits, vec![if fits { 2 } else { 1 }]),
+                "{name} {limit}"
+            );
+        }
+    }
+}
+
 /// A request that queues behind a call to a Redis that stopped answering is
 /// answered by the deadline of its own arrival (400 ms here), not a whole
 /// call deadline after the call ahead of it gave up.

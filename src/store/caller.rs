@@ -134,16 +134,26 @@ impl Caller {
             Ok(taken) => taken,
             Err(error) => return (Err(error), false),
         };
-        let mut again = true;
+        // Whether the call may be made once more; the connections count
+        // whose failure was reported (a call made again on the same
+        // connection that fails again is one failure of it).
+        let (mut again, mut reported) = (true, None);
         loop {
-            match tokio::time::timeout_at(deadline, call(conn.clone())).await {
+            let outcome = tokio::time::timeout_at(deadline, call(conn.clone())).await;
+            let first_failure = reported != Some(connects);
+            reported = Some(connects);
+            match outcome {
                 Err(_) => {
-                    self.connections.failed(connects, None);
+                    if first_failure {
+                        self.connections.failed(connects, None);
+                    }
                     let error = format!("no answer within {:?}", self.call_timeout);
                     return (Err(Error::Store(error)), false);
                 }
                 Ok(Err(error)) => {
-                    self.connections.failed(connects, Some(&error));
+                    if first_failure {
+                        self.connections.failed(connects, Some(&error));
+                    }
                     if std::mem::take(&mut again) && went_away(&error) {
                         if let Some(taken) = self.connections.again_after(conn, connects) {
                             (conn, connects) = taken;
@@ -169,11 +179,13 @@ impl Caller {
 /// refused (that refusal may be older than the call: redis-rs keeps a
 /// failed reconnection's error for the next call, which starts another).
 /// redis-rs answers a call on a connection it already saw closed as it
-/// answers one cut off in flight, so either may be the case. The first is
-/// what a quiet replica meets after a restart, and a call that never left
-/// is safe to make again. The second, made again, counts its hits twice
-/// only if the server ran it and its write outlived the connection
-/// (persisted, or replicated before a failover), and then once.
+/// answers one cut off in flight, so either may be the case. The first,
+/// what a quiet replica meets after a Redis restart, never left and is
+/// safe to make again. The second Redis may have run: made again, a
+/// decision's hits count twice (each request's of the call), while a
+/// Reserve or a lease acquire finds what it made (its marker, its lease;
+/// lua/budget.lua, lua/leases.lua) and takes nothing more; a settle, a
+/// heartbeat, a release or a reset is the same made twice.
 fn went_away(error: &redis::RedisError) -> bool {
     error.is_connection_dropped()
 }
