@@ -138,6 +138,36 @@ local function answer2(p, n, x, y)
   return 2
 end
 
+-- A marker's fields (module doc).
+local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
+
+-- Answers a reserve of the checks KEYS[k + 1 .. k + n] (fields ARGV[a + 1
+-- .. a + n]) whose marker KEYS[k], `v`, is already there: a call made
+-- again after its connection broke before the reply (src/store/caller.rs)
+-- repeats a reserve Redis had made. It takes nothing more, and answers as
+-- the first did: granted, each check's standing from the state as stored,
+-- which holds what the first took where its mark says it took. Its answer
+-- goes to out from index p; returns the answer's length.
+local function answer_made(p, k, a, n, v)
+  local _, _, m = string.match(v, MARKER)
+  local took = {}
+  for mark in string.gmatch(m or '', '%S+') do
+    took[#took + 1] = mark ~= '-'
+  end
+  local stored = {}
+  out[p] = 1
+  for i = 1, n do
+    local c, key = check_of(ARGV[a + i]), KEYS[k + i]
+    local s = stored[key] or c.algo.load(key, c, now)
+    stored[key] = s
+    local o = p + 3 * i - 2
+    out[o] = 0
+    out[o + 1], out[o + 2] = c.algo.report(s, c, false, took[i] == true, now)
+  end
+  forget(n)
+  return 1 + 3 * n
+end
+
 -- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
 -- with fields ARGV[a + 1 .. a + n], marker KEYS[k] (expiring after ttl ms,
 -- px the same formatted as an argument); all_keys the whole reservation's
@@ -186,24 +216,23 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
     out[o + 1], out[o + 2] = algo.report(s, c, over, applied, now)
   end
   if blocked then
-    -- Refused: nothing was saved; each check is reported against its
-    -- state as stored, like a refused all-or-nothing request's (a lone
-    -- check refused took nothing: its report stands). Unless its marker
-    -- is there: this is a reserve made again after its connection broke
-    -- (src/store/caller.rs), refused only by what it took the first time,
-    -- and granted as it was.
-    local made = not only_check and redis.call('EXISTS', KEYS[k]) == 1
-    out[p] = made and 1 or 0
-    if changed or made then
+    -- Unless its marker is there (a reserve made again, refused only by
+    -- what it took the first time: answer_made), refused: nothing was
+    -- saved; each check is reported against its state as stored, like a
+    -- refused all-or-nothing request's (a lone check refused took
+    -- nothing: its report stands).
+    local v = not only_check and redis.call('GET', KEYS[k])
+    if v then
+      return answer_made(p, k, a, n, v)
+    end
+    out[p] = 0
+    if changed then
       local stored = {}
       for i = 1, n do
         local c, key = check_of(ARGV[a + i]), KEYS[k + i]
         local s = stored[key] or c.algo.load(key, c, now)
         stored[key] = s
         local o = p + 3 * i - 2
-        if made then
-          out[o] = 0
-        end
         out[o + 1], out[o + 2] = c.algo.report(s, c, out[o] == 1, false, now)
       end
     end
@@ -214,15 +243,16 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
   if n > 1 then
     sk, fields = table.concat(KEYS, '\n', k + 1, k + n), table.concat(ARGV, '\n', a + 1, a + n)
   end
-  -- One command with its expiry. NX: a call whose connection broke before
-  -- its reply is made again (src/store/caller.rs), and a reserve Redis had
-  -- made finds its marker (the nonce is 128 random bits): granted as
-  -- before, it takes nothing more (refused, see above).
+  -- One command with its expiry. NX: a reserve made again finds its
+  -- marker (the nonce is 128 random bits; answer_made).
   local made = redis.call('SET', marker,
     pending_at .. marks .. '\t' .. fields .. '\t' .. all_keys .. '\t' .. sk, 'NX', 'PX', px)
+  if not made then
+    return answer_made(p, k, a, n, redis.call('GET', marker))
+  end
   for i = 1, n do
     local c = save_with[i]
-    if c ~= nil and made then
+    if c ~= nil then
       local s, algo = state[i], c.algo
       algo.save(KEYS[k + i], s, c, now, math.max(algo.ttl(s, c, now), 1))
     end
@@ -303,9 +333,6 @@ local function settle_check(key, f, c, actual, at, mark)
   end
   algo.save(key, s, c, now, math.max(algo.ttl(s, c, now), 1))
 end
-
--- A marker's fields (module doc).
-local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 
 -- The marker, then each key's last reset (lua/reset.lua), of an
 -- operation on n checks whose keys follow its marker at KEYS[k]: one

@@ -91,7 +91,7 @@ if op == 'acquire' then
   -- adds nothing: refused only by that lease, it is granted as before
   -- (asked on the refused path only); granted again, ZADD counts it once.
   if granted == 0 and redis.call('ZSCORE', KEYS[1], member) then
-    return { 1, 0, 0, unpack(active) }
+    return { 1, expired, 0, unpack(active) }
   end
   if granted == 1 then
     for i = 1, #KEYS do

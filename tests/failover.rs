@@ -392,25 +392,48 @@ async fn a_reserve_or_an_acquire_made_again_takes_nothing_more() {
         ("redis", redis.store(None)),
         ("cluster", cluster.store(None)),
     ] {
-        let check = |hits| Check {
-            key: "rk:{t|user=u}:fw.60000".into(),
-            algorithm: Algorithm::FixedWindow,
+        let check = |algorithm: Algorithm, user: &str, hits| Check {
+            key: format!("rk:{{t|user={user}}}:{}.60000", algorithm.key_tag()),
+            algorithm,
             limit: 10,
             period_ms: 60_000,
-            burst: 0,
+            burst: if algorithm.has_burst() { 20 } else { 0 },
             hits,
             enforce: true,
             charges: Charges::Drop,
         };
-        for _ in 0..2 {
-            let r = store.reserve(&[check(6)], "n1", 60_000).await.unwrap();
-            assert!(r.granted, "{name}: granted, and granted again");
+        // Made again where what it took refuses it (6 of 10 twice, 15 of
+        // a burst of 20), and where it fits (3 of 10): granted, and told
+        // the same standing (a leaky bucket's wait: the queue ahead of it).
+        let cases = [
+            (Algorithm::FixedWindow, "u", 6),
+            (Algorithm::FixedWindow, "v", 3),
+            (Algorithm::LeakyBucket, "u", 15),
+        ];
+        for (algorithm, user, hits) in cases {
+            let c = check(algorithm, user, hits);
+            let at = format!("{name} {algorithm} {hits}");
+            let c = std::slice::from_ref(&c);
+            let first = store.reserve(c, "n1", 60_000).await.unwrap();
+            let again = store.reserve(c, "n1", 60_000).await.unwrap();
+            assert!(first.granted && again.granted, "{at}: granted, and again");
+            let (first, again) = (&first.outcomes[0], &again.outcomes[0]);
+            assert_eq!(
+                (again.over, again.remaining),
+                (false, first.remaining),
+                "{at}"
+            );
+            assert!(
+                again.reset_ms <= first.reset_ms + 100,
+                "{at}: {again:?} {first:?}"
+            );
         }
-        let five = store.reserve(&[check(5)], "n2", 60_000).await.unwrap();
+        let fw = |hits| check(Algorithm::FixedWindow, "u", hits);
+        let five = store.reserve(&[fw(5)], "n2", 60_000).await.unwrap();
         assert!(!five.granted, "{name}: 6 of 10 taken, once");
-        let settled = store.settle(&[check(0).key], "n1", 0).await.unwrap();
+        let settled = store.settle(&[fw(0).key], "n1", 0).await.unwrap();
         assert!(matches!(settled, Settled::Settled { .. }), "{name}");
-        let ten = store.reserve(&[check(10)], "n3", 60_000).await.unwrap();
+        let ten = store.reserve(&[fw(10)], "n3", 60_000).await.unwrap();
         assert!(ten.granted, "{name}: all 10 back");
 
         // Made again where its own lease fills the set, and where it fits.
