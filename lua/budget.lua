@@ -48,9 +48,9 @@
 -- A settle trusts only the marker, and only when it names exactly the keys
 -- the settle does: another reservation's keys, or a part of them, touch
 -- nothing. One string, written by one SET (NX: a reserve made again
--- finds it and takes nothing more) and read by one GET, costs Redis less than a hash and its
--- PEXPIRE; the marker is a large part of what a reserve and a settle cost
--- Redis (lua/README.md).
+-- finds it and takes nothing more) and read by one GET, costs Redis less
+-- than a hash and its PEXPIRE; the marker is a large part of what a
+-- reserve and a settle cost Redis (lua/README.md).
 
 -- A count argument as a number; nil when it is not one.
 local function count(arg)
