@@ -457,6 +457,45 @@ async fn a_reserve_or_an_acquire_made_again_takes_nothing_more() {
     }
 }
 
+/// A call cut off after Redis ran it (a proxy or a load balancer closing
+/// a busy connection, Redis still up) is made again on a new connection:
+/// the decision is answered from Redis, not by the failure mode, and its
+/// hits count twice (README "A connection gone"; a Reserve or an acquire
+/// made again takes nothing more: the test above).
+#[tokio::test]
+async fn a_decision_cut_off_in_flight_is_made_again_and_counts_twice() {
+    let redis = RedisServer::spawn_free(&[]);
+    let forwarder = Forwarder::start(redis.port).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("redis://127.0.0.1:{}", forwarder.port);
+    let args = ["--redis-url", &url, "--failure-mode", "closed"];
+    let server = Ratekeeper::start(LIMITS, dir.path(), &args);
+    let mut client = server.client().await;
+    let k = |v: &str| request("d", vec![descriptor(&[("k", v)])]);
+    let r = client.should_rate_limit(k("warm")).await.unwrap();
+    assert_eq!(degraded(r.get_ref()), None);
+
+    forwarder.cut_after("cut-me");
+    let r = client
+        .should_rate_limit(k("cut-me"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(forwarder.has_cut(), "the call went through the forwarder");
+    assert_eq!(degraded(&r), None, "made again: {}", server.logs());
+    assert_eq!(
+        r.statuses[0].limit_remaining,
+        1_000_000 - 2,
+        "counted twice"
+    );
+    let r = client
+        .should_rate_limit(k("cut-me"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 1_000_000 - 3);
+}
+
 /// A request that queues behind a call to a Redis that stopped answering is
 /// answered by the deadline of its own arrival (400 ms here), not a whole
 /// call deadline after the call ahead of it gave up.
@@ -1176,6 +1215,8 @@ struct Forwarder {
     target: Arc<AtomicU16>,
     /// Connections accepted before this many black holes carry nothing.
     holes: Arc<AtomicU16>,
+    /// What the next call to cut off holds ([`Forwarder::cut_after`]).
+    cut: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -1185,11 +1226,13 @@ impl Forwarder {
         let port = listener.local_addr().unwrap().port();
         let target = Arc::new(AtomicU16::new(target));
         let holes = Arc::new(AtomicU16::new(0));
-        let (to, holes_seen) = (Arc::clone(&target), Arc::clone(&holes));
+        let cut = Arc::new(std::sync::Mutex::new(None::<Vec<u8>>));
+        let (to, holes_seen, cut_seen) = (Arc::clone(&target), Arc::clone(&holes), cut.clone());
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let port = to.load(Ordering::SeqCst);
                 let (holes, born) = (Arc::clone(&holes_seen), holes_seen.load(Ordering::SeqCst));
+                let cut = cut_seen.clone();
                 tokio::spawn(async move {
                     if let Ok(upstream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
                     {
@@ -1197,9 +1240,25 @@ impl Forwarder {
                         let (from_server, to_server) = upstream.into_split();
                         let live = move || holes.load(Ordering::SeqCst) == born;
                         let live_too = live.clone();
+                        // Set once a call to cut off went through: its
+                        // reply is dropped and the client's side closed.
+                        let cutting = Arc::new(AtomicBool::new(false));
+                        let cut_now = cutting.clone();
+                        let sent = move |call: &[u8]| {
+                            let mut cut = cut.lock().unwrap();
+                            if cut
+                                .as_ref()
+                                .is_some_and(|p| call.windows(p.len()).any(|w| w == p))
+                            {
+                                *cut = None;
+                                cut_now.store(true, Ordering::SeqCst);
+                            }
+                            true
+                        };
+                        let replied = move |_: &[u8]| !cutting.load(Ordering::SeqCst);
                         tokio::join!(
-                            pump(from_client, to_server, live),
-                            pump(from_server, to_client, live_too)
+                            pump(from_client, to_server, live, sent),
+                            pump(from_server, to_client, live_too, replied)
                         );
                     }
                 });
@@ -1209,8 +1268,21 @@ impl Forwarder {
             port,
             target,
             holes,
+            cut,
             task,
         }
+    }
+
+    /// The next call whose bytes hold `pattern` reaches Redis, but its
+    /// reply does not: the connection is closed instead, as a proxy or a
+    /// load balancer closing a busy connection would.
+    fn cut_after(&self, pattern: &str) {
+        *self.cut.lock().unwrap() = Some(pattern.as_bytes().to_vec());
+    }
+
+    /// Whether the call [`Forwarder::cut_after`] named went through.
+    fn has_cut(&self) -> bool {
+        self.cut.lock().unwrap().is_none()
     }
 
     /// Sends new connections to `port` from now on.
@@ -1225,16 +1297,20 @@ impl Forwarder {
     }
 }
 
-/// Copies `from` to `to` while `live()`, then swallows what `from` sends.
+/// Copies `from` to `to` while `live()`, then swallows what `from` sends;
+/// `seen` looks at each read first, and the copy ends there (closing
+/// `to`'s side) when it says no.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     live: impl Fn() -> bool,
+    seen: impl Fn(&[u8]) -> bool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
     while let Ok(n) = from.read(&mut buf).await {
-        if n == 0 || (live() && to.write_all(&buf[..n]).await.is_err()) {
+        let read = &buf[..n];
+        if n == 0 || !seen(read) || (live() && to.write_all(read).await.is_err()) {
             return;
         }
     }
