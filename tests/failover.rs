@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{descriptor, request, Ratekeeper, RedisCluster, RedisServer, Sentinel, TestServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratekeeper::store::{RedisSettings, RedisStore, Store, Topology};
 use tonic::transport::Channel;
 
@@ -334,6 +334,28 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
     }
 }
 
+/// A request of `d` for `k` = `v` (LIMITS: a million an hour).
+fn k(v: &str) -> RateLimitRequest {
+    request("d", vec![descriptor(&[("k", v)])])
+}
+
+/// A ratekeeper on Redis at `url` failing closed, whose first decision was
+/// answered from Redis (its connections made).
+async fn warmed_failing_closed(
+    url: &str,
+    dir: &std::path::Path,
+) -> (Ratekeeper, common::RlsClient) {
+    let server = Ratekeeper::start(
+        LIMITS,
+        dir,
+        &["--redis-url", url, "--failure-mode", "closed"],
+    );
+    let mut client = server.client().await;
+    let r = client.should_rate_limit(k("warm")).await.unwrap();
+    assert_eq!(degraded(r.get_ref()), None);
+    (server, client)
+}
+
 /// A Redis restart closes every connection a quiet replica holds, before
 /// its next health probe sees it: the decisions that find them closed are
 /// made again on new connections, none failed, and each counted once. The
@@ -343,13 +365,7 @@ async fn redis_killed_slow_and_restarted_answers_stay_within_the_deadline() {
 async fn decisions_right_after_a_redis_restart_fail_none() {
     let mut redis = RedisServer::spawn_free(&[]);
     let dir = tempfile::tempdir().unwrap();
-    let url = redis.url();
-    let args = ["--redis-url", &url, "--failure-mode", "closed"];
-    let server = Ratekeeper::start(LIMITS, dir.path(), &args);
-    let mut client = server.client().await;
-    let k = |v: &str| request("d", vec![descriptor(&[("k", v)])]);
-    let r = client.should_rate_limit(k("warm")).await.unwrap();
-    assert_eq!(degraded(r.get_ref()), None);
+    let (server, mut client) = warmed_failing_closed(&redis.url(), dir.path()).await;
     // Past the health probes of the start: the next is 5 s away, so the
     // calls below are the first to meet the closed connections.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -468,12 +484,7 @@ async fn a_decision_cut_off_in_flight_is_made_again_and_counts_twice() {
     let forwarder = Forwarder::start(redis.port).await;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("redis://127.0.0.1:{}", forwarder.port);
-    let args = ["--redis-url", &url, "--failure-mode", "closed"];
-    let server = Ratekeeper::start(LIMITS, dir.path(), &args);
-    let mut client = server.client().await;
-    let k = |v: &str| request("d", vec![descriptor(&[("k", v)])]);
-    let r = client.should_rate_limit(k("warm")).await.unwrap();
-    assert_eq!(degraded(r.get_ref()), None);
+    let (server, mut client) = warmed_failing_closed(&url, dir.path()).await;
 
     forwarder.cut_after("cut-me");
     let r = client
