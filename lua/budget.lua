@@ -146,7 +146,10 @@ local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 -- again after its connection broke before the reply (src/store/caller.rs)
 -- repeats a reserve Redis had made. It takes nothing more, and answers as
 -- the first did: granted, each check's standing from the state as stored,
--- which holds what the first took where its mark says it took. Its answer
+-- which holds what the first took where its mark says it took (a check it
+-- did not take from was over: a shadow limit). A marker that does not
+-- parse, or marks another number of checks, is malformed ({-1, 2}). (The
+-- in-memory twin is never asked twice: nothing lies between.) Its answer
 -- goes to out from index p; returns the answer's length.
 local function answer_made(p, k, a, n, v)
   local _, _, m = string.match(v, MARKER)
@@ -154,15 +157,18 @@ local function answer_made(p, k, a, n, v)
   for mark in string.gmatch(m or '', '%S+') do
     took[#took + 1] = mark ~= '-'
   end
+  if #took ~= n then
+    return answer2(p, n, -1, 2)
+  end
   local stored = {}
   out[p] = 1
   for i = 1, n do
     local c, key = check_of(ARGV[a + i]), KEYS[k + i]
     local s = stored[key] or c.algo.load(key, c, now)
     stored[key] = s
-    local o = p + 3 * i - 2
-    out[o] = 0
-    out[o + 1], out[o + 2] = c.algo.report(s, c, false, took[i] == true, now)
+    local o, over = p + 3 * i - 2, not took[i] and c.hits > 0
+    out[o] = over and 1 or 0
+    out[o + 1], out[o + 2] = c.algo.report(s, c, over, took[i], now)
   end
   forget(n)
   return 1 + 3 * n

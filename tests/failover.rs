@@ -340,16 +340,21 @@ fn k(v: &str) -> RateLimitRequest {
 }
 
 /// A ratekeeper on Redis at `url` failing closed, whose first decision was
-/// answered from Redis (its connections made).
+/// answered from Redis (its connections made). Its calls' deadline leaves
+/// room for a reconnection and loading the limiter on a loaded machine.
 async fn warmed_failing_closed(
     url: &str,
     dir: &std::path::Path,
 ) -> (Ratekeeper, common::RlsClient) {
-    let server = Ratekeeper::start(
-        LIMITS,
-        dir,
-        &["--redis-url", url, "--failure-mode", "closed"],
-    );
+    let args = [
+        "--redis-url",
+        url,
+        "--failure-mode",
+        "closed",
+        "--redis-timeout-ms",
+        "500",
+    ];
+    let server = Ratekeeper::start(LIMITS, dir, &args);
     let mut client = server.client().await;
     let r = client.should_rate_limit(k("warm")).await.unwrap();
     assert_eq!(degraded(r.get_ref()), None);
@@ -428,12 +433,13 @@ async fn a_reserve_or_an_acquire_made_again_takes_nothing_more() {
         ];
         for (algorithm, user, hits) in cases {
             let c = check(algorithm, user, hits);
-            let at = format!("{name} {algorithm} {hits}");
-            let c = std::slice::from_ref(&c);
-            let first = store.reserve(c, "n1", 60_000).await.unwrap();
-            let again = store.reserve(c, "n1", 60_000).await.unwrap();
+            let (at, room) = (format!("{name} {algorithm} {hits}"), c.burst.max(c.limit));
+            let (c, nonce) = (std::slice::from_ref(&c), format!("{user}{hits}"));
+            let first = store.reserve(c, &nonce, 60_000).await.unwrap();
+            let again = store.reserve(c, &nonce, 60_000).await.unwrap();
             assert!(first.granted && again.granted, "{at}: granted, and again");
             let (first, again) = (&first.outcomes[0], &again.outcomes[0]);
+            assert_eq!(first.remaining, room - hits, "{at}: taken");
             assert_eq!(
                 (again.over, again.remaining),
                 (false, first.remaining),
@@ -444,10 +450,32 @@ async fn a_reserve_or_an_acquire_made_again_takes_nothing_more() {
                 "{at}: {again:?} {first:?}"
             );
         }
+        // With a shadow limit it is over, so took nothing from: told so again.
+        let shadow = Check {
+            key: "rk:{t|user=s}:fw.1000".into(),
+            period_ms: 1_000,
+            enforce: false,
+            ..check(Algorithm::FixedWindow, "s", 12)
+        };
+        let both = [check(Algorithm::FixedWindow, "s", 3), shadow];
+        let first = store.reserve(&both, "s", 60_000).await.unwrap();
+        let again = store.reserve(&both, "s", 60_000).await.unwrap();
+        let told = |r: &ratekeeper::store::Reserved| {
+            let o = &r.outcomes;
+            (
+                r.granted,
+                o[0].over,
+                o[0].remaining,
+                o[1].over,
+                o[1].remaining,
+            )
+        };
+        assert_eq!(told(&first), (true, false, 7, true, 10), "{name}");
+        assert_eq!(told(&again), told(&first), "{name}");
         let fw = |hits| check(Algorithm::FixedWindow, "u", hits);
         let five = store.reserve(&[fw(5)], "n2", 60_000).await.unwrap();
         assert!(!five.granted, "{name}: 6 of 10 taken, once");
-        let settled = store.settle(&[fw(0).key], "n1", 0).await.unwrap();
+        let settled = store.settle(&[fw(0).key], "u6", 0).await.unwrap();
         assert!(matches!(settled, Settled::Settled { .. }), "{name}");
         let ten = store.reserve(&[fw(10)], "n3", 60_000).await.unwrap();
         assert!(ten.granted, "{name}: all 10 back");

@@ -333,10 +333,11 @@ impl std::ops::Add for PoolCounts {
 }
 
 /// How long a connection manager waits after a refused reconnect before
-/// its one more attempt, while the calls made on it wait for the outcome:
-/// a probe that met Redis down a moment before it came back otherwise
-/// holds them 100 to 200 ms (redis-rs's default and its jitter), five to
-/// ten call deadlines (jittered up to twice this).
+/// its one more attempt (redis-rs adds up to as much again as jitter),
+/// while the calls made on it wait for the outcome: with redis-rs's
+/// default, 100 ms, a probe that met Redis down a moment before it came
+/// back held them 100 to 200 ms, five to ten of the default 20 ms call
+/// deadlines; 10 to 20 ms fits in one.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
 
 /// Failed calls in a row after which a cluster connection is rebuilt from

@@ -987,8 +987,9 @@ impl RedisStore {
     /// a replica whose requests are all answered by the over-limit cache
     /// still notices a failover. Every connection, every probe: one idle
     /// for long is closed by Redis's `timeout` or a load balancer's idle
-    /// timer, and the request that found it so would fail (theirs pings
-    /// its pool's connections as often). It bypasses the breaker, and
+    /// timer, and the request that found it so would wait for a
+    /// reconnection (`caller`; theirs fails, and pings its pool's
+    /// connections as often). It bypasses the breaker, and
     /// closes it when Redis answers.
     pub async fn ping(&self) -> Result<()> {
         let caller = self.caller();
