@@ -90,6 +90,7 @@ if op == 'acquire' then
   -- (src/store/caller.rs) finds its lease (ids are 128 random bits) and
   -- adds nothing: refused only by that lease, it is granted as before
   -- (asked on the refused path only); granted again, ZADD counts it once.
+  -- (The in-memory twin is never asked twice: nothing lies between.)
   if granted == 0 and redis.call('ZSCORE', KEYS[1], member) then
     return { 1, expired, 0, unpack(active) }
   end
