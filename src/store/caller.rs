@@ -184,7 +184,8 @@ impl Caller {
 /// safe to make again. The second Redis may have run: made again, a
 /// decision's hits count twice (each request's of the call), while a
 /// Reserve or a lease acquire finds what it made (its marker, its lease;
-/// lua/budget.lua, lua/leases.lua) and takes nothing more; a settle, a
+/// lua/budget.lua, lua/leases.lua) and takes nothing more; a settle
+/// answers that it was settled already (charging nothing more), and a
 /// heartbeat, a release or a reset is the same made twice.
 fn went_away(error: &redis::RedisError) -> bool {
     error.is_connection_dropped()

@@ -575,8 +575,9 @@ impl RedisStore {
 
     /// A reserve whose call failed after it was sent may have been made
     /// all the same, its answer lost: the deadline passed while Redis was
-    /// slow, or the connection broke after sending and the call made again
-    /// on a new one (`caller`) did not answer either. Its caller, told UNAVAILABLE, holds
+    /// slow, or the connection broke after sending and the call made
+    /// again on a new one (`caller`) did not answer either. Its caller,
+    /// told UNAVAILABLE, holds
     /// no id to settle it with, so what it took would stay charged until
     /// its window passed. Settles it at 0 in the background, after
     /// [`LATE_GIVE_BACK`]'s delays until one finds it: a settle
