@@ -290,21 +290,19 @@ async fn metrics_listen_on_prometheus_addr_at_prometheus_path() {
 #[test]
 fn a_metrics_path_the_router_cannot_take_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .arg("--config-dir")
-        .arg(dir.path())
-        .args([
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--http-addr", "off", "--debug-addr", "off"])
-        .env("PROMETHEUS_PATH", "metrics")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
+    let stderr = common::refused_start_of(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("--config-dir")
+            .arg(dir.path())
+            .args([
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--http-addr", "off", "--debug-addr", "off"])
+            .env("PROMETHEUS_PATH", "metrics"),
+    );
     assert!(stderr.contains("metrics path \"metrics\""), "{stderr}");
 }
 

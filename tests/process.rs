@@ -117,14 +117,12 @@ async fn sighup_turns_health_not_serving_and_ends_watch_streams() {
 #[test]
 fn bad_config_exits_with_the_file_and_line() {
     let dir = limits_dir("domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .arg("--config-dir")
-        .arg(dir.path())
-        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = common::fatal_message(&String::from_utf8_lossy(&out.stderr));
+    let stderr = common::refused_start_of(
+        Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("--config-dir")
+            .arg(dir.path())
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"]),
+    );
     assert!(stderr.contains("limits.yaml:4: "), "{stderr}");
     assert!(stderr.contains("unknown unit \"fortnight\""), "{stderr}");
 }
@@ -640,27 +638,23 @@ fn a_missing_limits_directory_stops_the_start_up_without_force_start() {
     let root = tempfile::tempdir().unwrap();
     // Not even RUNTIME_ROOT's parent, which theirs would watch (with it,
     // the start goes on without limits: tests/envoy_settings.rs).
-    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .env("RUNTIME_ROOT", root.path().join("missing/data"))
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-        .env_remove("FORCE_START_WITHOUT_INITIAL_CONFIG")
-        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
+    let stderr = common::refused_start_of(
+        Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .env("RUNTIME_ROOT", root.path().join("missing/data"))
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+            .env_remove("FORCE_START_WITHOUT_INITIAL_CONFIG")
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"]),
+    );
     assert!(
         stderr.contains("cannot read the limits directory"),
         "{stderr}"
     );
 
-    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .env("CONFIG_TYPE", "GRPC_XDS_DELTA")
-        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = common::fatal_message(&String::from_utf8_lossy(&output.stderr));
+    let stderr = common::refused_start_of(
+        Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .env("CONFIG_TYPE", "GRPC_XDS_DELTA")
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "off"]),
+    );
     assert!(
         stderr.contains("CONFIG_TYPE \"GRPC_XDS_DELTA\" is not supported"),
         "{stderr}"

@@ -479,7 +479,8 @@ async fn dogstatsd_gets_tags_and_mogrified_names() {
 /// The start-up error of the binary run with `env` (it must refuse).
 fn refused_start(env: &[(&str, &str)]) -> String {
     let (_dir, limits) = limits_dir(LIMITS);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    command
         .arg("--config-dir")
         .arg(&limits)
         .args([
@@ -490,11 +491,8 @@ fn refused_start(env: &[(&str, &str)]) -> String {
         ])
         .args(["--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"])
         .env("ADMIN_ADDR", "127.0.0.1:0")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    common::fatal_message(&String::from_utf8_lossy(&out.stderr))
+        .envs(env.iter().copied());
+    common::refused_start_of(&mut command)
 }
 
 #[test]

@@ -577,12 +577,12 @@ impl RedisStore {
     /// all the same, its answer lost: the deadline passed while Redis was
     /// slow, or the connection broke after sending and the call made
     /// again on a new one (`caller`) did not answer either. Its caller,
-    /// told UNAVAILABLE, holds
-    /// no id to settle it with, so what it took would stay charged until
-    /// its window passed. Settles it at 0 in the background, after
-    /// [`LATE_GIVE_BACK`]'s delays until one finds it: a settle
-    /// that finds no marker (the reserve was never made, or not yet: the
-    /// pool's connections reach Redis in any order) touches nothing.
+    /// told UNAVAILABLE, holds no id to settle it with, so what it took
+    /// would stay charged until its window passed. Settles it at 0 in the
+    /// background, after [`LATE_GIVE_BACK`]'s delays until one finds it:
+    /// a settle that finds no marker (the reserve was never made, or not
+    /// yet: the pool's connections reach Redis in any order) touches
+    /// nothing.
     fn give_back_if_made_late(&self, checks: &[Check], group: Vec<usize>, nonce: &str) {
         let store = self.for_lane(self.lane);
         let keys: Vec<String> = checks.iter().map(|c| c.key.clone()).collect();

@@ -861,6 +861,14 @@ pub fn http_exchange(addr: &str, method: &str, path: &str, body: &str) -> String
         .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
 }
 
+/// Runs `command`, a start expected to be refused, to its end: it exits
+/// with 1, and its stderr is returned as [`fatal_message`] reads it.
+pub fn refused_start_of(command: &mut Command) -> String {
+    let out = command.output().expect("run ratekeeper");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    fatal_message(&String::from_utf8_lossy(&out.stderr))
+}
+
 /// A refused start's stderr as a person reads it: its logfmt `level=fatal`
 /// line (Go's `%q` quoting) replaced by the message itself.
 pub fn fatal_message(stderr: &str) -> String {
