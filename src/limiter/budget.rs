@@ -164,10 +164,7 @@ pub fn reserve(
         .collect();
     let mut marks = vec![None; checks.len()];
     let outcomes = run(table, &admission, true, Some(&mut marks), now_ms);
-    let granted = !outcomes
-        .iter()
-        .zip(checks)
-        .any(|(o, c)| o.over && c.enforce);
+    let granted = !outcomes.iter().zip(checks).any(|(o, c)| c.refused_by(o));
     if granted {
         for (check, mark) in checks.iter().zip(&mut marks) {
             if let (Some(mark), true) = (mark.as_mut(), check.algorithm.has_burst()) {

@@ -309,7 +309,7 @@ fn enforced(plan: &Plan<'_>, outcomes: &[Outcome]) -> Vec<Outcome> {
         .iter()
         .zip(outcomes)
         .map(|(check, outcome)| Outcome {
-            over: outcome.over && check.enforce,
+            over: check.refused_by(outcome),
             ..*outcome
         })
         .collect()
