@@ -60,40 +60,34 @@ local function count(arg)
   return nil
 end
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-else
-  now = count(ARGV[1])
-end
-if now == nil then
-  return redis.error_reply('ERR malformed budget arguments')
-end
-
 -- A marker's state while pending: as wide as a settled one (ten digits
 -- hold any actual up to MAX_HITS, 2^32), so a settle rewrites it in place.
 local PENDING, MAX_ACTUAL = '----------', 2 ^ 32
--- How every marker this call writes begins: pending, made now.
-local pending_at = PENDING .. '\t' .. int(now) .. ' '
 
-local out = {}
+-- The call being made (set by budget_call, at the end): its keys and
+-- arguments, its time, how every marker it writes begins (pending, made
+-- now), and its answers. The helpers below read them as upvalues, so that
+-- in the library they are made once, at FUNCTION LOAD, not on every call
+-- (lua/README.md).
+local keys, argv, now, pending_at, out
 -- Per key of the operation being made, at the position of its first check
 -- (`first`): its state, the check to save it with, and the reservation's
--- mark on it. Shared by the operations of the call and emptied after
--- each. Indexed by position, not by key: each operation's keys are new to
--- a table keyed by them, and Lua rehashes such a table every few keys.
-local state, save_with, taken = {}, {}, {}
+-- mark on it. Shared by the operations of a call and emptied after each
+-- (made afresh by each call: a call cut short by an error leaves them as
+-- they were). Indexed by position, not by key: each operation's keys are
+-- new to a table keyed by them, and Lua rehashes such a table every few
+-- keys.
+local state, save_with, taken
 
--- The position of the first check among KEYS[k + 1 .. k + i] on the key
+-- The position of the first check among keys[k + 1 .. k + i] on the key
 -- of check i (an operation's checks are few; most have distinct keys).
 local function first(k, i)
   if i == 1 then
     return 1
   end
-  local key = KEYS[k + i]
+  local key = keys[k + i]
   for j = 1, i - 1 do
-    if KEYS[k + j] == key then
+    if keys[k + j] == key then
       return j
     end
   end
@@ -141,8 +135,8 @@ end
 -- A marker's fields (module doc).
 local MARKER = '^([^\t]+)\t(%d+) ([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$'
 
--- Answers a reserve of the checks KEYS[k + 1 .. k + n] (fields ARGV[a + 1
--- .. a + n]) whose marker KEYS[k], `v`, is already there: a call made
+-- Answers a reserve of the checks keys[k + 1 .. k + n] (fields argv[a + 1
+-- .. a + n]) whose marker keys[k], `v`, is already there: a call made
 -- again after its connection broke before the reply (src/store/caller.rs)
 -- repeats a reserve Redis had made. It takes nothing more, and answers as
 -- the first did: granted, each check's standing from the state as stored,
@@ -163,7 +157,7 @@ local function answer_made(p, k, a, n, v)
   local stored = {}
   out[p] = 1
   for i = 1, n do
-    local c, key = check_of(ARGV[a + i]), KEYS[k + i]
+    local c, key = check_of(argv[a + i]), keys[k + i]
     local s = stored[key] or c.algo.load(key, c, now)
     stored[key] = s
     local o, over = p + 3 * i - 2, not took[i] and c.hits > 0
@@ -174,8 +168,8 @@ local function answer_made(p, k, a, n, v)
   return 1 + 3 * n
 end
 
--- reserve (or check, when `only_check`) of the checks KEYS[k + 1 .. k + n]
--- with fields ARGV[a + 1 .. a + n], marker KEYS[k] (expiring after ttl ms,
+-- reserve (or check, when `only_check`) of the checks keys[k + 1 .. k + n]
+-- with fields argv[a + 1 .. a + n], marker keys[k] (expiring after ttl ms,
 -- px the same formatted as an argument); all_keys the whole reservation's
 -- keys line ('' on one slot). Its answer goes to out from index p; returns the answer's
 -- length.
@@ -183,7 +177,7 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
   out[p] = 1
   local blocked, changed, marks = only_check, false, nil
   for i = 1, n do
-    local c, key, f = check_of(ARGV[a + i]), KEYS[k + i], first(k, i)
+    local c, key, f = check_of(argv[a + i]), keys[k + i], first(k, i)
     if c == nil then
       return answer2(p, n, -1, 1)
     end
@@ -227,7 +221,7 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
     -- saved; each check is reported against its state as stored, like a
     -- refused all-or-nothing request's (a lone check refused took
     -- nothing: its report stands).
-    local v = not only_check and redis.call('GET', KEYS[k])
+    local v = not only_check and redis.call('GET', keys[k])
     if v then
       return answer_made(p, k, a, n, v)
     end
@@ -235,7 +229,7 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
     if changed then
       local stored = {}
       for i = 1, n do
-        local c, key = check_of(ARGV[a + i]), KEYS[k + i]
+        local c, key = check_of(argv[a + i]), keys[k + i]
         local s = stored[key] or c.algo.load(key, c, now)
         stored[key] = s
         local o = p + 3 * i - 2
@@ -245,9 +239,9 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
     forget(n)
     return 1 + 3 * n
   end
-  local marker, sk, fields = KEYS[k], KEYS[k + 1], ARGV[a + 1]
+  local marker, sk, fields = keys[k], keys[k + 1], argv[a + 1]
   if n > 1 then
-    sk, fields = table.concat(KEYS, '\n', k + 1, k + n), table.concat(ARGV, '\n', a + 1, a + n)
+    sk, fields = table.concat(keys, '\n', k + 1, k + n), table.concat(argv, '\n', a + 1, a + n)
   end
   -- One command with its expiry. NX: a reserve made again finds its
   -- marker (the nonce is 128 random bits; answer_made).
@@ -260,7 +254,7 @@ local function reserve(p, k, a, n, px, ttl, all_keys, only_check)
     local c = save_with[i]
     if c ~= nil then
       local s, algo = state[i], c.algo
-      algo.save(KEYS[k + i], s, c, now, math.max(algo.ttl(s, c, now), 1))
+      algo.save(keys[k + i], s, c, now, math.max(algo.ttl(s, c, now), 1))
     end
   end
   forget(n)
@@ -269,8 +263,11 @@ end
 
 -- A number argument or marker field as a number: memoized, as the
 -- settles of a call mostly settle reservations of one earlier call (the
--- same time, the same marks).
-local number = memo(tonumber)
+-- same time, the same marks). (A closure, not memo(tonumber): the
+-- library's top, run by FUNCTION LOAD, cannot reach `tonumber`.)
+local number = memo(function(v)
+  return tonumber(v)
+end)
 
 -- A lone check's checks and marks (read_marker's answer for one check).
 local one_check, one_mark = {}, {}
@@ -310,7 +307,7 @@ end
 local function standing(p, k, n, checks)
   for i = 1, n do
     local c = checks[i]
-    local key, algo, probe = KEYS[k + i], c.algo, c.probe or probe_of(c)
+    local key, algo, probe = keys[k + i], c.algo, c.probe or probe_of(c)
     local s = state[first(k, i)]
     if s == nil or algo.refund_stores_only then
       s = algo.load(key, probe, now)
@@ -341,17 +338,17 @@ local function settle_check(key, f, c, actual, at, mark)
 end
 
 -- The marker, then each key's last reset (lua/reset.lua), of an
--- operation on n checks whose keys follow its marker at KEYS[k]: one
+-- operation on n checks whose keys follow its marker at keys[k]: one
 -- command.
 local function marker_and_resets(k, n)
   if n == 1 then
-    return redis.call('MGET', KEYS[k], KEYS[k + 1] .. ':reset')
+    return redis.call('MGET', keys[k], keys[k + 1] .. ':reset')
   end
-  local keys = { KEYS[k] }
+  local names = { keys[k] }
   for i = 1, n do
-    keys[i + 1] = KEYS[k + i] .. ':reset'
+    names[i + 1] = keys[k + i] .. ':reset'
   end
-  return redis.call('MGET', unpack(keys))
+  return redis.call('MGET', unpack(names))
 end
 
 local function settle(p, k, n, actual, as, all_keys, keep)
@@ -364,9 +361,9 @@ local function settle(p, k, n, actual, as, all_keys, keep)
   if settled == nil then
     return answer2(p, n, -1, 2)
   end
-  local expected = KEYS[k + 1]
+  local expected = keys[k + 1]
   if n > 1 then
-    expected = table.concat(KEYS, '\n', k + 1, k + n)
+    expected = table.concat(keys, '\n', k + 1, k + n)
   end
   if sk ~= expected or all ~= all_keys then
     return answer2(p, n, 0, 0)
@@ -393,7 +390,7 @@ local function settle(p, k, n, actual, as, all_keys, keep)
     local reset = got[i + 1]
     local erased = reset and (tonumber(reset) or 0) >= at
     if marks[i] and actual ~= c.hits and not (erased and actual < c.hits) then
-      local key, f, algo = KEYS[k + i], first(k, i), c.algo
+      local key, f, algo = keys[k + i], first(k, i), c.algo
       local s
       if actual < c.hits and algo.refund_in_window then
         s = algo.refund_in_window(key, c, c.hits - actual, at, now)
@@ -405,9 +402,9 @@ local function settle(p, k, n, actual, as, all_keys, keep)
     end
   end
   -- In place: the marker keeps its expiry, and only the state is sent.
-  redis.call('SETRANGE', KEYS[k], '0', as)
-  if keep ~= nil and redis.call('PTTL', KEYS[k]) < keep then
-    redis.call('PEXPIRE', KEYS[k], int(keep))
+  redis.call('SETRANGE', keys[k], '0', as)
+  if keep ~= nil and redis.call('PTTL', keys[k]) < keep then
+    redis.call('PEXPIRE', keys[k], int(keep))
   end
   out[p], out[p + 1] = 1, actual
   standing(p, k, n, checks)
@@ -444,39 +441,56 @@ local op_of = memo(function(header)
   }
 end)
 
--- The operations' framing, all read before any is made: a call whose
--- framing is wrong (a header, the number of keys or of fields) does nothing.
-local ops, nops, k, a, nkeys, nargs = {}, 0, 1, 2, #KEYS, #ARGV
-while a <= nargs do
-  local o = op_of(ARGV[a])
-  if o == nil or k + o.n > nkeys or a + o.args > nargs then
+-- A call of the budget function (the library's, or the script's where
+-- Redis has none): its time, then the operations' framing, all read before
+-- any is made: a call whose framing is wrong (a header, the number of keys
+-- or of fields) does nothing.
+local function budget_call(call_keys, call_argv)
+  keys, argv = call_keys, call_argv
+  if argv[1] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+  else
+    now = count(argv[1])
+  end
+  if now == nil then
     return redis.error_reply('ERR malformed budget arguments')
   end
-  ops[nops + 1], ops[nops + 2], ops[nops + 3] = o, k, a
-  nops = nops + 3
-  k, a = k + o.n + 1, a + 1 + o.args
-end
-if k ~= nkeys + 1 or nops == 0 then
-  return redis.error_reply('ERR malformed budget arguments')
-end
+  pending_at, out = PENDING .. '\t' .. int(now) .. ' ', {}
+  state, save_with, taken = {}, {}, {}
 
--- out[p - 1]: the length of the answer from out[p], known once written.
-local p = 2
-for i = 1, nops, 3 do
-  local o, ok, oa = ops[i], ops[i + 1], ops[i + 2]
-  local all_keys = ''
-  if o.line then
-    oa = oa + 1
-    all_keys = ARGV[oa]
+  local ops, nops, k, a, nkeys, nargs = {}, 0, 1, 2, #keys, #argv
+  while a <= nargs do
+    local o = op_of(argv[a])
+    if o == nil or k + o.n > nkeys or a + o.args > nargs then
+      return redis.error_reply('ERR malformed budget arguments')
+    end
+    ops[nops + 1], ops[nops + 2], ops[nops + 3] = o, k, a
+    nops = nops + 3
+    k, a = k + o.n + 1, a + 1 + o.args
   end
-  local length
-  if o.op == 'settle' then
-    length = settle(p, ok, o.n, o.amount, o.as, all_keys, o.keep)
-  else
-    length = reserve(p, ok, oa, o.n, o.px, o.amount, all_keys, o.op == 'check')
+  if k ~= nkeys + 1 or nops == 0 then
+    return redis.error_reply('ERR malformed budget arguments')
   end
-  out[p - 1] = length
-  p = p + length + 1
+
+  -- out[p - 1]: the length of the answer from out[p], known once written.
+  local p = 2
+  for i = 1, nops, 3 do
+    local o, ok, oa = ops[i], ops[i + 1], ops[i + 2]
+    local all_keys = ''
+    if o.line then
+      oa = oa + 1
+      all_keys = argv[oa]
+    end
+    local length
+    if o.op == 'settle' then
+      length = settle(p, ok, o.n, o.amount, o.as, all_keys, o.keep)
+    else
+      length = reserve(p, ok, oa, o.n, o.px, o.amount, all_keys, o.op == 'check')
+    end
+    out[p - 1] = length
+    p = p + length + 1
+  end
+  -- Packed into one string, as batch.lua packs its answers.
+  return cmsgpack.pack(out)
 end
--- Packed into one string, as batch.lua packs its answers.
-return cmsgpack.pack(out)

@@ -50,8 +50,14 @@ macro_rules! lua {
 /// The one limiter script: helpers, every algorithm, then the batch driver.
 pub const TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(batch));
 
-/// The budget script: helpers, every algorithm, then reserve and settle.
-pub const BUDGET_TEXT: &str = concat!(lua!(prelude), lua!(algorithms), lua!(budget));
+/// The budget script: helpers, every algorithm, then reserve and settle,
+/// called with the script's keys and arguments.
+pub const BUDGET_TEXT: &str = concat!(
+    lua!(prelude),
+    lua!(algorithms),
+    lua!(budget),
+    "return budget_call(KEYS, ARGV)\n"
+);
 
 /// The time argument both scripts (this one and `lua/leases.lua`) take: the
 /// pinned clock's ms, or `""` for the Redis server's `TIME`.
@@ -99,8 +105,8 @@ impl LimiterScript {
         let budget_function = format!("{function}_budget");
         let library = format!(
             "#!lua name={function}\n{}{}redis.register_function('{function}', \
-             function(KEYS, ARGV)\n{}end)\nredis.register_function('{budget_function}', \
-             function(KEYS, ARGV)\n{}end)\n",
+             function(KEYS, ARGV)\n{}end)\n{}redis.register_function('{budget_function}', \
+             budget_call)\n",
             lua!(prelude),
             lua!(algorithms),
             lua!(batch),
