@@ -33,32 +33,36 @@ pub fn is_nonce(s: &str) -> bool {
 /// Appends `s`'s bytes to `out` as lowercase hex.
 pub fn push_hex(out: &mut String, s: &str) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(2 * s.len());
-    for b in s.bytes() {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
+    out.extend(s.bytes().flat_map(|b| {
+        [
+            char::from(DIGITS[usize::from(b >> 4)]),
+            char::from(DIGITS[usize::from(b & 0xf)]),
+        ]
+    }));
 }
 
 /// The UTF-8 text `hex` encodes; `None` for odd lengths, non-hex digits or
 /// bytes that are not UTF-8.
 pub fn from_hex(hex: &str) -> Option<String> {
-    let bytes = hex
-        .as_bytes()
-        .chunks(2)
-        .map(hex_byte)
-        .collect::<Option<Vec<u8>>>()?;
+    let pairs = hex.as_bytes().chunks(2);
+    let mut bytes = Vec::with_capacity(pairs.len());
+    for pair in pairs {
+        bytes.push(hex_byte(pair)?);
+    }
     String::from_utf8(bytes).ok()
 }
 
 /// The byte two hex digits spell; `None` for anything else (a sign
 /// included, which `u8::from_str_radix` would take).
 pub fn hex_byte(pair: &[u8]) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
     match pair {
-        [hi, lo] => {
-            let digit = |c: u8| char::from(c).to_digit(16);
-            Some((digit(*hi)? * 16 + digit(*lo)?) as u8)
-        }
+        [hi, lo] => Some(digit(*hi)? << 4 | digit(*lo)?),
         _ => None,
     }
 }
