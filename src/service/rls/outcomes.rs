@@ -16,7 +16,7 @@ use futures_util::future::join;
 use crate::limiter::{Check, Outcome};
 use crate::otel::shared::{StoreCallTrace, STORE_CALL};
 use crate::otel::DecisionSpan;
-use crate::service::over_cache::OverCache;
+use crate::service::over_cache::{OverCache, Ticket};
 use crate::store::limiter_script::Pass;
 use crate::store::stores::{Joined, Part};
 use crate::store::{Role, Store, Stores};
@@ -154,24 +154,43 @@ async fn refused_across(
     let ask = |i: usize, pass| {
         ask_unless_known(redis(parts[i]), parts[i], &known[i], all_or_nothing, pass)
     };
-    let refused = |part: &Part, outcomes: &[Outcome]| {
-        let mut checked = part.checks.iter().zip(outcomes);
-        checked.any(|(check, outcome)| check.refused_by(outcome))
-    };
     let cache_refuses = parts
         .iter()
         .zip(&known)
-        .any(|(part, known)| known.as_deref().is_some_and(|o| refused(part, o)));
+        .any(|(part, known)| known.as_deref().is_some_and(|o| refuses(part, o)));
     // The cache refusing already (a hot key), nothing is asked first.
     if !cache_refuses {
         let asked = join(ask(0, Pass::DryRun), ask(1, Pass::DryRun)).await;
         let (first, second) = (asked.0.ok()?, asked.1.ok()?);
-        if !(refused(parts[0], &first) || refused(parts[1], &second)) {
+        if !(refuses(parts[0], &first) || refuses(parts[1], &second)) {
             return None;
         }
     }
     let decided = join(ask(0, Pass::Refused), ask(1, Pass::Refused)).await;
     let answers = [decided.0, decided.1];
+    decided_as_refused(stores, overs, parts, answers, known, tickets)
+}
+
+/// Whether an enforced check of `part` is over in `outcomes`.
+fn refuses(part: &Part, outcomes: &[Outcome]) -> bool {
+    let mut checked = part.checks.iter().zip(outcomes);
+    checked.any(|(check, outcome)| check.refused_by(outcome))
+}
+
+/// [`refused_across`]'s answer once both parts were decided as refused
+/// (`answers`): each cache that did not answer its part learns from its
+/// store's answer (under the `tickets` taken before asking), the parts the
+/// caches knew (`known`) count as their answers, and the request is
+/// refused; `None` when no enforced check is over any more and both
+/// stores answered.
+fn decided_as_refused(
+    stores: &Stores,
+    overs: &Stores<Arc<OverCache>>,
+    parts: [&Part; 2],
+    answers: [Result<Vec<Outcome>>; 2],
+    known: [Option<Vec<Outcome>>; 2],
+    tickets: [Ticket; 2],
+) -> Option<std::result::Result<(Vec<Outcome>, Source), Failed>> {
     for ((part, answer), (known, ticket)) in
         parts.iter().zip(&answers).zip(known.iter().zip(tickets))
     {
@@ -190,7 +209,7 @@ async fn refused_across(
     let still_refused = parts
         .iter()
         .zip(&answers)
-        .any(|(part, answer)| answer.as_ref().is_ok_and(|o| refused(part, o)));
+        .any(|(part, answer)| answer.as_ref().is_ok_and(|o| refuses(part, o)));
     if !still_refused && answers.iter().all(Result::is_ok) {
         return None;
     }
