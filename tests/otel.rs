@@ -476,3 +476,65 @@ async fn a_failed_store_call_is_an_error_span_and_the_failure_mode_answers() {
     assert_eq!(status.code, 2, "STATUS_CODE_ERROR");
     assert!(!status.message.is_empty());
 }
+
+/// A request spanning two Redis (`REDIS_PERSECOND`) refused across them
+/// under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (the per-second limit
+/// refuses, the main Redis's minute is decided as refused) has its store
+/// span, as any decision: the main Redis's call, as on the usual path.
+#[tokio::test]
+async fn a_decision_refused_across_two_redis_has_its_store_span() {
+    let (main, per_second) = (RedisServer::start(), RedisServer::start());
+    let (addr, mut exports) = http_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir_all(&limits).unwrap();
+    std::fs::write(
+        limits.join("limits.yaml"),
+        "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    let (main_url, per_second_url) = (main.url(), per_second.url());
+    let endpoint = format!("http://{addr}");
+    let server = Ratekeeper::spawn_with_env(
+        &limits,
+        &[],
+        &[
+            ("REDIS_URL", main_url.as_str()),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", per_second_url.as_str()),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "1"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ],
+    );
+    let mut health = HealthClient::new(server.channel().await);
+    common::until_serving(&mut health).await;
+    let both = vec![
+        descriptor(&[("ip", "10.0.0.1")]),
+        descriptor(&[("user", "alice")]),
+    ];
+    let answer = server
+        .client()
+        .await
+        .should_rate_limit(request("d", both))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.overall_code, 2, "the per-second limit of 0 refuses");
+
+    let (spans, _) = spans(&mut exports, 3).await;
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name}: {spans:?}"))
+    };
+    let (decision, execution) = (named(CALL), named(EXECUTION));
+    assert_eq!(attr(decision, "ratelimit.outcome"), "OVER_LIMIT");
+    assert_eq!(attr(decision, "ratelimit.store"), "redis");
+    assert_eq!(attr(decision, "ratelimit.answered_by"), "store");
+    let store = named(REDIS_STORE);
+    assert_eq!(store.parent_span_id, execution.span_id);
+    assert_eq!(attr(store, "ratelimit.checks"), "1", "the main Redis's one");
+}

@@ -9,6 +9,7 @@
 //! whether either refuses: [`refused_across`]).
 
 use std::cell::Cell;
+use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::future::join;
@@ -40,7 +41,7 @@ pub async fn from_cache_or_stores(
     overs: &Stores<Arc<OverCache>>,
     checks: &[Check],
     all_or_nothing: bool,
-    span: Option<&mut DecisionSpan>,
+    mut span: Option<&mut DecisionSpan>,
 ) -> std::result::Result<(Vec<Outcome>, Source), Failed> {
     if let Some(role) = stores.only(checks) {
         let (store, over) = (stores.get(role), overs.get(role));
@@ -53,8 +54,9 @@ pub async fn from_cache_or_stores(
             });
     }
     let [main, per_second] = stores.split(checks);
-    if let Some(refused) = refused_across(stores, overs, [&main, &per_second], all_or_nothing).await
-    {
+    let parts = [&main, &per_second];
+    let trace = span.as_deref_mut();
+    if let Some(refused) = refused_across(stores, overs, parts, all_or_nothing, trace).await {
         return refused;
     }
     let part = |role: Role, checks, span| {
@@ -121,12 +123,15 @@ fn answer_of(
 /// answer the first question (the usual path then meets that failure, and
 /// its mode); also when, decided as refused, no enforced check is over any
 /// more (a window ended between the two questions): the usual path decides
-/// it anew rather than admit it uncounted.
+/// it anew rather than admit it uncounted. A sampled decision's `span`
+/// follows the main Redis's part, as on the usual path: the store call is
+/// its refused pass, or the cache answered it.
 async fn refused_across(
     stores: &Stores,
     overs: &Stores<Arc<OverCache>>,
     parts: [&Part; 2],
     all_or_nothing: bool,
+    mut span: Option<&mut DecisionSpan>,
 ) -> Option<std::result::Result<(Vec<Outcome>, Source), Failed>> {
     let (Store::Redis(main), Store::Redis(per_second)) =
         (stores.get(Role::Main), stores.get(Role::PerSecond))
@@ -166,9 +171,23 @@ async fn refused_across(
             return None;
         }
     }
-    let decided = join(ask(0, Pass::Refused), ask(1, Pass::Refused)).await;
+    // The dry run before the refused pass is not a span of its own.
+    let (main_kind, main_checks) = (stores.get(parts[0].role).kind(), parts[0].checks.len());
+    let main_span = span.as_deref_mut().filter(|_| known[0].is_none());
+    let main_call = async {
+        let call = ask(0, Pass::Refused);
+        match main_span {
+            None => call.await,
+            Some(span) => traced(span, main_kind, main_checks, call).await,
+        }
+    };
+    let decided = join(main_call, ask(1, Pass::Refused)).await;
     let answers = [decided.0, decided.1];
-    decided_as_refused(stores, overs, parts, answers, known, tickets)
+    let refused = decided_as_refused(stores, overs, parts, answers, &known, tickets)?;
+    if let (Some(span), Some(_)) = (span, &known[0]) {
+        span.answered_by("cache");
+    }
+    Some(refused)
 }
 
 /// Whether an enforced check of `part` is over in `outcomes`.
@@ -188,7 +207,7 @@ fn decided_as_refused(
     overs: &Stores<Arc<OverCache>>,
     parts: [&Part; 2],
     answers: [Result<Vec<Outcome>>; 2],
-    known: [Option<Vec<Outcome>>; 2],
+    known: &[Option<Vec<Outcome>>; 2],
     tickets: [Ticket; 2],
 ) -> Option<std::result::Result<(Vec<Outcome>, Source), Failed>> {
     for ((part, answer), (known, ticket)) in
@@ -271,26 +290,38 @@ pub async fn from_cache_or_store(
         return Ok((known, Source::Cache));
     }
     let ticket = over.ticket();
+    let call = store.apply(checks, all_or_nothing);
     let outcomes = match span {
-        None => store.apply(checks, all_or_nothing).await,
-        Some(span) => {
-            let trace = StoreCallTrace {
-                store_span: span.begin_store_call(),
-                shared: Cell::new(None),
-            };
-            let (outcomes, shared) = STORE_CALL
-                .scope(trace, async {
-                    let outcomes = store.apply(checks, all_or_nothing).await;
-                    (outcomes, STORE_CALL.with(|t| t.shared.get()))
-                })
-                .await;
-            let error = outcomes.as_ref().err().map(ToString::to_string);
-            span.end_store_call(store.kind(), checks.len(), error, shared);
-            outcomes
-        }
+        None => call.await,
+        Some(span) => traced(span, store.kind(), checks.len(), call).await,
     }?;
     over.learn(ticket, checks, &outcomes, now_ms);
     Ok((outcomes, Source::Store))
+}
+
+/// A store `call` of `checks` checks to a store of `kind`, as a sampled
+/// decision's `span` sees it: a child span, which a call shared by several
+/// decisions links to. (Unsampled calls are awaited as they are: wrapped,
+/// the store's future would be moved into this one on every request.)
+async fn traced(
+    span: &mut DecisionSpan,
+    kind: &'static str,
+    checks: usize,
+    call: impl Future<Output = Result<Vec<Outcome>>>,
+) -> Result<Vec<Outcome>> {
+    let trace = StoreCallTrace {
+        store_span: span.begin_store_call(),
+        shared: Cell::new(None),
+    };
+    let (outcomes, shared) = STORE_CALL
+        .scope(trace, async {
+            let outcomes = call.await;
+            (outcomes, STORE_CALL.with(|t| t.shared.get()))
+        })
+        .await;
+    let error = outcomes.as_ref().err().map(ToString::to_string);
+    span.end_store_call(kind, checks, error, shared);
+    outcomes
 }
 
 #[cfg(test)]
