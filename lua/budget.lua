@@ -441,10 +441,29 @@ local op_of = memo(function(header)
   }
 end)
 
+-- The call's operations, framed: per operation its header's table and
+-- where its keys and arguments start, three entries each; nil when the
+-- framing is wrong (a header, the number of keys or of fields). All are
+-- read before any is made, so that such a call does nothing.
+local function framed()
+  local ops, nops, k, a, nkeys, nargs = {}, 0, 1, 2, #keys, #argv
+  while a <= nargs do
+    local o = op_of(argv[a])
+    if o == nil or k + o.n > nkeys or a + o.args > nargs then
+      return nil
+    end
+    ops[nops + 1], ops[nops + 2], ops[nops + 3] = o, k, a
+    nops = nops + 3
+    k, a = k + o.n + 1, a + 1 + o.args
+  end
+  if k ~= nkeys + 1 or nops == 0 then
+    return nil
+  end
+  return ops
+end
+
 -- A call of the budget function (the library's, or the script's where
--- Redis has none): its time, then the operations' framing, all read before
--- any is made: a call whose framing is wrong (a header, the number of keys
--- or of fields) does nothing.
+-- Redis has none): its time, then its operations, one after another.
 local function budget_call(call_keys, call_argv)
   keys, argv = call_keys, call_argv
   if argv[1] == '' then
@@ -453,29 +472,16 @@ local function budget_call(call_keys, call_argv)
   else
     now = count(argv[1])
   end
-  if now == nil then
+  local ops = now and framed()
+  if ops == nil then
     return redis.error_reply('ERR malformed budget arguments')
   end
   pending_at, out = PENDING .. '\t' .. int(now) .. ' ', {}
   state, save_with, taken = {}, {}, {}
 
-  local ops, nops, k, a, nkeys, nargs = {}, 0, 1, 2, #keys, #argv
-  while a <= nargs do
-    local o = op_of(argv[a])
-    if o == nil or k + o.n > nkeys or a + o.args > nargs then
-      return redis.error_reply('ERR malformed budget arguments')
-    end
-    ops[nops + 1], ops[nops + 2], ops[nops + 3] = o, k, a
-    nops = nops + 3
-    k, a = k + o.n + 1, a + 1 + o.args
-  end
-  if k ~= nkeys + 1 or nops == 0 then
-    return redis.error_reply('ERR malformed budget arguments')
-  end
-
   -- out[p - 1]: the length of the answer from out[p], known once written.
   local p = 2
-  for i = 1, nops, 3 do
+  for i = 1, #ops, 3 do
     local o, ok, oa = ops[i], ops[i + 1], ops[i + 2]
     local all_keys = ''
     if o.line then
