@@ -72,7 +72,7 @@ pub struct LimiterScript {
     /// The budget reservations' script (`BUDGET_TEXT`).
     budget_script: Script,
     /// `FUNCTION LOAD` text: the same files, batch.lua as the function,
-    /// budget.lua as the budget function.
+    /// budget.lua's `budget_call` as the budget function.
     library: String,
     /// The library's name, also its limiter function's.
     function: String,
