@@ -15,7 +15,7 @@ use super::compile::{compile, CompileError};
 use super::description::{self as desc, DomainDescription};
 use super::flow_depth;
 use super::yaml_last_wins::LastWins;
-use super::yaml_lines::line_of;
+use super::yaml_lines::{line_of, line_of_key};
 use super::DomainConfig;
 use crate::duration::parse_duration;
 use crate::error::ConfigError;
@@ -161,11 +161,15 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
     let mut docs = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let raw = match merging.next().flatten() {
-            Some(value) => merged(value),
+            Some(value) => merged(value).map_err(|e| ConfigError {
+                line: unknown_key_line(text, i, &e),
+                ..syntax(e)
+            })?,
             None => Option::<RawFile>::deserialize(doc)
-                .or_else(|error| with_repeated_keys(file, text, i, error)),
+                .or_else(|error| with_repeated_keys(file, text, i, error))
+                .map_err(syntax)?,
         };
-        if let Some(raw) = raw.map_err(syntax)? {
+        if let Some(raw) = raw {
             docs.push((i, raw));
         }
     }
@@ -237,11 +241,20 @@ fn has_merge_key(value: &serde_yaml::Value) -> bool {
 /// and serde_yaml's typed reading does not: merged as there, then read as
 /// the file. Its scalars were parsed on the way (in such a document
 /// `value: 0x1F` is "31"), and a parse error has no line (a compile error
-/// still has its node's).
+/// still has its node's, and an unknown key the line it is written on:
+/// [`unknown_key_line`]).
 fn merged(mut value: serde_yaml::Value) -> Result<Option<RawFile>, serde_yaml::Error> {
     merge_in_order(&mut value)?;
     scalars_as_text(&mut value);
     Option::<RawFile>::deserialize(value)
+}
+
+/// For an error of a merged document (which has no position) naming an
+/// unknown key, the line where that key is first written in document `doc`.
+fn unknown_key_line(text: &str, doc: usize, error: &serde_yaml::Error) -> Option<usize> {
+    let message = error.to_string();
+    let key = message.strip_prefix("unknown field `")?.split('`').next()?;
+    line_of_key(text, doc, key)
 }
 
 /// Applies merge keys as their loader (yaml.v2) does, where each stands

@@ -235,6 +235,17 @@ descriptors:
 
     let e = error("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {<<: {unit: second}, requests_per_unit: 1, bad: 1}\n");
     assert!(e.reason.contains("unknown field `bad`"), "{e}");
+    assert_eq!(e.line, Some(4), "where the unknown key is written");
+    // In a later document, and where an anchor's mapping merged elsewhere
+    // holds it.
+    let e = error("domain: a\n---\ndomain: d\ndescriptors:\n  - key: base\n    rate_limit: &l\n      unit: minute\n      bogus: 2\n  - key: m\n    rate_limit:\n      <<: *l\n      requests_per_unit: 9\n");
+    assert!(e.reason.contains("unknown field `bogus`"), "{e}");
+    assert_eq!(e.line, Some(8), "{e}");
+    // A key written on two lines (a descriptor's `value`, and one where it
+    // is unknown): no line rather than perhaps the wrong one.
+    let e = error("domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {<<: {unit: minute}, requests_per_unit: 1, value: 3}\n");
+    assert!(e.reason.contains("unknown field `value`"), "{e}");
+    assert_eq!(e.line, None, "{e}");
 
     // Where a `<<` stands decides, as in yaml.v2: after a key, it wins.
     let config = load("domain: d\ndescriptors:\n  - key: base\n    rate_limit: &l {unit: minute, requests_per_unit: 7}\n  - key: m\n    rate_limit:\n      requests_per_unit: 9\n      <<: *l\n").unwrap();

@@ -33,6 +33,34 @@ pub fn line_of(text: &str, doc: usize, at: &str) -> Option<usize> {
     }
 }
 
+/// The line where mapping key `key` is written in document `doc` of
+/// `text`: where an error that names a key but has no position of its own
+/// (a document read whole, then merged) points to. `None` when no mapping
+/// has it, and when it is written on more than one line (which one the
+/// error means is not known; an alias repeats its anchor's keys at the
+/// anchor's line).
+pub fn line_of_key(text: &str, doc: usize, key: &str) -> Option<usize> {
+    const LOOKS: usize = 16;
+    let nth = |n: usize| {
+        let document = serde_yaml::Deserializer::from_str(text).nth(doc)?;
+        let seek = FindKey {
+            key,
+            seen: &std::cell::Cell::new(0),
+            stop_at: n,
+        };
+        match seek.deserialize(document) {
+            Err(e) if e.to_string().contains(FOUND) => e.location().map(|l| l.line()),
+            _ => None,
+        }
+    };
+    let first = nth(0)?;
+    (1..LOOKS)
+        .map(nth)
+        .take_while(Option::is_some)
+        .all(|line| line == Some(first))
+        .then_some(first)
+}
+
 const FOUND: &str = "(node found)";
 
 enum Step<'a> {
@@ -108,5 +136,62 @@ impl<'de> Visitor<'de> for Seek<'_, '_> {
             }
         }
         seq.next_element_seed(Seek { steps: rest }).map(|_| ())
+    }
+}
+
+/// Walks a whole document and fails with [`FOUND`] at the value of mapping
+/// key `key` once it has met `stop_at` of them.
+#[derive(Clone, Copy)]
+struct FindKey<'k> {
+    key: &'k str,
+    seen: &'k std::cell::Cell<usize>,
+    stop_at: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for FindKey<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FindKey<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        while let Some(key) = map.next_key::<serde_yaml::Value>()? {
+            if key.as_str() == Some(self.key) {
+                if self.seen.get() == self.stop_at {
+                    return map.next_value_seed(Seek { steps: &[] });
+                }
+                self.seen.set(self.seen.get() + 1);
+            }
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<(), S::Error> {
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
     }
 }
