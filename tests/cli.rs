@@ -137,9 +137,26 @@ fn validate_warns_about_a_repeated_key_and_reads_it_as_theirs() {
         "{unit: fortnight, requests_per_unit: 1}",
         "{requests_per_unit: 7}",
     );
-    std::fs::write(dir.path().join("r.yaml"), added).unwrap();
+    std::fs::write(dir.path().join("r.yaml"), added.clone()).unwrap();
     let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    // In a document with merge keys (read whole, then merged): the same
+    // warning, at the repeated key's line.
+    let merging = format!(
+        "{added}  - key: m\n    rate_limit: {{<<: {{unit: minute}}, requests_per_unit: 2}}\n"
+    );
+    std::fs::write(dir.path().join("r.yaml"), merging).unwrap();
+    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            " WARN {d}/r.yaml:5: duplicate field `rate_limit`: read as envoyproxy/ratelimit \
+             reads the file"
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]

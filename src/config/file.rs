@@ -15,7 +15,7 @@ use super::compile::{compile, CompileError};
 use super::description::{self as desc, DomainDescription};
 use super::flow_depth;
 use super::yaml_last_wins::LastWins;
-use super::yaml_lines::{line_of, line_of_key};
+use super::yaml_lines::{line_of, line_of_key, repeated_key};
 use super::DomainConfig;
 use crate::duration::parse_duration;
 use crate::error::ConfigError;
@@ -161,10 +161,17 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
     let mut docs = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let raw = match merging.next().flatten() {
-            Some(value) => merged(value).map_err(|e| ConfigError {
-                line: unknown_key_line(text, i, &e),
-                ..syntax(e)
-            })?,
+            Some(value) => {
+                let raw = merged(value).map_err(|e| ConfigError {
+                    line: unknown_key_line(text, i, &e),
+                    ..syntax(e)
+                })?;
+                if let Some((line, key)) = repeated_key(text, i) {
+                    let at = format!("{}:{line}", file.display());
+                    warn_repeated(&at, &format!("duplicate field `{key}`"));
+                }
+                raw
+            }
             None => Option::<RawFile>::deserialize(doc)
                 .or_else(|error| with_repeated_keys(file, text, i, error))
                 .map_err(syntax)?,
@@ -208,11 +215,17 @@ fn with_repeated_keys(
         Some(l) => format!("{}:{}", file.display(), l.line()),
         None => file.display().to_string(),
     };
+    warn_repeated(&at, &message);
+    merged(value)
+}
+
+/// The warning for a key repeated in a mapping, at `at` (the file and a
+/// line), which `message` names.
+fn warn_repeated(at: &str, message: &str) {
     tracing::warn!(
         "{at}: {message}: read as envoyproxy/ratelimit reads the file (a repeated `rate_limit` \
          or `metadata` adds to the first, any other key's last value counts)"
     );
-    merged(value)
 }
 
 /// A compile error in document `doc` of `text`, with the line of the node it names.

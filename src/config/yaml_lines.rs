@@ -3,8 +3,11 @@
 //! path, can name the line. serde_yaml keeps no positions in parsed values;
 //! its errors carry one. So this walks the document again and fails on
 //! purpose at the node: the error's position is the node's line. Runs only
-//! when a config is refused.
+//! when a config is refused, but for [`repeated_key`], which reads each
+//! document with merge keys once more (those are read whole, and their
+//! repeated keys have no error to name them).
 
+use std::cell::{Cell, RefCell};
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -42,16 +45,13 @@ pub fn line_of(text: &str, doc: usize, at: &str) -> Option<usize> {
 pub fn line_of_key(text: &str, doc: usize, key: &str) -> Option<usize> {
     const LOOKS: usize = 16;
     let nth = |n: usize| {
-        let document = serde_yaml::Deserializer::from_str(text).nth(doc)?;
-        let seek = FindKey {
+        let seen = Cell::new(0);
+        let walk = Walk::Key {
             key,
-            seen: &std::cell::Cell::new(0),
+            seen: &seen,
             stop_at: n,
         };
-        match seek.deserialize(document) {
-            Err(e) if e.to_string().contains(FOUND) => e.location().map(|l| l.line()),
-            _ => None,
-        }
+        found_at(text, doc, walk)
     };
     let first = nth(0)?;
     (1..LOOKS)
@@ -59,6 +59,31 @@ pub fn line_of_key(text: &str, doc: usize, key: &str) -> Option<usize> {
         .take_while(Option::is_some)
         .all(|line| line == Some(first))
         .then_some(first)
+}
+
+/// The first key written twice in one mapping of document `doc` of `text`
+/// (in document order), and the line of its second value: the warning a
+/// document read whole (one with merge keys) gives for it, as the typed
+/// reading's error gives it for the others.
+pub fn repeated_key(text: &str, doc: usize) -> Option<(usize, String)> {
+    let repeated = RefCell::new(None);
+    let line = found_at(
+        text,
+        doc,
+        Walk::Repeat {
+            repeated: &repeated,
+        },
+    )?;
+    repeated.into_inner().map(|key| (line, key))
+}
+
+/// The line where `walk` found what it looks for in document `doc`.
+fn found_at(text: &str, doc: usize, walk: Walk<'_>) -> Option<usize> {
+    let document = serde_yaml::Deserializer::from_str(text).nth(doc)?;
+    match walk.deserialize(document) {
+        Err(e) if e.to_string().contains(FOUND) => e.location().map(|l| l.line()),
+        _ => None,
+    }
 }
 
 const FOUND: &str = "(node found)";
@@ -139,35 +164,70 @@ impl<'de> Visitor<'de> for Seek<'_, '_> {
     }
 }
 
-/// Walks a whole document and fails with [`FOUND`] at the value of mapping
-/// key `key` once it has met `stop_at` of them.
+/// Walks a whole document and fails with [`FOUND`] at the value of the
+/// mapping key it looks for.
 #[derive(Clone, Copy)]
-struct FindKey<'k> {
-    key: &'k str,
-    seen: &'k std::cell::Cell<usize>,
-    stop_at: usize,
+enum Walk<'w> {
+    /// Key `key`, once `stop_at` of them were met (`seen`).
+    Key {
+        key: &'w str,
+        seen: &'w Cell<usize>,
+        stop_at: usize,
+    },
+    /// The first key repeated in its mapping, kept in `repeated`.
+    Repeat {
+        repeated: &'w RefCell<Option<String>>,
+    },
 }
 
-impl<'de> DeserializeSeed<'de> for FindKey<'_> {
+impl Walk<'_> {
+    /// Whether `key`, after `keys` in its mapping, is the one looked for.
+    fn is_it(&self, key: &serde_yaml::Value, keys: &[serde_yaml::Value]) -> bool {
+        match self {
+            Walk::Key {
+                key: name,
+                seen,
+                stop_at,
+            } => {
+                if key.as_str() != Some(name) {
+                    return false;
+                }
+                seen.set(seen.get() + 1);
+                seen.get() > *stop_at
+            }
+            Walk::Repeat { repeated } => {
+                let again = keys.contains(key);
+                if again {
+                    let name = key
+                        .as_str()
+                        .map_or_else(|| format!("{key:?}"), str::to_owned);
+                    *repeated.borrow_mut() = Some(name);
+                }
+                again
+            }
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for FindKey<'_> {
+impl<'de> Visitor<'de> for Walk<'_> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any YAML value")
     }
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let mut keys = Vec::new();
         while let Some(key) = map.next_key::<serde_yaml::Value>()? {
-            if key.as_str() == Some(self.key) {
-                if self.seen.get() == self.stop_at {
-                    return map.next_value_seed(Seek { steps: &[] });
-                }
-                self.seen.set(self.seen.get() + 1);
+            if self.is_it(&key, &keys) {
+                return map.next_value_seed(Seek { steps: &[] });
             }
+            keys.push(key);
             map.next_value_seed(self)?;
         }
         Ok(())
