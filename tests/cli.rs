@@ -157,6 +157,18 @@ fn validate_warns_about_a_repeated_key_and_reads_it_as_theirs() {
         )),
         "{stderr}"
     );
+    // Two merge keys in one mapping are read otherwise than there: said so.
+    let two = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {<<: {unit: hour}, <<: {unit: minute}, requests_per_unit: 1}\n";
+    std::fs::write(dir.path().join("r.yaml"), two).unwrap();
+    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            " WARN {d}/r.yaml:4: two merge keys (<<) in one mapping: the last one counts"
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -168,7 +168,14 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
                 })?;
                 if let Some((line, key)) = repeated_key(text, i) {
                     let at = format!("{}:{line}", file.display());
-                    warn_repeated(&at, &format!("duplicate field `{key}`"));
+                    if key == "<<" {
+                        tracing::warn!(
+                            "{at}: two merge keys (<<) in one mapping: the last one counts \
+                             (envoyproxy/ratelimit applies both)"
+                        );
+                    } else {
+                        warn_repeated(&at, &format!("duplicate field `{key}`"));
+                    }
                 }
                 raw
             }
