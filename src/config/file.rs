@@ -166,17 +166,7 @@ fn documents(file: &Path, text: &str) -> Result<Vec<(usize, RawFile)>, ConfigErr
                     line: unknown_key_line(text, i, &e),
                     ..syntax(e)
                 })?;
-                if let Some((line, key)) = repeated_key(text, i) {
-                    let at = format!("{}:{line}", file.display());
-                    if key == "<<" {
-                        tracing::warn!(
-                            "{at}: two merge keys (<<) in one mapping: the last one counts \
-                             (envoyproxy/ratelimit applies both)"
-                        );
-                    } else {
-                        warn_repeated(&at, &format!("duplicate field `{key}`"));
-                    }
-                }
+                warn_repeated_merging(file, text, i);
                 raw
             }
             None => Option::<RawFile>::deserialize(doc)
@@ -224,6 +214,24 @@ fn with_repeated_keys(
     };
     warn_repeated(&at, &message);
     merged(value)
+}
+
+/// The warning for the first key repeated in a mapping of document `doc`,
+/// one with merge keys (read whole, so no error names it). Two merge keys
+/// in one mapping are read otherwise than there, and said so.
+fn warn_repeated_merging(file: &Path, text: &str, doc: usize) {
+    let Some((line, key)) = repeated_key(text, doc) else {
+        return;
+    };
+    let at = format!("{}:{line}", file.display());
+    if key == "<<" {
+        tracing::warn!(
+            "{at}: two merge keys (<<) in one mapping: the last one counts \
+             (envoyproxy/ratelimit applies both)"
+        );
+    } else {
+        warn_repeated(&at, &format!("duplicate field `{key}`"));
+    }
 }
 
 /// The warning for a key repeated in a mapping, at `at` (the file and a
