@@ -137,19 +137,21 @@ fn validate_warns_about_a_repeated_key_and_reads_it_as_theirs() {
         "{unit: fortnight, requests_per_unit: 1}",
         "{requests_per_unit: 7}",
     );
-    std::fs::write(dir.path().join("r.yaml"), added.clone()).unwrap();
-    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // `validate` of `file` as r.yaml: exits `code`, says stderr.
+    let validate = |file: &str, code: i32| {
+        std::fs::write(dir.path().join("r.yaml"), file).unwrap();
+        let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
+        assert_eq!(out.status.code(), Some(code), "{out:?}");
+        text(&out.stderr)
+    };
+    validate(&added, 0);
 
     // In a document with merge keys (read whole, then merged): the same
     // warning, at the repeated key's line.
     let merging = format!(
         "{added}  - key: m\n    rate_limit: {{<<: {{unit: minute}}, requests_per_unit: 2}}\n"
     );
-    std::fs::write(dir.path().join("r.yaml"), merging).unwrap();
-    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let stderr = text(&out.stderr);
+    let stderr = validate(&merging, 0);
     assert!(
         stderr.contains(&format!(
             " WARN {d}/r.yaml:5: duplicate field `rate_limit`: read as envoyproxy/ratelimit \
@@ -159,10 +161,7 @@ fn validate_warns_about_a_repeated_key_and_reads_it_as_theirs() {
     );
     // Two merge keys in one mapping are read otherwise than there: said so.
     let two = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {<<: {unit: hour}, <<: {unit: minute}, requests_per_unit: 1}\n";
-    std::fs::write(dir.path().join("r.yaml"), two).unwrap();
-    let out = ratekeeper(&["validate", "--config-dir", &d], &[]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let stderr = text(&out.stderr);
+    let stderr = validate(two, 0);
     assert!(
         stderr.contains(&format!(
             " WARN {d}/r.yaml:4: two merge keys (<<) in one mapping: the last one counts"
