@@ -1,7 +1,7 @@
 """Calls of the budget function (lua/budget.lua) for bench/lua_instructions.sh:
 each call carries BATCH reserves of 100 on new fixed-window keys (one check
 each, as `ratekeeper-bench --mode budget` makes them) and the settles at 60
-of the previous call's reservations, as ratekeeper's batcher joins Reserves
+of the previous call's reservations (their times and marks from its answers), as ratekeeper's batcher joins Reserves
 and Settles in flight together. Fails on an error reply or an answer that is
 not granted / settled.
 
@@ -82,19 +82,21 @@ def main():
         for i in range(batch):
             n = first + call * batch + i
             tag = "rk:{bench_fw|user_id=k%d}" % n
-            marker, counter = "%s:rsv.%032x" % (tag, n), tag + ":fw.3600"
-            keys += [marker, counter]
+            record, counter = "%s:rsv.%032x" % (tag, n), tag + ":fw.3600"
+            keys.append(counter)
             argv += ["reserve 1 300000", FIELDS]
-            made.append((marker, counter))
-        for marker, counter in pending:
-            keys += [marker, counter]
-            argv += ["settle 1 60"]
+            made.append((record, counter))
+        for (record, counter), (at, mark) in pending:
+            keys += [counter, record]
+            argv += ["settle 1 60 %d 0" % (at + 300000), FIELDS, "%d %d" % (at, mark)]
         conn.sendall(command(["FCALL", function, str(len(keys))] + keys + argv))
+        taken = []
         for answer in answers(read(f)):
             if answer[0] != 1:
                 raise SystemExit(f"an operation answered {answer}")
-        pending = made
-
+            if len(answer) == 6:  # a reserve's: granted, 3 fields, time, mark
+                taken.append((answer[4], answer[5]))
+        pending = list(zip(made, taken))
 
 if __name__ == "__main__":
     main()

@@ -1421,16 +1421,13 @@ async fn a_reset_bucket_gives_back_nothing_that_drained() {
     // 100 a second: 10 ms a hit; a burst of 1,000.
     let check = |hits| ck(Algorithm::TokenBucket, "reset", 100, 1_000, 1_000, hits);
     let key = [check(1).key];
-    async fn reserve(store: &Store, check: Check, nonce: &str) -> bool {
-        store
-            .reserve(&[check], nonce, 60_000)
-            .await
-            .unwrap()
-            .granted
+    async fn reserve(ledger: &common::Ledger, store: &Store, check: Check, nonce: &str) -> bool {
+        let reserved = ledger.reserve(store, &[check], nonce, 60_000).await;
+        reserved.unwrap().granted
     }
     /// The bucket's backlog (ms) once `nonce` is settled at 0.
-    async fn backlog_after_settling(store: &Store, key: &[String], nonce: &str) -> u64 {
-        match store.settle(key, nonce, 0).await.unwrap() {
+    async fn backlog_after_settling(ledger: &common::Ledger, store: &Store, nonce: &str) -> u64 {
+        match ledger.settle(store, nonce, 0).await.unwrap() {
             Settled::Settled { outcomes } => outcomes[0].reset_ms,
             other => panic!("{nonce} not settled: {other:?}"),
         }
@@ -1439,18 +1436,19 @@ async fn a_reset_bucket_gives_back_nothing_that_drained() {
         let name = backend.name();
         let clock = Arc::new(ManualClock::new(1_800_000_000_000));
         let store = backend.store(clock.clone());
-        assert!(reserve(&store, check(500), "r0").await, "{name}");
-        assert!(reserve(&store, check(100), "r1").await, "{name}");
-        backlog_after_settling(&store, &key, "r1").await;
+        let ledger = &common::Ledger::default();
+        assert!(reserve(ledger, &store, check(500), "r0").await, "{name}");
+        assert!(reserve(ledger, &store, check(100), "r1").await, "{name}");
+        backlog_after_settling(ledger, &store, "r1").await;
         store.delete(&key).await.unwrap();
-        assert!(reserve(&store, check(100), "r2").await, "{name}");
-        assert!(reserve(&store, check(100), "r3").await, "{name}");
+        assert!(reserve(ledger, &store, check(100), "r2").await, "{name}");
+        assert!(reserve(ledger, &store, check(100), "r3").await, "{name}");
         // r2's hits drained; r3 has 800 ms of its 1,000 to go.
         clock.advance(1_200);
-        let backlog = backlog_after_settling(&store, &key, "r2").await;
+        let backlog = backlog_after_settling(ledger, &store, "r2").await;
         assert_eq!(backlog, 800, "{name}: r3's queue kept");
         // r0, from before the reset, drained too.
-        let backlog = backlog_after_settling(&store, &key, "r0").await;
+        let backlog = backlog_after_settling(ledger, &store, "r0").await;
         assert_eq!(backlog, 800, "{name}: r0 gives nothing back");
     }
 }
@@ -1850,15 +1848,15 @@ async fn budgets_agree_on_every_store() {
         for algorithm in Algorithm::ALL {
             let clock = Arc::new(ManualClock::new(start));
             let store = backend.store(clock.clone());
-            let keys = vec![budget_check(algorithm, 0).key];
+            let ledger = common::Ledger::default();
             for (i, (at, op, granted, expect)) in budget_table(algorithm).into_iter().enumerate() {
                 clock.set(start + at);
                 let at = format!("{} {algorithm} step {i} ({op:?})", backend.name());
                 match op {
                     BudgetOp::Reserve { nonce, estimate } => {
                         let check = budget_check(algorithm, estimate);
-                        let got = store
-                            .reserve(&[check], nonce, 60_000)
+                        let got = ledger
+                            .reserve(&store, &[check], nonce, 60_000)
                             .await
                             .expect("reserve");
                         assert_eq!((got.granted, got.outcomes), (granted, vec![expect]), "{at}");
@@ -1868,7 +1866,7 @@ async fn budgets_agree_on_every_store() {
                         actual,
                         answer,
                     } => {
-                        let got = store.settle(&keys, nonce, actual).await.expect("settle");
+                        let got = ledger.settle(&store, nonce, actual).await.expect("settle");
                         let want = match answer {
                             Answer::Now => Settled::Settled {
                                 outcomes: vec![expect],
@@ -1906,14 +1904,15 @@ async fn a_settle_after_a_reset_leaves_an_empty_window() {
         let window = |hits| ck(Algorithm::FixedWindow, "reset", 10, 60_000, 0, hits);
         let reserved = window(6);
         let keys = vec![reserved.key.clone()];
-        let got = store
-            .reserve(&[reserved], "n", 60_000)
+        let ledger = common::Ledger::default();
+        let got = ledger
+            .reserve(&store, &[reserved], "n", 60_000)
             .await
             .expect("reserve");
         assert!(got.granted, "{name}");
         store.delete(&keys).await.expect("reset");
         clock.set(start + 100);
-        let got = store.settle(&keys, "n", 2).await.expect("settle");
+        let got = ledger.settle(&store, "n", 2).await.expect("settle");
         let empty = Outcome {
             over: false,
             remaining: 10,
@@ -1943,50 +1942,6 @@ async fn a_settle_after_a_reset_leaves_an_empty_window() {
     }
 }
 
-/// A settle acts only on the keys its reservation took from, all of them:
-/// a part of them, another order or another nonce is Unknown and touches
-/// nothing (on a cluster, where each slot has its own marker, too).
-#[tokio::test]
-async fn a_settle_names_its_reservations_keys_exactly() {
-    use ratekeeper::store::Settled;
-    for backend in Backend::all_with_cluster() {
-        let name = backend.name();
-        let clock = Arc::new(ManualClock::new(1_800_000_000_000));
-        let store = backend.store(clock);
-        let (x, y) = (minute(c("slot-a", 10, 4)), minute(c("slot-b", 20, 4)));
-        let reserved = store
-            .reserve(&[x.clone(), y.clone()], "n", 60_000)
-            .await
-            .unwrap();
-        assert!(reserved.granted, "{name}");
-        let (kx, ky) = (x.key.clone(), y.key.clone());
-        for (keys, nonce) in [
-            (vec![kx.clone()], "n"),
-            (vec![ky.clone()], "n"),
-            (vec![ky.clone(), kx.clone()], "n"),
-            (vec![kx.clone(), ky.clone()], "m"),
-        ] {
-            let got = store.settle(&keys, nonce, 0).await.unwrap();
-            assert_eq!(got, Settled::Unknown, "{name}: {keys:?} {nonce}");
-        }
-        let probe = |check: &Check| Check {
-            hits: 0,
-            ..check.clone()
-        };
-        let left = store.apply(&[probe(&x), probe(&y)], true).await.unwrap();
-        assert_eq!((left[0].remaining, left[1].remaining), (6, 16), "{name}");
-        let got = store.settle(&[kx, ky], "n", 1).await.unwrap();
-        let Settled::Settled { outcomes } = got else {
-            panic!("{name}: {got:?}");
-        };
-        assert_eq!(
-            (outcomes[0].remaining, outcomes[1].remaining),
-            (9, 19),
-            "{name}"
-        );
-    }
-}
-
 /// A reservation not settled within its TTL stays charged at its estimate:
 /// a settle after it is Unknown and gives nothing back, for every
 /// algorithm. (Redis expires the marker on its own clock: the test waits the
@@ -2002,9 +1957,10 @@ async fn an_expired_reservation_stays_charged_at_its_estimate() {
             .into_iter()
             .map(|algorithm| minute(budget_check(algorithm, 6)))
             .collect();
+        let ledger = common::Ledger::default();
         for (i, check) in checks.iter().enumerate() {
-            let reserved = store
-                .reserve(std::slice::from_ref(check), &format!("n{i}"), 200)
+            let reserved = ledger
+                .reserve(&store, std::slice::from_ref(check), &format!("n{i}"), 200)
                 .await
                 .unwrap();
             assert!(reserved.granted, "{name} {}", check.algorithm);
@@ -2013,8 +1969,7 @@ async fn an_expired_reservation_stays_charged_at_its_estimate() {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         for (i, check) in checks.iter().enumerate() {
             let at = format!("{name} {}", check.algorithm);
-            let keys = std::slice::from_ref(&check.key);
-            let got = store.settle(keys, &format!("n{i}"), 0).await.unwrap();
+            let got = ledger.settle(&store, &format!("n{i}"), 0).await.unwrap();
             assert_eq!(got, Settled::Unknown, "{at}");
             let probe = Check {
                 hits: 0,
@@ -2106,17 +2061,15 @@ async fn redis_budget_calls_survive_function_flush_script_flush_and_no_functions
     ] {
         let store = redis.store_with(Some(clock.clone()), functions);
         let check = minute(c(&format!("budget-{flush}-{functions}"), 10, 6));
-        let reserved = store
-            .reserve(std::slice::from_ref(&check), "n", 60_000)
+        let ledger = common::Ledger::default();
+        let reserved = ledger
+            .reserve(&store, std::slice::from_ref(&check), "n", 60_000)
             .await
             .unwrap();
         assert!(reserved.granted, "{flush} {functions}");
         let mut conn = redis.client().get_connection().unwrap();
         let _: () = redis::cmd(flush).arg("FLUSH").query(&mut conn).unwrap();
-        let got = store
-            .settle(std::slice::from_ref(&check.key), "n", 1)
-            .await
-            .unwrap();
+        let got = ledger.settle(&store, "n", 1).await.unwrap();
         assert_eq!(
             got,
             Settled::Settled {
@@ -2143,10 +2096,11 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
         let mut conn = redis.client().get_connection().unwrap();
         let before = limiter_calls(&mut conn);
         let nonces: Vec<String> = (0..64).map(|i| format!("n{i}")).collect();
+        let ledger = common::Ledger::default();
         let reserved = join_all(
             nonces
                 .iter()
-                .map(|n| store.reserve(std::slice::from_ref(&check), n, 60_000)),
+                .map(|n| ledger.reserve(&store, std::slice::from_ref(&check), n, 60_000)),
         )
         .await;
         let calls = limiter_calls(&mut conn) - before;
@@ -2158,9 +2112,8 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
             .collect();
         assert_eq!(granted.len(), 10, "functions {functions}");
         assert!(calls < 64, "{calls} calls for 64 reserves ({functions})");
-        let keys = [check.key.clone()];
         let before = limiter_calls(&mut conn);
-        let settled = join_all(granted.iter().map(|n| store.settle(&keys, n, 0))).await;
+        let settled = join_all(granted.iter().map(|n| ledger.settle(&store, n, 0))).await;
         let calls = limiter_calls(&mut conn) - before;
         assert!(calls < 10, "{calls} calls for 10 settles ({functions})");
         for answer in settled {
@@ -2179,54 +2132,69 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
 }
 
 /// Malformed budget calls get an error reply and save nothing: an unknown
-/// operation, a TTL or actual not a count, fewer fields than keys, a keys
-/// line announced and missing or a header's tail not ` k` (nor a settle's
-/// ` k <keep>`), an actual over 2^32 (`MAX_HITS`), more arguments than
-/// operations, no time. A check's fields malformed fail that operation
-/// alone (`{-1, 1}`), saving nothing.
+/// operation, a TTL or actual not a count, fewer fields than keys, a
+/// header's tail other than a settle's ` <expires> <keep>`, keys that do
+/// not add up (a settle's record key missing), an actual over 2^32
+/// (`MAX_HITS`), more arguments than operations, no time. A check's fields
+/// or a settle's times and marks malformed fail that operation alone
+/// (`{-1, 1}`), saving nothing.
 #[test]
 fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
     let function = common::load_limiter_library(&mut conn);
-    let (marker, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
+    let (record, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
     let good = "fw 5 1000 0 1 1 0";
     let now = "1800000000000";
-    let call = |args: &[&str]| {
+    let settle = "settle 1 1 1800000060000 0";
+    let call = |keys: &[&str], args: &[&str]| {
         redis::cmd("FCALL")
             .arg(format!("{function}_budget"))
-            .arg(2)
-            .arg(marker)
-            .arg(key)
+            .arg(keys.len())
+            .arg(keys)
             .arg(args)
             .query::<Packed>(&mut redis.client().get_connection().unwrap())
             .map(|p| p.0)
     };
-    let malformed: [&[&str]; 13] = [
-        &[now, "take 1 1000", good],
-        &[now, "reserve 1 soon", good],
-        &[now, "reserve 1 1000"],
-        &[now, "reserve 1 1000 k", good],
-        &[now, "reserve 1 1000 x", key, good],
-        &[now, "reserve 1 1000 k 60000", key, good],
-        &[now, "settle 1 1 60000"],
-        &[now, "settle 1 1 k 6x", key],
-        &[now, "settle 1 -1"],
-        &[now, "settle 1 4294967297"],
-        &[now, "settle 1 1", good],
-        &[now, "reserve 1 1000", good, "reserve 1 1000", good],
-        &["soon", "reserve 1 1000", good],
+    let (one, two) = (&[key][..], &[key, record][..]);
+    let malformed: [(&[&str], &[&str]); 14] = [
+        (one, &[now, "take 1 1000", good]),
+        (one, &[now, "reserve 1 soon", good]),
+        (one, &[now, "reserve 1 1000"]),
+        (one, &[now, "reserve 1 1000 k", good]),
+        (two, &[now, "reserve 1 1000", good]),
+        (two, &[now, "settle 1 1 1800000060000", good, "1 0"]),
+        (two, &[now, "settle 1 1 soon 0", good, "1 0"]),
+        (two, &[now, "settle 1 -1 1800000060000 0", good, "1 0"]),
+        (
+            two,
+            &[now, "settle 1 4294967297 1800000060000 0", good, "1 0"],
+        ),
+        (two, &[now, settle, good]),
+        (one, &[now, settle, good, "1 0"]),
+        (one, &[now, "reserve 1 1000", good, "reserve 1 1000", good]),
+        (one, &["soon", "reserve 1 1000", good]),
+        (&[], &[now]),
     ];
-    for args in malformed {
-        let error = call(args).expect_err("malformed arguments were decided");
+    for (keys, args) in malformed {
+        let error = call(keys, args).expect_err("malformed arguments were decided");
         assert_eq!(
             (error.code(), error.detail()),
             (Some("ERR"), Some("malformed budget arguments")),
             "{args:?}: {error}"
         );
     }
-    let bad_fields = call(&[now, "reserve 1 1000", "fw 5 1000 0 1 1"]).unwrap();
+    let bad_fields = call(one, &[now, "reserve 1 1000", "fw 5 1000 0 1 1"]).unwrap();
     assert_eq!(bad_fields, vec![2, -1, 1]);
+    for (fields, marks) in [
+        ("fw 5 1000 0 1 1", "1 0"),
+        (good, "x 0"),
+        (good, "1"),
+        (good, "1 0 2 0"),
+    ] {
+        let answer = call(two, &[now, settle, fields, marks]).unwrap();
+        assert_eq!(answer, vec![2, -1, 1], "{fields:?} {marks:?}");
+    }
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "saved {keys:?}");
 }
@@ -2291,7 +2259,8 @@ fn random_budgets_agree_on_memory_and_redis() {
                 ..ck(algorithm, &format!("k{k}"), limit, period_ms, burst, hits)
             }
         };
-        let mut reservations: Vec<Vec<String>> = Vec::new();
+        let (on_memory, in_redis) = (common::Ledger::default(), common::Ledger::default());
+        let mut reservations = 0;
         for (i, (wait, step)) in steps.iter().enumerate() {
             clock.advance(wait * 250);
             let (a, b) = runtime.block_on(async {
@@ -2301,19 +2270,20 @@ fn random_budgets_agree_on_memory_and_redis() {
                             .iter()
                             .map(|&(k, enforce)| check(k, *estimate, enforce))
                             .collect();
-                        let nonce = format!("r{}", reservations.len());
-                        reservations.push(checks.iter().map(|c| c.key.clone()).collect());
-                        let a = memory.reserve(&checks, &nonce, 60_000).await.unwrap();
-                        let b = on_redis.reserve(&checks, &nonce, 60_000).await.unwrap();
+                        let nonce = format!("r{reservations}");
+                        reservations += 1;
+                        let a = on_memory.reserve(&memory, &checks, &nonce, 60_000);
+                        let b = in_redis.reserve(&on_redis, &checks, &nonce, 60_000);
+                        let (a, b) = (a.await.unwrap(), b.await.unwrap());
                         (format!("{a:?}"), format!("{b:?}"))
                     }
                     BudgetStep::Settle(n, actual) => {
-                        let (nonce, keys) = match reservations.len() {
-                            0 => ("never".to_owned(), vec![check(0, 0, true).key]),
-                            len => (format!("r{}", n % len), reservations[n % len].clone()),
+                        let nonce = match reservations {
+                            0 => "never".to_owned(),
+                            len => format!("r{}", n % len),
                         };
-                        let a = memory.settle(&keys, &nonce, *actual).await.unwrap();
-                        let b = on_redis.settle(&keys, &nonce, *actual).await.unwrap();
+                        let a = on_memory.settle(&memory, &nonce, *actual).await.unwrap();
+                        let b = in_redis.settle(&on_redis, &nonce, *actual).await.unwrap();
                         (format!("{a:?}"), format!("{b:?}"))
                     }
                     BudgetStep::Apply(k, hits) => {

@@ -388,7 +388,7 @@ fn a_bad_per_second_redis_stops_the_start_naming_the_variable() {
 }
 
 /// `ratekeeper.v1.BudgetService` with a per-second store: budgets live in
-/// the main Redis, beside their markers, so a reservation a per-second
+/// the main Redis, beside their settlements' records, so a reservation a per-second
 /// limit matches is refused before any store work; one on a per-minute
 /// limit is reserved and settled in the main Redis.
 #[tokio::test]
@@ -396,7 +396,7 @@ async fn budgets_live_in_the_main_redis_and_refuse_per_second_limits() {
     use ratekeeper::pb::v1::budget_service_client::BudgetServiceClient;
     use ratekeeper::pb::v1::{Descriptor, Entry, ReserveRequest, SettleRequest};
     use ratekeeper::service::reservation_id::ReservationId;
-    use ratekeeper::store::budget::marker_key;
+    use ratekeeper::store::budget::record_key;
 
     let pair = start(FailureMode::Open).await;
     let url = format!("http://{}", pair.server.addr);
@@ -434,16 +434,16 @@ async fn budgets_live_in_the_main_redis_and_refuse_per_second_limits() {
     assert!(keys(&pair.main).is_empty(), "{:?}", keys(&pair.main));
     assert!(keys(&pair.per_second).is_empty());
 
-    // Per-minute: the counter and the marker in the main Redis.
+    // Per-minute: the counter (and the ids' key) in the main Redis.
     let reserved = budget
         .reserve(of(&[("user", "alice")], 3))
         .await
         .expect("reserve")
         .into_inner();
     assert!(reserved.granted, "{reserved:?}");
-    let id = ReservationId::decode(&reserved.reservation_id, ratekeeper::keys::DEFAULT_PREFIX)
-        .expect("a reservation id");
-    let mut expected = vec![USER_KEY.to_string(), marker_key(USER_KEY, &id.nonce)];
+    let prefix = ratekeeper::keys::DEFAULT_PREFIX;
+    let id = ReservationId::decode(&reserved.reservation_id, prefix).expect("a reservation id");
+    let mut expected = vec![USER_KEY.to_string(), format!("{prefix}budget.key")];
     expected.sort();
     assert_eq!(keys(&pair.main), expected);
     assert!(keys(&pair.per_second).is_empty());
@@ -459,5 +459,9 @@ async fn budgets_live_in_the_main_redis_and_refuse_per_second_limits() {
         .into_inner();
     assert_eq!((settled.settled, settled.already_settled), (1, false));
     assert_eq!(count(&pair.main, USER_KEY), 1, "2 of the 3 given back");
+    expected.push(record_key(USER_KEY, &id.reservation.nonce));
+    expected.sort();
+    assert_eq!(keys(&pair.main), expected, "and the settlement's record");
+    assert!(keys(&pair.per_second).is_empty());
     pair.server.stop().await;
 }

@@ -176,14 +176,21 @@ pub fn reserve(
     (outcomes, granted.then_some(marks))
 }
 
+/// What a granted reservation took from one check, as its settle needs
+/// it: when (on the store's clock, ms) and its [`Mark`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub at_ms: u64,
+    pub mark: Mark,
+}
+
 /// A reservation as its settle needs it.
 #[derive(Debug, Clone, Copy)]
 pub struct Reservation<'a> {
     /// Its checks, their `hits` the estimate.
     pub checks: &'a [Check],
-    /// What it took from each.
-    pub marks: &'a [Mark],
-    pub reserved_at_ms: u64,
+    /// What it took from each, and when.
+    pub taken: &'a [Taken],
 }
 
 /// Settles `reservation` at `actual`, `erased` saying per check whether
@@ -197,13 +204,10 @@ pub fn settle(
     actual: u64,
     now_ms: u64,
 ) -> Vec<Outcome> {
-    let Reservation {
-        checks,
-        marks,
-        reserved_at_ms,
-    } = reservation;
-    for ((check, &mark), &erased) in checks.iter().zip(marks).zip(erased) {
-        let Some(mark) = mark else { continue };
+    let Reservation { checks, taken } = reservation;
+    for ((check, taken), &erased) in checks.iter().zip(taken).zip(erased) {
+        let Some(mark) = taken.mark else { continue };
+        let reserved_at_ms = taken.at_ms;
         // A counter reset since the reservation lost what it took: nothing
         // to give back (an excess is still charged). See RESET_KEEP_MS.
         if actual == check.hits || (erased && actual < check.hits) {

@@ -31,6 +31,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::{Request, Response, Status};
 
 use super::caps;
+use super::id_key::{IdKey, MAC_BYTES};
 use super::id_parts::returnable;
 use super::over_cache::OverCache;
 use super::reservation_id::{
@@ -45,7 +46,7 @@ use crate::headers::LimitState;
 use crate::limiter::{Algorithm, Charges, Check, Outcome, MAX_HITS};
 use crate::pb::v1::budget_service_server::BudgetService;
 use crate::pb::v1::{BudgetStatus, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse};
-use crate::store::{Role, Settled, Stores};
+use crate::store::{Reservation, Role, Settled, Stores, Taken};
 
 /// The budget service.
 #[derive(Debug, Clone)]
@@ -60,6 +61,8 @@ pub struct Budget {
     over: Arc<OverCache>,
     /// This lane's counters.
     counters: Arc<Counters>,
+    /// The key reservation ids are signed with, shared by the lanes.
+    id_key: Arc<IdKey>,
 }
 
 impl Budget {
@@ -69,12 +72,14 @@ impl Budget {
         settings: LimiterSettings,
         over: Arc<OverCache>,
     ) -> Self {
+        let id_key = Arc::new(IdKey::new(format!("{}budget.key", settings.key_prefix)));
         Budget {
             config,
             stores,
             settings,
             over,
             counters: Arc::default(),
+            id_key,
         }
     }
 
@@ -93,7 +98,12 @@ impl Budget {
         let ttl_ms = ttl.as_millis() as u64;
         let config = self.config.current();
         let plan = self.plan(&config, request)?;
-        let reservation = ReservationId::new(ttl_ms, request.descriptors.len(), slots(&plan));
+        let mut reservation = ReservationId {
+            nonce: ReservationId::new_nonce(),
+            ttl_ms,
+            descriptors: request.descriptors.len(),
+            keys: slots(&plan),
+        };
         if reservation.keys.is_empty() {
             // Nothing limits these descriptors: nothing to take or settle.
             self.counters.reserve(&request.domain, Reserve::Unlimited);
@@ -104,19 +114,33 @@ impl Budget {
                 ..Default::default()
             });
         }
-        let id = returnable(
-            reservation.encode(),
+        // The longest the id can be (every time and mark at its widest),
+        // refused before anything is taken.
+        returnable(
+            ReservationId::signed(&reservation.payload(), &[0; MAC_BYTES]),
             MAX_RESERVATION_ID_BYTES,
             "reservation id",
             "counter keys",
         )?;
-        let reserved = self
-            .stores
-            .main()
+        let store = self.stores.main();
+        self.id_key.ready(store).await.map_err(store_failed)?;
+        let reserved = store
             .reserve(&plan.checks, &reservation.nonce, ttl_ms)
             .await
             .map_err(store_failed)?;
         let granted = reserved.granted;
+        let mut id = String::new();
+        if granted {
+            for (key, &taken) in reservation.keys.iter_mut().zip(&reserved.taken) {
+                key.taken = taken;
+            }
+            let payload = reservation.payload();
+            let mac = self
+                .id_key
+                .sign(payload.as_bytes())
+                .ok_or_else(|| Status::internal("no key to sign the reservation id with"))?;
+            id = ReservationId::signed(&payload, &mac);
+        }
         let result = if granted {
             Reserve::Granted
         } else {
@@ -127,7 +151,7 @@ impl Budget {
         let outcomes = enforced(&plan, &reserved.outcomes);
         Ok(ReserveResponse {
             granted,
-            reservation_id: if granted { id } else { String::new() },
+            reservation_id: id,
             statuses: statuses(&reservation, &outcomes),
             retry_after: if granted {
                 None
@@ -199,7 +223,7 @@ impl Budget {
     }
 
     async fn settle(&self, request: &SettleRequest) -> Result<SettleResponse, Status> {
-        let reservation = ReservationId::decode(&request.reservation_id, &self.settings.key_prefix)
+        let signed = ReservationId::decode(&request.reservation_id, &self.settings.key_prefix)
             .map_err(|e| Status::invalid_argument(format!("reservation_id: {e}")))?;
         if request.actual > MAX_HITS {
             return Err(Status::invalid_argument(format!(
@@ -207,13 +231,29 @@ impl Budget {
                 request.actual
             )));
         }
-        let keys = reservation.counter_keys();
-        let settled = self
-            .stores
-            .main()
-            .settle(&keys, &reservation.nonce, request.actual)
+        let store = self.stores.main();
+        let genuine = self
+            .id_key
+            .verify(store, signed.payload.as_bytes(), &signed.mac)
             .await
             .map_err(store_failed)?;
+        let reservation = signed.reservation;
+        let (checks, taken) = (reservation.checks(), reservation.taken());
+        let settled = if genuine {
+            let of = Reservation {
+                nonce: &reservation.nonce,
+                checks: &checks,
+                taken: &taken,
+                ttl_ms: reservation.ttl_ms,
+            };
+            store
+                .settle(&of, request.actual)
+                .await
+                .map_err(store_failed)?
+        } else {
+            Settled::Unknown
+        };
+        let keys = reservation.counter_keys();
         let (settled, already, outcomes) = match settled {
             Settled::Settled { outcomes } => (request.actual, false, outcomes),
             Settled::Already { actual, outcomes } => (actual, true, outcomes),
@@ -285,17 +325,20 @@ fn as_rate_limit_request(request: &ReserveRequest) -> RateLimitRequest {
     }
 }
 
-/// Each check's key, with its descriptor and limit, in the checks' order.
+/// Each check with its descriptor, in the checks' order; what it takes is
+/// known once reserved (until then the widest there can be: the id's
+/// longest length).
 fn slots(plan: &Plan<'_>) -> Vec<ReservedKey> {
     let mut slots = Vec::with_capacity(plan.checks.len());
     for (descriptor, applied) in plan.applied.iter().enumerate() {
         if let Applied::Counted { checks, .. } = applied {
             slots.extend(plan.checks[checks.clone()].iter().map(|check| ReservedKey {
-                key: check.key.clone(),
                 descriptor,
-                // What it admits at once, as `RateLimit-Limit` reports it:
-                // a bucket's burst (its remaining can reach that).
-                limit: check.capacity(),
+                check: check.clone(),
+                taken: Taken {
+                    at_ms: u64::MAX,
+                    mark: Some(u64::MAX),
+                },
             }));
         }
     }
@@ -326,7 +369,9 @@ fn statuses(reservation: &ReservationId, outcomes: &[Outcome]) -> Vec<BudgetStat
                 .zip(outcomes)
                 .filter(|(slot, _)| slot.descriptor == descriptor)
                 .map(|(slot, outcome)| LimitState {
-                    limit: slot.limit,
+                    // What it admits at once, as `RateLimit-Limit` reports
+                    // it: a bucket's burst (its remaining can reach that).
+                    limit: slot.check.capacity(),
                     remaining: outcome.remaining,
                     reset_ms: outcome.reset_ms,
                     over: outcome.over,
@@ -545,11 +590,19 @@ descriptors:
         let plan = Plan::new(&as_envoy, rules, &LimiterSettings::default()).expect("plan");
         assert!(plan.checks.iter().all(|c| c.hits == 300));
         let slots = slots(&plan);
-        let per_slot: Vec<(usize, u64)> = slots.iter().map(|s| (s.descriptor, s.limit)).collect();
+        let per_slot: Vec<(usize, u64)> = slots
+            .iter()
+            .map(|s| (s.descriptor, s.check.capacity()))
+            .collect();
         assert_eq!(per_slot, [(1, 1000), (1, 5000)], "the user's two limits");
-        assert_eq!(slots[0].key, plan.checks[0].key);
+        assert_eq!(slots[0].check, plan.checks[0]);
 
-        let reservation = ReservationId::new(60_000, 3, slots);
+        let reservation = ReservationId {
+            nonce: ReservationId::new_nonce(),
+            ttl_ms: 60_000,
+            descriptors: 3,
+            keys: slots,
+        };
         let statuses = statuses(
             &reservation,
             &[

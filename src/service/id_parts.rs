@@ -32,8 +32,13 @@ pub fn is_nonce(s: &str) -> bool {
 
 /// Appends `s`'s bytes to `out` as lowercase hex.
 pub fn push_hex(out: &mut String, s: &str) {
+    push_hex_bytes(out, s.as_bytes());
+}
+
+/// Appends `bytes` to `out` as lowercase hex.
+pub fn push_hex_bytes(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.extend(s.bytes().flat_map(|b| {
+    out.extend(bytes.iter().flat_map(|&b| {
         [
             char::from(DIGITS[usize::from(b >> 4)]),
             char::from(DIGITS[usize::from(b & 0xf)]),

@@ -6,6 +6,7 @@ pub mod budget;
 pub mod caps;
 pub mod concurrency;
 pub mod holds;
+pub mod id_key;
 pub mod id_parts;
 pub mod lease_id;
 pub mod over_cache;

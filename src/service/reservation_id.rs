@@ -1,31 +1,39 @@
 //! Reservation ids (`BudgetService`): opaque to callers, self-describing to
-//! every replica.
+//! every replica, and signed.
 //!
-//! `r1.<nonce>.<ttl ms>.<descriptors>.<descriptor>:<limit>:<hex key>[. ...]`
+//! `r2.<nonce>.<ttl ms>.<descriptors>.<part>[.<part> ...].<mac>`, each
+//! part `<descriptor>:<fields>:<at ms>:<mark>:<hex key>`
 //!
-//! `r1.` is the format's version (a later format gets another prefix, so a
-//! replica never misreads an id minted by a newer one). The nonce is 128
-//! random bits, the part nobody can guess. Then one part per counter key the
-//! reservation took its estimate from, in the order of its checks: the
-//! index of the Reserve's descriptor the key belongs to (so Settle answers
-//! one status per descriptor with the descriptor count), the limit it
-//! reports, and the key in hex. Any replica settles any reservation from
-//! the id alone: nothing to look up.
+//! `r2.` is the format's version (a later format gets another prefix, so a
+//! replica never misreads an id minted by a newer one; `r1.` ids, whose
+//! reservations were recorded in the store, are not read). The nonce is
+//! 128 random bits: it names the record of the reservation's settlement.
+//! Then one part per counter key the reservation took its estimate from, in
+//! the order of its checks: the index of the Reserve's descriptor the key
+//! belongs to (so Settle answers one status per descriptor), the check's
+//! fields as reserved (`<algorithm tag>_<limit>_<period ms>_<burst>_<hits
+//! (the estimate)>_<enforce 0|1>_<charges 0|1|2>`), when the store took
+//! it, on its clock, what it took (its mark, `-` for nothing: a limit in
+//! shadow mode it was over), and the key in hex. The MAC (32 hex digits,
+//! `service::id_key`) covers all before it. Any replica settles any
+//! reservation from the id alone: the store records nothing at reserve.
 //!
-//! The id is not trusted: what a settle gives back or charges is what the
-//! store's marker for the nonce recorded (the estimate, each limit's
-//! fields), and only if the marker names exactly the id's keys. A forged or
-//! altered id therefore touches nothing (the store answers Unknown); at
-//! worst an altered limit misreports the `limit` of its own answer.
+//! The id is trusted only under its MAC: a forged or altered id is refused
+//! before it reaches the store, so what a settle gives back or charges is
+//! what was reserved.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use super::caps::MAX_DESCRIPTORS;
-use super::id_parts::{count, from_hex, is_nonce, push_hex, quote_start, random_nonce};
+use super::id_key::MAC_BYTES;
+use super::id_parts::{
+    count, from_hex, hex_byte, is_nonce, push_hex, push_hex_bytes, quote_start, random_nonce,
+};
+use crate::limiter::budget::Taken;
+use crate::limiter::{Algorithm, Charges, Check};
 
 /// The version prefix of every reservation id this format mints.
-pub const PREFIX: &str = "r1.";
+pub const PREFIX: &str = "r2.";
 
 /// Longest reservation id accepted (and minted: a Reserve whose keys would
 /// not fit is refused before it takes anything).
@@ -38,15 +46,15 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(5 * 60);
 /// enough that a forgotten reservation gives its budget back the same hour.
 pub const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(3600));
 
-/// One counter key a reservation took its estimate from.
+/// One check a reservation took its estimate from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservedKey {
-    pub key: String,
-    /// Index of the Reserve's descriptor this key's limit belongs to.
+    /// Index of the Reserve's descriptor this check's limit belongs to.
     pub descriptor: usize,
-    /// What the limit admits at once (its `requests_per_unit`; a bucket's
-    /// `burst`), for the answers.
-    pub limit: u64,
+    /// The check as reserved (its `hits` the estimate).
+    pub check: Check,
+    /// What the reservation took from it, and when.
+    pub taken: Taken,
 }
 
 /// A decoded reservation id.
@@ -59,40 +67,83 @@ pub struct ReservationId {
     pub keys: Vec<ReservedKey>,
 }
 
+/// An id as read: the reservation, what its MAC covers, and the MAC.
+#[derive(Debug)]
+pub struct Signed<'a> {
+    pub reservation: ReservationId,
+    pub payload: &'a str,
+    pub mac: [u8; MAC_BYTES],
+}
+
 impl ReservationId {
-    /// A new reservation with a fresh random nonce.
-    pub fn new(ttl_ms: u64, descriptors: usize, keys: Vec<ReservedKey>) -> Self {
-        ReservationId {
-            nonce: random_nonce(),
-            ttl_ms,
-            descriptors,
-            keys,
-        }
+    /// A new reservation id's nonce.
+    pub fn new_nonce() -> String {
+        random_nonce()
+    }
+
+    /// The checks, in order.
+    pub fn checks(&self) -> Vec<Check> {
+        self.keys.iter().map(|k| k.check.clone()).collect()
+    }
+
+    /// What the reservation took from each check, in order.
+    pub fn taken(&self) -> Vec<Taken> {
+        self.keys.iter().map(|k| k.taken).collect()
     }
 
     /// The counter keys, in the order of the reservation's checks.
     pub fn counter_keys(&self) -> Vec<String> {
-        self.keys.iter().map(|k| k.key.clone()).collect()
+        self.keys.iter().map(|k| k.check.key.clone()).collect()
     }
 
-    pub fn encode(&self) -> String {
-        let hex: usize = self.keys.iter().map(|k| 2 * k.key.len() + 32).sum();
+    /// The id without its MAC: what the MAC covers.
+    pub fn payload(&self) -> String {
+        let hex: usize = self.keys.iter().map(|k| 2 * k.check.key.len() + 96).sum();
         let mut id = String::with_capacity(PREFIX.len() + self.nonce.len() + 32 + hex);
-        // Writing to a String cannot fail.
-        let _ = write!(
-            id,
-            "{PREFIX}{}.{}.{}",
-            self.nonce, self.ttl_ms, self.descriptors
-        );
+        let mut n = itoa::Buffer::new();
+        id.push_str(PREFIX);
+        id.push_str(&self.nonce);
+        for number in [self.ttl_ms, self.descriptors as u64] {
+            id.push('.');
+            id.push_str(n.format(number));
+        }
         for key in &self.keys {
-            let _ = write!(id, ".{}:{}:", key.descriptor, key.limit);
-            push_hex(&mut id, &key.key);
+            let c = &key.check;
+            id.push('.');
+            id.push_str(n.format(key.descriptor));
+            id.push(':');
+            id.push_str(c.algorithm.key_tag());
+            for field in [c.limit, c.period_ms, c.burst, c.hits] {
+                id.push('_');
+                id.push_str(n.format(field));
+            }
+            id.push_str(if c.enforce { "_1_" } else { "_0_" });
+            id.push_str(n.format(c.charges as u8));
+            id.push(':');
+            id.push_str(n.format(key.taken.at_ms));
+            id.push(':');
+            match key.taken.mark {
+                Some(mark) => id.push_str(n.format(mark)),
+                None => id.push('-'),
+            }
+            id.push(':');
+            push_hex(&mut id, &c.key);
         }
         id
     }
 
-    /// Decodes `id`, accepting only counter keys under `key_prefix`.
-    pub fn decode(id: &str, key_prefix: &str) -> Result<ReservationId, String> {
+    /// The id: `payload` and its MAC.
+    pub fn signed(payload: &str, mac: &[u8; MAC_BYTES]) -> String {
+        let mut id = String::with_capacity(payload.len() + 1 + 2 * MAC_BYTES);
+        id.push_str(payload);
+        id.push('.');
+        push_hex_bytes(&mut id, mac);
+        id
+    }
+
+    /// Reads `id`, accepting only counter keys under `key_prefix`; its MAC
+    /// is for the caller to check.
+    pub fn decode<'a>(id: &'a str, key_prefix: &str) -> Result<Signed<'a>, String> {
         if id.is_empty() {
             return Err("the reservation id is empty".into());
         }
@@ -101,13 +152,18 @@ impl ReservationId {
                 "reservation id longer than {MAX_RESERVATION_ID_BYTES} bytes"
             ));
         }
-        let Some(rest) = id.strip_prefix(PREFIX) else {
+        if !id.starts_with(PREFIX) {
             return Err(format!(
                 "{} is not a reservation id of this version (they start with {PREFIX:?})",
                 quote_start(id)
             ));
-        };
+        }
         let bad = |what: &str| format!("malformed reservation id {}: {what}", quote_start(id));
+        let (payload, mac_hex) = id.rsplit_once('.').unwrap_or((id, ""));
+        let mac = mac_of(mac_hex).ok_or_else(|| bad("its MAC is not 32 hex digits"))?;
+        let Some(rest) = payload.strip_prefix(PREFIX) else {
+            return Err(bad("it holds nothing but a MAC"));
+        };
         let mut parts = rest.split('.');
         let Some(nonce) = parts.next().filter(|n| is_nonce(n)) else {
             return Err(bad("its nonce is not 32 hex digits"));
@@ -122,8 +178,6 @@ impl ReservationId {
         else {
             return Err(bad("its descriptor count is not a whole number"));
         };
-        // Only the service mints ids, always with a TTL in range: a TTL
-        // outside it is a forgery (the store's marker keeps its own expiry).
         let (min, max) = TTL_RANGE;
         if !(min.as_millis()..=max.as_millis()).contains(&u128::from(ttl_ms)) {
             return Err(bad(&format!("a TTL outside {min:?}..={max:?}")));
@@ -137,33 +191,90 @@ impl ReservationId {
             .map(|part| reserved_key(part, descriptors, key_prefix))
             .collect::<Option<Vec<ReservedKey>>>()
             .filter(|keys| !keys.is_empty())
-            .ok_or_else(|| bad("its keys are not counter keys of this service"))?;
-        Ok(ReservationId {
-            nonce: nonce.to_owned(),
-            ttl_ms,
-            descriptors,
-            keys,
+            .ok_or_else(|| bad("its checks are not counter keys of this service"))?;
+        Ok(Signed {
+            reservation: ReservationId {
+                nonce: nonce.to_owned(),
+                ttl_ms,
+                descriptors,
+                keys,
+            },
+            payload,
+            mac,
         })
     }
 }
 
-/// One `<descriptor>:<limit>:<hex key>` part, if well formed.
+/// A MAC's 32 hex digits as bytes.
+fn mac_of(hex: &str) -> Option<[u8; MAC_BYTES]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 2 * MAC_BYTES {
+        return None;
+    }
+    let mut mac = [0; MAC_BYTES];
+    for (out, pair) in mac.iter_mut().zip(bytes.chunks_exact(2)) {
+        *out = hex_byte(pair)?;
+    }
+    Some(mac)
+}
+
+/// One `<descriptor>:<fields>:<at>:<mark>:<hex key>` part, if well formed.
 fn reserved_key(part: &str, descriptors: usize, key_prefix: &str) -> Option<ReservedKey> {
-    let mut fields = part.splitn(3, ':');
+    let mut fields = part.splitn(5, ':');
     let descriptor = usize::try_from(count(fields.next()?)?).ok()?;
-    let limit = count(fields.next()?)?;
+    let check = fields.next()?;
+    let at_ms = count(fields.next()?)?;
+    let mark = match fields.next()? {
+        "-" => None,
+        mark => Some(count(mark)?),
+    };
     let key = from_hex(fields.next()?)?;
-    (descriptor < descriptors && is_counter_key(&key, key_prefix)).then_some(ReservedKey {
-        key,
+    if descriptor >= descriptors || !is_counter_key(&key, key_prefix) {
+        return None;
+    }
+    Some(ReservedKey {
         descriptor,
+        check: check_of(check, key)?,
+        taken: Taken { at_ms, mark },
+    })
+}
+
+/// A check's `<tag>_<limit>_<period>_<burst>_<hits>_<enforce>_<charges>`.
+fn check_of(fields: &str, key: String) -> Option<Check> {
+    let mut f = fields.split('_');
+    let tag = f.next()?;
+    let algorithm = Algorithm::ALL.into_iter().find(|a| a.key_tag() == tag)?;
+    let mut number = || count(f.next()?);
+    let (limit, period_ms, burst, hits) = (number()?, number()?, number()?, number()?);
+    let enforce = match number()? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    let charges = match number()? {
+        0 => Charges::Drop,
+        1 => Charges::Record,
+        2 => Charges::WhenOver,
+        _ => return None,
+    };
+    if f.next().is_some() || period_ms == 0 {
+        return None;
+    }
+    Some(Check {
+        key,
+        algorithm,
         limit,
+        period_ms,
+        burst,
+        hits,
+        enforce,
+        charges,
     })
 }
 
 /// Whether `key` has the shape `keys::counter_key` gives: the prefix, a
 /// `{...}` hash tag, and a rule id without braces. No control byte (a
-/// counter key escapes them): a marker joins a slot's keys with newlines,
-/// so one key holding a newline must not pass for two.
+/// counter key escapes them).
 fn is_counter_key(key: &str, key_prefix: &str) -> bool {
     let Some(rest) = key.strip_prefix(key_prefix) else {
         return false;
@@ -184,31 +295,61 @@ fn is_counter_key(key: &str, key_prefix: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn check(key: &str, algorithm: Algorithm) -> Check {
+        Check {
+            key: key.into(),
+            algorithm,
+            limit: 1000,
+            period_ms: 60_000,
+            burst: 100,
+            hits: 40,
+            enforce: true,
+            charges: Charges::WhenOver,
+        }
+    }
+
     fn reservation() -> ReservationId {
-        ReservationId::new(
-            300_000,
-            3,
-            vec![
+        ReservationId {
+            nonce: ReservationId::new_nonce(),
+            ttl_ms: 300_000,
+            descriptors: 3,
+            keys: vec![
                 ReservedKey {
-                    key: "rk:{d|user=a.b}:fw.60".into(),
                     descriptor: 0,
-                    limit: 1000,
+                    check: check("rk:{d|user=a.b}:fw.60", Algorithm::FixedWindow),
+                    taken: Taken {
+                        at_ms: 1_800_000_000_000,
+                        mark: Some(0),
+                    },
                 },
                 ReservedKey {
-                    key: "rk:{d|org=x}:tb.3600".into(),
                     descriptor: 2,
-                    limit: 100_000,
+                    check: Check {
+                        enforce: false,
+                        charges: Charges::Drop,
+                        ..check("rk:{d|org=x}:tb.3600", Algorithm::TokenBucket)
+                    },
+                    taken: Taken {
+                        at_ms: 1_800_000_000_001,
+                        mark: None,
+                    },
                 },
             ],
-        )
+        }
     }
 
     #[test]
     fn round_trips() {
         let r = reservation();
-        let id = r.encode();
-        assert!(id.starts_with("r1."), "{id}");
-        assert_eq!(ReservationId::decode(&id, "rk:"), Ok(r.clone()));
+        let payload = r.payload();
+        let id = ReservationId::signed(&payload, &[0xab; MAC_BYTES]);
+        assert!(id.starts_with("r2."), "{id}");
+        let read = ReservationId::decode(&id, "rk:").unwrap();
+        assert_eq!(read.reservation, r);
+        assert_eq!(
+            (read.payload, read.mac),
+            (payload.as_str(), [0xab; MAC_BYTES])
+        );
         assert_eq!(r.counter_keys()[1], "rk:{d|org=x}:tb.3600");
         assert_ne!(reservation().nonce, r.nonce);
     }
@@ -223,55 +364,68 @@ mod tests {
         };
         let key = hex("rk:{d}:fw.60");
         let n = &r.nonce;
+        let mac = "ab".repeat(MAC_BYTES);
+        let f = "fw_10_60000_0_5_1_0";
         let cases = [
             (String::new(), "empty"),
             ("x".into(), "not a reservation id"),
-            (format!("r2.{n}.300000.1.0:5:{key}"), "not a reservation id"),
-            (format!("{n}.300000.1.0:5:{key}"), "not a reservation id"),
-            (format!("r1.{n}.300000.1"), "keys"),
-            (format!("r1.short.300000.1.0:5:{key}"), "nonce"),
+            (format!("r1.{n}.300000.1.0:5:{key}"), "not a reservation id"),
+            (format!("r2.{n}.300000.1.0:{f}:1:0:{key}"), "MAC"),
+            (format!("r2.{n}.300000.1.0:{f}:1:0:{key}.abc"), "MAC"),
+            (format!("r2.{n}.300000.1.{mac}"), "checks"),
+            (format!("r2.{mac}"), "nothing but a MAC"),
+            (format!("r2.short.300000.1.0:{f}:1:0:{key}.{mac}"), "nonce"),
+            (format!("r2.{n}.ttl.1.0:{f}:1:0:{key}.{mac}"), "TTL is not"),
             (
-                format!("r1.{n}.ttl.1.0:5:{key}"),
-                "its TTL is not a whole number",
-            ),
-            (
-                format!("r1.{n}.-5.1.0:5:{key}"),
-                "its TTL is not a whole number",
-            ),
-            (
-                format!("r1.{n}.+300000.1.0:5:{key}"),
-                "its TTL is not a whole number",
-            ),
-            (format!("r1.{n}.300000.1.+0:5:{key}"), "keys"),
-            (
-                format!("r1.{n}.300000.x.0:5:{key}"),
+                format!("r2.{n}.300000.x.0:{f}:1:0:{key}.{mac}"),
                 "descriptor count is not",
             ),
-            (format!("r1.{n}.999.1.0:5:{key}"), "TTL outside"),
-            (format!("r1.{n}.3600001.1.0:5:{key}"), "TTL outside"),
-            (format!("r1.{n}.{}.1.0:5:{key}", u64::MAX), "TTL outside"),
-            (format!("r1.{n}.300000.0.0:5:{key}"), "descriptor count"),
+            (format!("r2.{n}.999.1.0:{f}:1:0:{key}.{mac}"), "TTL outside"),
             (
-                format!("r1.{n}.300000.{}.0:5:{key}", MAX_DESCRIPTORS + 1),
+                format!("r2.{n}.300000.0.0:{f}:1:0:{key}.{mac}"),
                 "descriptor count",
             ),
-            (format!("r1.{n}.300000.1.1:5:{key}"), "keys"),
-            (format!("r1.{n}.300000.1.0:x:{key}"), "keys"),
-            (format!("r1.{n}.300000.1.0:5:zz"), "keys"),
-            (format!("r1.{n}.300000.1.0:5"), "keys"),
+            (format!("r2.{n}.300000.1.1:{f}:1:0:{key}.{mac}"), "checks"),
             (
-                format!("r1.{n}.300000.1.0:5:{}", hex("other:{d}:fw.60")),
-                "keys",
-            ),
-            (format!("r1.{n}.300000.1.0:5:{}", hex("rk:{d}:")), "keys"),
-            (format!("r1.{n}.300000.1.0:5:{}", hex("rk:d:fw")), "keys"),
-            // Two keys joined as a marker joins them, passed off as one.
-            (
-                format!("r1.{n}.300000.1.0:5:{}", hex("rk:{d}:fw.60\nrk:{d}:sw.60")),
-                "keys",
+                format!("r2.{n}.300000.1.0:xx_10_60000_0_5_1_0:1:0:{key}.{mac}"),
+                "checks",
             ),
             (
-                "r1.".to_owned() + &"a".repeat(MAX_RESERVATION_ID_BYTES),
+                format!("r2.{n}.300000.1.0:fw_10_0_0_5_1_0:1:0:{key}.{mac}"),
+                "checks",
+            ),
+            (
+                format!("r2.{n}.300000.1.0:fw_10_60000_0_5_2_0:1:0:{key}.{mac}"),
+                "checks",
+            ),
+            (
+                format!("r2.{n}.300000.1.0:fw_10_60000_0_5_1_3:1:0:{key}.{mac}"),
+                "checks",
+            ),
+            (
+                format!("r2.{n}.300000.1.0:fw_10_60000_0_5_1_0_9:1:0:{key}.{mac}"),
+                "checks",
+            ),
+            (format!("r2.{n}.300000.1.0:{f}:x:0:{key}.{mac}"), "checks"),
+            (format!("r2.{n}.300000.1.0:{f}:1:+0:{key}.{mac}"), "checks"),
+            (format!("r2.{n}.300000.1.0:{f}:1:0:zz.{mac}"), "checks"),
+            (
+                format!("r2.{n}.300000.1.0:{f}:1:0:{}.{mac}", hex("other:{d}:fw.60")),
+                "checks",
+            ),
+            (
+                format!("r2.{n}.300000.1.0:{f}:1:0:{}.{mac}", hex("rk:d:fw")),
+                "checks",
+            ),
+            (
+                format!(
+                    "r2.{n}.300000.1.0:{f}:1:0:{}.{mac}",
+                    hex("rk:{d}:fw.60\nrk:{d}:sw.60")
+                ),
+                "checks",
+            ),
+            (
+                "r2.".to_owned() + &"a".repeat(MAX_RESERVATION_ID_BYTES),
                 "longer than",
             ),
         ];
@@ -279,6 +433,7 @@ mod tests {
             let error = ReservationId::decode(&bad, "rk:").unwrap_err();
             assert!(error.contains(reason), "{bad:?}: {error}");
         }
-        assert!(ReservationId::decode(&r.encode(), "other:").is_err());
+        let good = ReservationId::signed(&r.payload(), &[1; MAC_BYTES]);
+        assert!(ReservationId::decode(&good, "other:").is_err());
     }
 }

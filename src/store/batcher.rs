@@ -29,13 +29,17 @@
 //! reported back to them as one shared call (`otel::shared`), so that it
 //! appears once in a trace and the other decisions link to it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::Cmd;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::caller::Caller;
+use super::connection::LATE_ANSWER;
 use super::limiter_script::{self, script_now, BudgetOp, LimiterScript};
 use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
@@ -63,6 +67,18 @@ pub trait Batched: Send + Sync + 'static {
     fn answers(&self, reply: &[i64], requests: &[&Self::Request]) -> Result<Vec<Self::Answer>>;
     /// The script the call runs (for its reload).
     fn script(&self) -> &LimiterScript;
+    /// How much longer than its caller waits a call keeps waiting for
+    /// Redis, so that what it made late can be undone (`unclaimed`). A
+    /// caller then waits on a timer of its own.
+    fn late(&self) -> Duration {
+        Duration::ZERO
+    }
+    /// What undoes `answer` to `request`, which its caller no longer waits
+    /// for (it went away, or its deadline passed while Redis was slow):
+    /// sent in the background.
+    fn unclaimed(&self, _request: &Self::Request, _answer: &Self::Answer) -> Option<Self::Request> {
+        None
+    }
 }
 
 /// The limiter's requests: checks, and whether all or nothing.
@@ -104,7 +120,7 @@ impl Batched for BudgetOps {
     type Answer = Result<Vec<i64>>;
 
     fn checks(request: &BudgetOp) -> usize {
-        request.keys.len()
+        request.checks.len()
     }
 
     fn command(&self, now: &str, requests: &[&BudgetOp]) -> Cmd {
@@ -117,6 +133,14 @@ impl Batched for BudgetOps {
 
     fn script(&self) -> &LimiterScript {
         &self.0
+    }
+
+    fn late(&self) -> Duration {
+        LATE_ANSWER
+    }
+
+    fn unclaimed(&self, request: &BudgetOp, answer: &Result<Vec<i64>>) -> Option<BudgetOp> {
+        limiter_script::give_back(request, answer.as_deref().ok()?)
     }
 }
 
@@ -174,9 +198,11 @@ impl<K: Batched> Batcher<K> {
         // check would take the one probe the breaker grants after its
         // cool-down, leaving the call itself refused.
         let (answer, answered) = oneshot::channel();
+        let waited = self.caller.call_timeout;
+        let late = self.kind.late();
         let request = Waiting {
             request,
-            deadline: Instant::now() + self.caller.call_timeout,
+            deadline: Instant::now() + waited + late,
             trace: shared::current(),
             answer,
         };
@@ -195,8 +221,20 @@ impl<K: Batched> Batcher<K> {
             // cancelling) can never strand the other requests of its call.
             tokio::spawn(Arc::clone(self).send(call));
         }
-        // No timer here: `send` answers by the deadline (module doc).
-        let (result, carried_by) = answered.await.unwrap_or_else(|_| {
+        // No timer here unless the call may outlast this caller (`late`):
+        // `send` answers by the deadline (module doc).
+        let answered = if late.is_zero() {
+            answered.await.ok()
+        } else {
+            match tokio::time::timeout(waited, answered).await {
+                Ok(answered) => answered.ok(),
+                Err(_) => {
+                    let slow = Error::Store(format!("no answer within {waited:?}"));
+                    Some((Err(slow), None))
+                }
+            }
+        };
+        let (result, carried_by) = answered.unwrap_or_else(|| {
             let lost = Error::Store("the call carrying this request was lost".into());
             (Err(lost), None)
         });
@@ -224,6 +262,7 @@ impl<K: Batched> Batcher<K> {
                         "no answer within {waited:?}"
                     ))),
                     None,
+                    &self.kind,
                 );
             }
             if !call.is_empty() {
@@ -244,7 +283,9 @@ impl<K: Batched> Batcher<K> {
                     requests: call.len(),
                     checks: call.iter().map(|w| K::checks(&w.request)).sum(),
                 });
-                deliver(call, result, shared);
+                for undo in deliver(call, result, shared, &self.kind) {
+                    tokio::spawn(Arc::clone(&self).undo(undo));
+                }
             }
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.waiting.is_empty() {
@@ -253,6 +294,23 @@ impl<K: Batched> Batcher<K> {
             }
             call = next_call(&mut state.waiting);
         }
+    }
+
+    /// Sends `undo` ([`Batched::unclaimed`]) in the background. Boxed: a
+    /// call that `send` spawns, which spawns `send` in turn.
+    fn undo(self: Arc<Self>, undo: K::Request) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            match self.apply(undo).await {
+                Ok(_) => tracing::info!(
+                    "gave back a reservation made after its caller had stopped waiting"
+                ),
+                Err(error) => tracing::warn!(
+                    %error,
+                    "could not give back a reservation made after its caller had stopped \
+                     waiting: it stays charged until its window passes"
+                ),
+            }
+        })
     }
 
     async fn call(&self, call: &[Waiting<K>]) -> Result<Vec<K::Answer>> {
@@ -300,18 +358,23 @@ fn next_call<K: Batched>(waiting: &mut Vec<Waiting<K>>) -> Vec<Waiting<K>> {
 }
 
 /// Hands each request its answer (or the call's error), and each sampled
-/// one the `shared` call's span.
+/// one the `shared` call's span; returns what undoes the answers nobody
+/// took ([`Batched::unclaimed`]).
 fn deliver<K: Batched>(
     call: Vec<Waiting<K>>,
     result: Result<Vec<K::Answer>>,
     shared: Option<SharedCall>,
-) {
+    kind: &K,
+) -> Vec<K::Request> {
     let carried = |w: &Waiting<K>| shared.filter(|_| w.trace.is_some());
+    let mut undo = Vec::new();
     match result {
         Ok(answers) => {
             for (w, answer) in call.into_iter().zip(answers) {
                 let shared = carried(&w);
-                let _ = w.answer.send((Ok(answer), shared));
+                if let Err((Ok(answer), _)) = w.answer.send((Ok(answer), shared)) {
+                    undo.extend(kind.unclaimed(&w.request, &answer));
+                }
             }
         }
         Err(error) => {
@@ -330,4 +393,5 @@ fn deliver<K: Batched>(
             }
         }
     }
+    undo
 }

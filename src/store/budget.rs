@@ -2,20 +2,26 @@
 //! settle; the service is `ratekeeper.v1.BudgetService`).
 //!
 //! A reservation takes an estimate from every check of a request, or from
-//! none, and leaves a marker beside the counters, in each hash slot they
-//! occupy: the keys, each check's fields, the time of the reservation on
-//! the store's clock, and what it took from each key (its mark: the
-//! sliding log's entry). The marker expires after the reservation's TTL;
-//! until then one settle makes the charge the actual cost, and marks the
-//! marker settled, so that a retry answers as the first did and charges
-//! nothing. A settle trusts only the marker: the caller says which keys
-//! and which nonce, and a marker that does not list exactly those keys is
-//! not touched. Without a marker (expired, forged, never made) a settle
+//! none, and records nothing beside the counters: its answer says when it
+//! was made on the store's clock and what it took from each key (its
+//! [`Taken`]), and the service carries those, with the checks, in the id
+//! it signs (`service::reservation_id`). A settle brings them back; the
+//! store trusts them (the service verified the id) and, before the
+//! reservation's TTL has passed on its clock, records the settlement under
+//! the record key of the reservation's nonce, in each hash slot it took
+//! from, and makes the charge the actual cost. A retry finds the record
+//! and answers as the first did, charging nothing. After the TTL a settle
 //! does nothing: an expired reservation stays charged at its estimate.
+//!
+//! Nothing is recorded at reserve because a new key per reservation costs
+//! Redis more than the rest of its work (BENCHMARKS.md, "Reserve and
+//! settle").
 
 use super::Store;
 use crate::limiter::{Check, Outcome, MAX_HITS};
 use crate::Result;
+
+pub use crate::limiter::budget::Taken;
 
 /// Reserve's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +30,8 @@ pub struct Reserved {
     pub granted: bool,
     /// One per check: as a request's, after the reservation when granted.
     pub outcomes: Vec<Outcome>,
+    /// When granted, what it took from each check (empty when refused).
+    pub taken: Vec<Taken>,
 }
 
 /// Settle's result.
@@ -33,37 +41,30 @@ pub enum Settled {
     Settled { outcomes: Vec<Outcome> },
     /// An earlier Settle did, at `actual`; nothing charged now.
     Already { actual: u64, outcomes: Vec<Outcome> },
-    /// No pending or settled marker: expired (its estimate stays charged), forged, or never made.
+    /// Its TTL has passed (its estimate stays charged).
     Unknown,
 }
 
-/// What a marker holds about one slot's part of a reservation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Marker {
-    /// The checks as reserved (`hits` is the estimate), keys in order.
-    pub checks: Vec<Check>,
-    /// What the reservation took from each check (see
-    /// [`crate::limiter::budget::Mark`]).
-    pub marks: Vec<Option<u64>>,
-    /// When it was made, on the store's clock (ms).
-    pub reserved_at_ms: u64,
-    /// The actual cost it was settled at, once settled.
-    pub settled: Option<u64>,
+/// A granted reservation, as a settle names it.
+#[derive(Debug, Clone, Copy)]
+pub struct Reservation<'a> {
+    /// 128 random bits, hex: names its settlement's record.
+    pub nonce: &'a str,
+    /// Its checks as reserved (`hits` the estimate), keys in order.
+    pub checks: &'a [Check],
+    /// What it took from each check, and when.
+    pub taken: &'a [Taken],
+    /// How long after it was made (on the store's clock) it may settle.
+    pub ttl_ms: u64,
 }
 
-impl Marker {
-    /// Whether the marker is about exactly `keys`, in order.
-    pub fn names(&self, keys: &[String]) -> bool {
-        self.checks.len() == keys.len() && self.checks.iter().zip(keys).all(|(c, k)| c.key == *k)
-    }
-}
-
-/// The marker key of a reservation in the hash slot of `counter_key`:
-/// `<counter key up to and including its closing '}'>:rsv.<nonce>`. A key
-/// without a hash tag gets its whole self as one (`{<key>}:rsv.<nonce>`),
-/// which Redis Cluster files in the same slot as the key (unless it holds
-/// a `}`: counter keys always carry a tag, see `keys`).
-pub fn marker_key(counter_key: &str, nonce: &str) -> String {
+/// The record key of a reservation's settlement in the hash slot of
+/// `counter_key`: `<counter key up to and including its closing
+/// '}'>:rsv.<nonce>`. A key without a hash tag gets its whole self as one
+/// (`{<key>}:rsv.<nonce>`), which Redis Cluster files in the same slot as
+/// the key (unless it holds a `}`: counter keys always carry a tag, see
+/// `keys`).
+pub fn record_key(counter_key: &str, nonce: &str) -> String {
     let tag_end = counter_key.find('{').and_then(|open| {
         let close = open + 1 + counter_key[open + 1..].find('}')?;
         (close > open + 1).then_some(close)
@@ -77,41 +78,42 @@ pub fn marker_key(counter_key: &str, nonce: &str) -> String {
 impl Store {
     /// checks: hits = the estimate, charges = false (admission: a refusal
     /// consumes nothing), enforce as the rule says. Takes the estimate from
-    /// every check or from none, and when granted records, in each hash
-    /// slot, a marker (expiring after `ttl_ms`) that holds what Settle
-    /// needs (see the module doc). A check in shadow mode that is over its
-    /// limit takes nothing and refuses nothing.
+    /// every check or from none, for a reservation that may settle for
+    /// `ttl_ms` (a bucket keeps its give-backs that long). A check in
+    /// shadow mode that is over its limit takes nothing and refuses
+    /// nothing. `nonce` names the reservation on a Cluster, where a
+    /// refusal in a later hash slot settles the earlier ones at 0.
     pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
         if checks.is_empty() {
             return Ok(Reserved {
                 granted: true,
                 outcomes: Vec::new(),
+                taken: Vec::new(),
             });
         }
         match self {
-            Store::Memory(store) => Ok(store.reserve(checks, nonce, ttl_ms)),
+            Store::Memory(store) => Ok(store.reserve(checks, ttl_ms)),
             Store::Redis(store) => store.reserve(checks, nonce, ttl_ms).await,
         }
     }
 
-    /// keys: the counter keys of the reservation (as in its checks, same
-    /// order). Per hash slot, atomically (on a cluster the first slot
-    /// decides, then the others follow: `RedisStore::settle`): if that
-    /// slot's marker for `nonce` is pending and names exactly these keys,
-    /// gives back `estimate - actual` on each check (or charges `actual -
+    /// Per hash slot, atomically (on a cluster the first slot decides,
+    /// then the others follow: `RedisStore::settle`): unless the
+    /// reservation's TTL has passed or its settlement is recorded, gives
+    /// back `estimate - actual` on each check (or charges `actual -
     /// estimate` as a charge after the fact, bounded like every charge:
-    /// `limiter::recordable`), and marks it settled at `actual` (on a
+    /// `limiter::recordable`), and records it settled at `actual` (on a
     /// cluster the later slots at the actual the first holds; kept until
-    /// the marker's expiry, so a retry answers Already). `actual` above
-    /// [`MAX_HITS`] counts as that.
-    pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
-        if keys.is_empty() {
+    /// the reservation's expiry, so a retry answers Already). `actual`
+    /// above [`MAX_HITS`] counts as that.
+    pub async fn settle(&self, reservation: &Reservation<'_>, actual: u64) -> Result<Settled> {
+        if reservation.checks.is_empty() || reservation.taken.len() != reservation.checks.len() {
             return Ok(Settled::Unknown);
         }
         let actual = actual.min(MAX_HITS);
         match self {
-            Store::Memory(store) => Ok(store.settle(keys, nonce, actual)),
-            Store::Redis(store) => store.settle(keys, nonce, actual).await,
+            Store::Memory(store) => Ok(store.settle(reservation, actual)),
+            Store::Redis(store) => store.settle(reservation, actual).await,
         }
     }
 }
@@ -122,13 +124,13 @@ mod tests {
     use crate::keys::cluster_slot;
 
     #[test]
-    fn a_marker_lives_in_its_counters_hash_slot() {
+    fn a_record_lives_in_its_counters_hash_slot() {
         let counter = "rk:{api|user=alice}:fw.60";
-        let marker = marker_key(counter, "n1");
-        assert_eq!(marker, "rk:{api|user=alice}:rsv.n1");
+        let record = record_key(counter, "n1");
+        assert_eq!(record, "rk:{api|user=alice}:rsv.n1");
         for key in [counter, "plain", "x{y"] {
             assert_eq!(
-                cluster_slot(&marker_key(key, "n")),
+                cluster_slot(&record_key(key, "n")),
                 cluster_slot(key),
                 "{key}"
             );

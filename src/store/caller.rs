@@ -182,11 +182,12 @@ impl Caller {
 /// answers one cut off in flight, so either may be the case. The first,
 /// what a quiet replica meets after a Redis restart, never left and is
 /// safe to make again. The second Redis may have run: made again, a
-/// decision's hits count twice (each request's of the call), while a
-/// Reserve or a lease acquire finds what it made (its marker, its lease;
-/// lua/budget.lua, lua/leases.lua) and takes nothing more; a settle
-/// answers that it was settled already (charging nothing more), and a
-/// heartbeat, a release or a reset is the same made twice.
+/// decision's hits count twice (each request's of the call), and so does
+/// a Reserve's estimate (nothing of a reservation is recorded before its
+/// settle: lua/budget.lua), while a lease acquire finds its lease
+/// (lua/leases.lua) and takes nothing more; a settle answers that it was
+/// settled already (charging nothing more), and a heartbeat, a release or
+/// a reset is the same made twice.
 fn went_away(error: &redis::RedisError) -> bool {
     error.is_connection_dropped()
 }

@@ -182,9 +182,13 @@ impl RedisSettings {
     }
 
     fn manager_config(&self) -> ConnectionManagerConfig {
+        // Calls are bounded by their own deadlines (`caller`); the
+        // connection waits longer for a reply, so that a budget call can
+        // outlast its caller and give back what it reserved late
+        // ([`LATE_ANSWER`]).
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.call_timeout))
+            .set_response_timeout(Some(self.call_timeout + LATE_ANSWER))
             .set_number_of_retries(1)
             .set_min_delay(RECONNECT_PAUSE)
             .set_max_delay(Duration::from_secs(1))
@@ -368,6 +372,11 @@ const MAX_CLUSTER_REBUILD_DOUBLINGS: u32 = 3;
 /// TRYAGAIN or a lost connection: enough for a stale slot map, a slot
 /// being moved and its keys split between two nodes, one after another.
 const CLUSTER_RETRIES: u32 = 3;
+
+/// How long a budget call waits for Redis past its callers' deadline
+/// (`batcher`), and a connection for a reply past the call deadline: a
+/// Reserve granted that late is given back (no caller holds its id).
+pub const LATE_ANSWER: Duration = Duration::from_secs(10);
 
 /// How long calls may keep failing, none answered, the last on a timeout,
 /// before single's and sentinel's connections are replaced. A peer gone

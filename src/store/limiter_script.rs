@@ -28,6 +28,7 @@ use redis::{
 use super::generation::Generation;
 use super::packed::Packed;
 use crate::clock::Clock;
+use crate::limiter::budget::Taken;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
 
@@ -248,21 +249,24 @@ impl LimiterScript {
         ops: impl Iterator<Item = &'o BudgetOp> + Clone,
     ) -> Cmd {
         let mut cmd = self.invocation(&self.budget_function, &self.budget_script);
-        cmd.arg(ops.clone().map(|op| op.keys.len() + 1).sum::<usize>());
+        let keys = |op: &BudgetOp| op.checks.len() + usize::from(op.settle.is_some());
+        cmd.arg(ops.clone().map(keys).sum::<usize>());
         for op in ops.clone() {
-            cmd.arg(op.marker.as_str());
-            for key in &op.keys {
-                cmd.arg(key.as_str());
+            for check in &op.checks {
+                cmd.arg(check.key.as_str());
+            }
+            if op.settle.is_some() {
+                cmd.arg(op.record.as_str());
             }
         }
         cmd.arg(now);
         for op in ops {
             cmd.arg(BudgetHeader(op));
-            if !op.all_keys.is_empty() {
-                cmd.arg(op.all_keys.as_str());
-            }
             for check in &op.checks {
                 cmd.arg(CheckFields(check));
+            }
+            if let Some(settle) = &op.settle {
+                cmd.arg(TakenArg(&settle.taken));
             }
         }
         cmd
@@ -357,40 +361,109 @@ impl LimiterScript {
 pub struct BudgetOp {
     /// `reserve`, `check` or `settle`.
     pub op: &'static str,
-    /// The reservation's marker in this slot.
-    pub marker: String,
-    /// The counter keys of its checks in this slot, in order.
-    pub keys: Vec<String>,
-    /// The reservation's counter keys in every slot, one a line; empty
-    /// when they are all in this slot (`keys`).
-    pub all_keys: String,
+    /// The key the reservation's settlement is recorded under in this
+    /// slot (sent with a settle only).
+    pub record: String,
     /// The TTL in ms (reserve, check) or the actual cost (settle).
     pub amount: u64,
-    /// This slot's checks (reserve, check); none for a settle.
+    /// This slot's checks (a settle's as reserved: hits the estimate).
     pub checks: Vec<Check>,
-    /// A settle's: how long at least its marker lives once settled, in ms
-    /// (0: as the reserve made it). Only with `all_keys`: the first slot of
-    /// a reservation over several (see `RedisStore::settle`).
-    pub keep_ms: u64,
+    /// A settle's reservation in this slot.
+    pub settle: Option<SlotSettle>,
 }
 
-/// An operation's header argument: `"<op> <keys> <amount>"`, and ` k`
-/// when the whole reservation's keys follow (other slots hold some), then
-/// ` <keep ms>` when a settle keeps its marker that long at least.
+/// What a settle in one hash slot says of its reservation.
+#[derive(Debug, Clone)]
+pub struct SlotSettle {
+    /// When the reservation may no longer settle, on this slot's clock (ms).
+    pub expires_ms: u64,
+    /// How long at least its record lives once settled, in ms (0: until
+    /// `expires_ms`): the first slot of a reservation over several (see
+    /// `RedisStore::settle`).
+    pub keep_ms: u64,
+    /// What the reservation took from each check.
+    pub taken: Vec<Taken>,
+}
+
+/// An operation's header argument: `"<op> <keys> <amount>"`, and for a
+/// settle ` <expires ms> <keep ms>`.
 struct BudgetHeader<'o>(&'o BudgetOp);
 
 impl fmt::Display for BudgetHeader<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let op = self.0;
-        write!(f, "{} {} {}", op.op, op.keys.len(), op.amount)?;
-        if !op.all_keys.is_empty() {
-            f.write_str(" k")?;
-            if op.keep_ms > 0 {
-                write!(f, " {}", op.keep_ms)?;
+        write!(f, "{} {} {}", op.op, op.checks.len(), op.amount)?;
+        if let Some(settle) = &op.settle {
+            write!(f, " {} {}", settle.expires_ms, settle.keep_ms)?;
+        }
+        Ok(())
+    }
+}
+
+/// A settle's argument of each check's reservation time and mark:
+/// `"<at> <mark>"`, space-separated, the mark `-` where it took nothing.
+struct TakenArg<'t>(&'t [Taken]);
+
+impl fmt::Display for TakenArg<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, taken) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            match taken.mark {
+                Some(mark) => write!(f, "{} {mark}", taken.at_ms)?,
+                None => write!(f, "{} -", taken.at_ms)?,
             }
         }
         Ok(())
     }
+}
+
+/// The budget function's answer to a reserve (or check) of `checks`
+/// checks: `[granted, (over, remaining, reset_ms) per check...]`, then when
+/// granted the time and each check's mark (-1: none). Returns the
+/// outcomes, and what was taken when granted.
+pub fn reserved(reply: &[i64], checks: usize) -> Result<(Vec<Outcome>, Option<Vec<Taken>>)> {
+    let fields = checks * REPLY_FIELDS;
+    let malformed = || Error::Store(format!("budget script returned {reply:?}"));
+    let (&granted, rest) = reply.split_first().ok_or_else(malformed)?;
+    match (granted, rest.len().checked_sub(fields)) {
+        (0, Some(0)) => Ok((outcomes(rest, checks)?, None)),
+        (1, Some(extra)) if extra == 1 + checks => {
+            let (answers, tail) = rest.split_at(fields);
+            let at_ms = u64::try_from(tail[0]).map_err(|_| malformed())?;
+            let taken = tail[1..]
+                .iter()
+                .map(|&mark| Taken {
+                    at_ms,
+                    mark: u64::try_from(mark).ok(),
+                })
+                .collect();
+            Ok((outcomes(answers, checks)?, Some(taken)))
+        }
+        _ => Err(malformed()),
+    }
+}
+
+/// The settle at 0 that gives back `op`, a reserve Redis granted with
+/// `reply` after its caller stopped waiting; `None` for anything else.
+pub fn give_back(op: &BudgetOp, reply: &[i64]) -> Option<BudgetOp> {
+    if op.op != "reserve" {
+        return None;
+    }
+    let taken = reserved(reply, op.checks.len()).ok()?.1?;
+    let expires_ms = taken.first()?.at_ms.saturating_add(op.amount);
+    Some(BudgetOp {
+        op: "settle",
+        record: op.record.clone(),
+        amount: 0,
+        checks: op.checks.clone(),
+        settle: Some(SlotSettle {
+            expires_ms,
+            keep_ms: 0,
+            taken,
+        }),
+    })
 }
 
 /// The budget function's reply to a call of `ops` operations: each one's
@@ -405,7 +478,6 @@ pub fn budget_answers(reply: &[i64], ops: usize) -> Result<Vec<Result<Vec<i64>>>
         }
         let (answer, tail) = tail.split_at(len);
         answers.push(match answer {
-            [-1, 2] => Err(Error::Store("a malformed budget marker".into())),
             [-1, ..] => Err(Error::Store("malformed budget arguments".into())),
             _ => Ok(answer.to_vec()),
         });
@@ -435,7 +507,7 @@ fn no_functions(error: &RedisError) -> bool {
 }
 
 /// Values the script returns per check.
-const REPLY_FIELDS: usize = 3;
+pub const REPLY_FIELDS: usize = 3;
 
 /// How a call decides a request. Every call but a cluster's two passes
 /// over a request whose `when_over` checks span hash slots decides it
@@ -525,7 +597,8 @@ formatted_arg!(
     RequestHeader,
     CheckFields<'_>,
     JitteredNow<'_>,
-    BudgetHeader<'_>
+    BudgetHeader<'_>,
+    TakenArg<'_>
 );
 
 /// The script's reply for `checks` checks, in the order they were sent.

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use super::budget::{marker_key, Marker, Reserved, Settled};
+use super::budget::{record_key, Reservation, Reserved, Settled, Taken};
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use crate::clock::Clock;
 use crate::limiter::{batch, budget, Check, Outcome, State};
@@ -80,21 +80,24 @@ struct Held {
     holder: Box<str>,
 }
 
-/// Reservation markers: marker key -> marker and its expiry (ms). One per
-/// reservation, under the marker key of its first counter (there are no
-/// hash slots here). Locked after the counters' shards, never before.
-type Markers = HashMap<String, (Marker, u64)>;
+/// Settlements: record key -> the actual a reservation was settled at,
+/// and the reservation's expiry (ms). One per settled reservation, under
+/// the record key of its first counter (there are no hash slots here).
+/// Locked after the counters' shards, never before.
+type Settlements = HashMap<String, (u64, u64)>;
 
-/// Counters, leases and reservation markers kept in this process.
+/// Counters, leases and settlements kept in this process.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
     /// The secret SipHash key of this store's [`KeyId`]s.
     digest: RandomState,
     leases: Mutex<LeaseSets>,
-    markers: Mutex<Markers>,
+    settlements: Mutex<Settlements>,
+    /// [`Self::shared_value`]'s values.
+    shared: Mutex<HashMap<String, String>>,
     /// What buckets' settles gave back ([`budget::GivenBack`]); locked
-    /// after the markers, never before.
+    /// after the settlements, never before.
     given_back: Mutex<budget::GivenBack>,
     /// When the admin API last reset a counter, per key, and until when
     /// that is remembered ([`budget::RESET_KEEP_MS`]); locked after the
@@ -135,7 +138,8 @@ impl MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             digest: RandomState::new(),
             leases: Mutex::new(HashMap::new()),
-            markers: Mutex::new(HashMap::new()),
+            settlements: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashMap::new()),
             given_back: Mutex::default(),
             resets: Mutex::default(),
             clock,
@@ -296,9 +300,9 @@ impl MemoryStore {
         }
     }
 
-    /// Reserves `checks`' hits all or nothing, and when granted records the
-    /// marker (see [`crate::store::budget`]); atomic like [`Self::apply`].
-    pub fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Reserved {
+    /// Reserves `checks`' hits all or nothing (see
+    /// [`crate::store::budget`]); atomic like [`Self::apply`].
+    pub fn reserve(&self, checks: &[Check], ttl_ms: u64) -> Reserved {
         let now = self.clock.now_ms();
         let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
         let (outcomes, marks) = budget::reserve(
@@ -308,66 +312,71 @@ impl MemoryStore {
             ttl_ms,
             now,
         );
-        let granted = marks.is_some();
-        if let (Some(marks), Some(first)) = (marks, checks.first()) {
-            let marker = Marker {
-                checks: checks.to_vec(),
-                marks,
-                reserved_at_ms: now,
-                settled: None,
-            };
-            let expiry = now.saturating_add(ttl_ms);
-            Self::lock(&self.markers).insert(marker_key(&first.key, nonce), (marker, expiry));
+        Reserved {
+            granted: marks.is_some(),
+            outcomes,
+            taken: marks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|mark| Taken { at_ms: now, mark })
+                .collect(),
         }
-        Reserved { granted, outcomes }
     }
 
-    /// Settles the reservation `nonce` of `keys` at `actual`, if its marker
-    /// is alive and names exactly `keys`; atomic like [`Self::apply`].
-    pub fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Settled {
-        let Some(first) = keys.first() else {
-            return Settled::Unknown;
-        };
-        let now = self.clock.now_ms();
-        let mut table = self.lock_keys(keys.iter().map(String::as_str));
-        let mut markers = Self::lock(&self.markers);
-        let Some((marker, _)) = markers
-            .get_mut(&marker_key(first, nonce))
-            .filter(|(marker, expiry)| *expiry > now && marker.names(keys))
+    /// Settles `reservation` at `actual` unless its TTL has passed, once;
+    /// atomic like [`Self::apply`].
+    pub fn settle(&self, reservation: &Reservation<'_>, actual: u64) -> Settled {
+        let (Some(first), Some(taken)) = (reservation.checks.first(), reservation.taken.first())
         else {
             return Settled::Unknown;
         };
-        let outcomes = match marker.settled {
-            Some(earlier) => {
-                let outcomes = budget::standing(&mut table, &marker.checks, now);
-                return Settled::Already {
-                    actual: earlier,
-                    outcomes,
-                };
-            }
-            None => {
-                let erased = self.erased(keys, marker.reserved_at_ms, now);
-                let reservation = budget::Reservation {
-                    checks: &marker.checks,
-                    marks: &marker.marks,
-                    reserved_at_ms: marker.reserved_at_ms,
-                };
-                let given_back = &mut Self::lock(&self.given_back);
-                budget::settle(&mut table, given_back, reservation, &erased, actual, now)
-            }
+        let now = self.clock.now_ms();
+        let expiry = taken.at_ms.saturating_add(reservation.ttl_ms);
+        let checks = reservation.checks;
+        let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
+        let mut settlements = Self::lock(&self.settlements);
+        let record = record_key(&first.key, reservation.nonce);
+        if let Some(&(earlier, _)) = settlements.get(&record).filter(|(_, e)| *e > now) {
+            return Settled::Already {
+                actual: earlier,
+                outcomes: budget::standing(&mut table, checks, now),
+            };
+        }
+        if now >= expiry {
+            return Settled::Unknown;
+        }
+        settlements.insert(record, (actual, expiry));
+        let erased = self.erased(reservation, now);
+        let given_back = &mut Self::lock(&self.given_back);
+        let of = budget::Reservation {
+            checks,
+            taken: reservation.taken,
         };
-        marker.settled = Some(actual);
-        Settled::Settled { outcomes }
+        Settled::Settled {
+            outcomes: budget::settle(&mut table, given_back, of, &erased, actual, now),
+        }
     }
 
-    /// Per key, whether it was reset at `at_ms` or later.
-    fn erased(&self, keys: &[String], at_ms: u64, now_ms: u64) -> Vec<bool> {
+    /// The value under `name`, set to `candidate` first if it had none.
+    pub fn shared_value(&self, name: &str, candidate: &str) -> String {
+        Self::lock(&self.shared)
+            .entry(name.to_owned())
+            .or_insert_with(|| candidate.to_owned())
+            .clone()
+    }
+
+    /// Per check of `reservation`, whether its counter was reset when or
+    /// after the reservation took from it.
+    fn erased(&self, reservation: &Reservation<'_>, now_ms: u64) -> Vec<bool> {
         let resets = Self::lock(&self.resets);
-        keys.iter()
-            .map(|key| {
+        reservation
+            .checks
+            .iter()
+            .zip(reservation.taken)
+            .map(|(check, taken)| {
                 resets
-                    .get(key)
-                    .is_some_and(|&(reset, until)| until > now_ms && reset >= at_ms)
+                    .get(&check.key)
+                    .is_some_and(|&(reset, until)| until > now_ms && reset >= taken.at_ms)
             })
             .collect()
     }
@@ -447,7 +456,7 @@ impl MemoryStore {
                 set.retain(|_, held| held.expiry > now);
                 !set.is_empty()
             });
-            Self::lock(&self.markers).retain(|_, (_, expiry)| *expiry > now);
+            Self::lock(&self.settlements).retain(|_, (_, expiry)| *expiry > now);
             Self::lock(&self.given_back).sweep(now);
             Self::lock(&self.resets).retain(|_, (_, until)| *until > now);
         }
@@ -693,29 +702,36 @@ mod tests {
     }
 
     #[test]
-    fn a_reservation_settles_once_and_only_with_its_own_keys() {
+    fn a_reservation_settles_once() {
         let clock = Arc::new(ManualClock::new(10_000));
         let store = MemoryStore::new(clock.clone());
         let (a, b) = (check("{a}", 10, 6), check("{b}", 100, 6));
-        let reserved = store.reserve(&[a.clone(), b.clone()], "n1", 5_000);
+        let checks = [a.clone(), b.clone()];
+        let reserved = store.reserve(&checks, 5_000);
         assert!(reserved.granted);
         assert_eq!(reserved.outcomes[0].remaining, 4);
+        let taken = Taken {
+            at_ms: 10_000,
+            mark: Some(0),
+        };
+        assert_eq!(reserved.taken, [taken, taken]);
         // Another reservation of 6 does not fit into a's 4 left, and takes
         // nothing from b either.
-        let refused = store.reserve(&[a.clone(), b.clone()], "n2", 5_000);
-        assert!(!refused.granted);
+        let refused = store.reserve(&checks, 5_000);
+        assert!(!refused.granted && refused.taken.is_empty());
         assert_eq!(refused.outcomes[1].remaining, 94);
-        let keys = vec![a.key.clone(), b.key.clone()];
-        for altered in [vec![a.key.clone()], vec![b.key.clone(), a.key.clone()]] {
-            assert_eq!(store.settle(&altered, "n1", 0), Settled::Unknown);
-        }
-        assert_eq!(store.settle(&keys, "n2", 0), Settled::Unknown);
-        let Settled::Settled { outcomes } = store.settle(&keys, "n1", 2) else {
+        let of = Reservation {
+            nonce: "n1",
+            checks: &checks,
+            taken: &reserved.taken,
+            ttl_ms: 5_000,
+        };
+        let Settled::Settled { outcomes } = store.settle(&of, 2) else {
             panic!("not settled");
         };
         assert_eq!((outcomes[0].remaining, outcomes[1].remaining), (8, 98));
         // A retry charges nothing more and says what the first settled at.
-        let Settled::Already { actual, outcomes } = store.settle(&keys, "n1", 9) else {
+        let Settled::Already { actual, outcomes } = store.settle(&of, 9) else {
             panic!("not already settled");
         };
         assert_eq!((actual, outcomes[0].remaining), (2, 8));
@@ -729,16 +745,27 @@ mod tests {
             period_ms: 60_000,
             ..check("{a}", 10, 6)
         };
-        assert!(store.reserve(std::slice::from_ref(&c), "n1", 1_000).granted);
-        clock.advance(1_000);
-        assert_eq!(
-            store.settle(std::slice::from_ref(&c.key), "n1", 0),
-            Settled::Unknown
-        );
-        let probe = Check { hits: 0, ..c };
+        let checks = std::slice::from_ref(&c);
+        let reserved = store.reserve(checks, 1_000);
+        assert!(reserved.granted);
+        let of = Reservation {
+            nonce: "n1",
+            checks,
+            taken: &reserved.taken,
+            ttl_ms: 1_000,
+        };
+        clock.advance(999);
+        assert!(matches!(store.settle(&of, 6), Settled::Settled { .. }));
+        assert!(!MemoryStore::lock(&store.settlements).is_empty());
+        clock.advance(1);
+        assert_eq!(store.settle(&of, 0), Settled::Unknown, "its TTL passed");
+        let probe = Check {
+            hits: 0,
+            ..c.clone()
+        };
         assert_eq!(store.apply(&[probe], true)[0].remaining, 4);
         store.sweep(0, SHARDS);
-        assert!(MemoryStore::lock(&store.markers).is_empty());
+        assert!(MemoryStore::lock(&store.settlements).is_empty());
     }
 
     #[test]
@@ -747,11 +774,9 @@ mod tests {
         let c = check("{a}", 10, 1);
         let granted: usize = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..64)
-                .map(|i| {
+                .map(|_| {
                     let (store, c) = (&store, &c);
-                    scope.spawn(move || {
-                        store.reserve(std::slice::from_ref(c), &format!("n{i}"), 5_000)
-                    })
+                    scope.spawn(move || store.reserve(std::slice::from_ref(c), 5_000))
                 })
                 .collect();
             handles

@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::limiter::{Check, Outcome};
 use crate::Result;
 
-pub use self::budget::{Reserved, Settled};
+pub use self::budget::{Reservation, Reserved, Settled, Taken};
 pub use self::connection::{PoolCounts, PoolReader, RedisSettings, RedisTls};
 pub use self::generation::Generation;
 pub use self::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
@@ -116,6 +116,16 @@ impl Store {
         match self {
             Store::Memory(store) => Ok(store.leases(key)),
             Store::Redis(store) => store.leases(key).await,
+        }
+    }
+
+    /// The value under `name`, set to `candidate` first if it had none:
+    /// one value every replica of the store reads (the reservation ids'
+    /// key, `service::id_key`). Kept without expiry.
+    pub async fn shared_value(&self, name: &str, candidate: &str) -> Result<String> {
+        match self {
+            Store::Memory(store) => Ok(store.shared_value(name, candidate)),
+            Store::Redis(store) => store.shared_value(name, candidate).await,
         }
     }
 

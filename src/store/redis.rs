@@ -17,12 +17,12 @@ use futures_util::future::join_all;
 use redis::Script;
 
 use super::batcher::{Batcher, BudgetOps, Checks};
-use super::budget::{marker_key, Reserved, Settled};
+use super::budget::{record_key, Reservation, Reserved, Settled, Taken};
 use super::caller::Caller;
 use super::connection::{role, Conn, Connections, OutageLines, PoolReader, RedisSettings};
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
-use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass};
+use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass, SlotSettle};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
@@ -150,16 +150,6 @@ impl SlotSettled {
             _ => Err(Error::Store(format!("budget script returned {reply:?}"))),
         }
     }
-}
-
-/// A slot's line of the whole reservation's counter `keys`, which its
-/// marker names: empty when `group` (the slot's) holds all of them, as on
-/// one Redis, else every key, one a line.
-fn whole_reservation<'k>(group: &[usize], keys: impl ExactSizeIterator<Item = &'k str>) -> String {
-    if group.len() == keys.len() {
-        return String::new();
-    }
-    keys.collect::<Vec<_>>().join("\n")
 }
 
 /// The lease script's answer to an acquire in one hash slot:
@@ -462,23 +452,71 @@ impl RedisStore {
     /// cluster the slots are reserved one after another; when one refuses
     /// (or fails), those already reserved are settled at 0, the give-back
     /// path, and the slots not reached are only checked, for their outcomes.
-    /// The first slot's marker expires after `ttl_ms` and decides a settle
-    /// (see `settle`); the later slots' live twice `settle_grace_ms`
-    /// longer, so that they are still there when a settle (or its retry
-    /// within the grace) has found the first.
+    /// The later slots keep a bucket's give-backs twice `settle_grace_ms`
+    /// longer than the first, as they may settle that much later (see
+    /// `settle`).
     pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
-        let dropped = UnlessReturned(Some(|| {
-            for group in self.groups(checks.iter().map(|c| c.key.as_str())) {
-                self.give_back_if_made_late(checks, group, nonce);
+        if self.lane().budget.is_some() {
+            // The batcher gives back what its caller stopped waiting for.
+            return self.reserve_slots(checks, nonce, ttl_ms).await;
+        }
+        // On a cluster, a task of its own, so that a reservation made
+        // after its caller went away is given back: no caller holds its id.
+        // (One Redis answers past the deadline in vain: the cluster client
+        // bounds each call, with its retries, by the call deadline.)
+        let slots = self.groups(checks.iter().map(|c| c.key.as_str())).len();
+        let wait = self.caller().call_timeout * u32::try_from(slots).unwrap_or(u32::MAX);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let store = self.for_lane(self.lane);
+        let (checks, nonce) = (checks.to_vec(), nonce.to_owned());
+        tokio::spawn(async move {
+            let reserved = store.reserve_slots(&checks, &nonce, ttl_ms).await;
+            if let Err(Ok(reserved)) = answer.send(reserved) {
+                store
+                    .give_back_unclaimed(&checks, &nonce, ttl_ms, reserved)
+                    .await;
             }
-        }));
-        let reserved = self.reserve_slots(checks, nonce, ttl_ms).await;
-        dropped.done();
-        reserved
+        });
+        match tokio::time::timeout(wait, answered).await {
+            Ok(Ok(reserved)) => reserved,
+            Ok(Err(_)) => Err(Error::Store("the reserve's task was lost".into())),
+            Err(_) => Err(Error::Store(format!("no answer within {wait:?}"))),
+        }
     }
 
+    /// Gives back `reserved`, granted after its caller stopped waiting.
+    async fn give_back_unclaimed(
+        &self,
+        checks: &[Check],
+        nonce: &str,
+        ttl_ms: u64,
+        reserved: Reserved,
+    ) {
+        if !reserved.granted {
+            return;
+        }
+        let reservation = Reservation {
+            nonce,
+            checks,
+            taken: &reserved.taken,
+            ttl_ms,
+        };
+        match self.settle(&reservation, 0).await {
+            Ok(_) => {
+                tracing::info!("gave back a reservation made after its caller had stopped waiting")
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "could not give back a reservation made after its caller had stopped \
+                 waiting: it stays charged until its window passes"
+            ),
+        }
+    }
+
+    /// [`Self::reserve`]'s work, slot by slot.
     async fn reserve_slots(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
         let mut outcomes = vec![None; checks.len()];
+        let mut taken = vec![None; checks.len()];
         let mut reserved: Vec<Vec<usize>> = Vec::new();
         let mut granted = true;
         let later_ttl_ms = ttl_ms.saturating_add(2 * self.settle_grace_ms());
@@ -488,39 +526,57 @@ impl RedisStore {
             .enumerate()
         {
             let op = if granted { "reserve" } else { "check" };
-            let ttl_ms = if n == 0 { ttl_ms } else { later_ttl_ms };
-            let answer = self.reserve_slot(op, checks, &group, nonce, ttl_ms).await;
-            let (slot_granted, slot_outcomes) = match answer {
+            let slot_ttl_ms = if n == 0 { ttl_ms } else { later_ttl_ms };
+            let answer = self
+                .reserve_slot(op, checks, &group, nonce, slot_ttl_ms)
+                .await;
+            let (slot_outcomes, slot_taken) = match answer {
                 Ok(answer) => answer,
                 Err(error) => {
-                    self.give_back_reserved(checks, &reserved, nonce, &mut outcomes)
+                    self.give_back_reserved(checks, &reserved, &taken, nonce, &mut outcomes)
                         .await;
-                    if op == "reserve" && !matches!(error, Error::StoreNotCalled(_)) {
-                        self.give_back_if_made_late(checks, group, nonce);
-                    }
                     return Err(error);
                 }
             };
             for (&i, outcome) in group.iter().zip(slot_outcomes) {
                 outcomes[i] = Some(outcome);
             }
-            if granted && !slot_granted {
-                granted = false;
-                self.give_back_reserved(checks, &reserved, nonce, &mut outcomes)
-                    .await;
-            }
-            if slot_granted {
-                reserved.push(group);
+            match slot_taken {
+                Some(slot_taken) => {
+                    for (&i, t) in group.iter().zip(slot_taken) {
+                        taken[i] = Some(t);
+                    }
+                    reserved.push(group);
+                }
+                None if granted => {
+                    granted = false;
+                    self.give_back_reserved(checks, &reserved, &taken, nonce, &mut outcomes)
+                        .await;
+                }
+                None => {}
             }
         }
         let outcomes = outcomes
             .into_iter()
             .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
             .collect::<Result<_>>()?;
-        Ok(Reserved { granted, outcomes })
+        let taken = if granted {
+            taken
+                .into_iter()
+                .map(|t| t.ok_or_else(|| Error::Store("a check took no answer".into())))
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(Reserved {
+            granted,
+            outcomes,
+            taken,
+        })
     }
 
-    /// One slot's `reserve` (or `check`): whether granted, and its outcomes.
+    /// One slot's `reserve` (or `check`): its outcomes, and what it took
+    /// when granted.
     async fn reserve_slot(
         &self,
         op: &'static str,
@@ -528,23 +584,16 @@ impl RedisStore {
         group: &[usize],
         nonce: &str,
         ttl_ms: u64,
-    ) -> Result<(bool, Vec<Outcome>)> {
+    ) -> Result<(Vec<Outcome>, Option<Vec<Taken>>)> {
         let op = BudgetOp {
             op,
-            marker: marker_key(&checks[group[0]].key, nonce),
-            keys: group.iter().map(|&i| checks[i].key.clone()).collect(),
-            all_keys: whole_reservation(group, checks.iter().map(|c| c.key.as_str())),
+            record: record_key(&checks[group[0]].key, nonce),
             amount: ttl_ms,
             checks: group.iter().map(|&i| checks[i].clone()).collect(),
-            keep_ms: 0,
+            settle: None,
         };
         let reply = self.budget_call(op).await?;
-        match reply.split_first() {
-            Some((&granted, rest)) => {
-                Ok((granted == 1, limiter_script::outcomes(rest, group.len())?))
-            }
-            None => Err(Error::Store("the budget script returned nothing".into())),
-        }
+        limiter_script::reserved(&reply, group.len())
     }
 
     /// Settles the slots of a refused reservation that were reserved at 0,
@@ -553,12 +602,23 @@ impl RedisStore {
         &self,
         checks: &[Check],
         reserved: &[Vec<usize>],
+        taken: &[Option<Taken>],
         nonce: &str,
         outcomes: &mut [Option<Outcome>],
     ) {
-        let keys: Vec<&str> = checks.iter().map(|c| c.key.as_str()).collect();
         for group in reserved {
-            match self.settle_slot(&keys, group, nonce, 0, 0).await {
+            let slot_taken: Option<Vec<Taken>> = group.iter().map(|&i| taken[i]).collect();
+            let Some(slot_taken) = slot_taken else {
+                continue;
+            };
+            let record = record_key(&checks[group[0]].key, nonce);
+            let settle = SlotSettle {
+                // Made just now: the grace is ample.
+                expires_ms: slot_taken[0].at_ms.saturating_add(self.settle_grace_ms()),
+                keep_ms: 0,
+                taken: slot_taken,
+            };
+            match self.settle_slot(checks, group, record, 0, settle).await {
                 Ok(SlotSettled::Settled(slot_outcomes)) => {
                     for (&i, outcome) in group.iter().zip(slot_outcomes) {
                         outcomes[i] = Some(outcome);
@@ -567,77 +627,60 @@ impl RedisStore {
                 Ok(_) => tracing::warn!("a partial reservation was gone before it was given back"),
                 Err(error) => tracing::warn!(
                     %error,
-                    "could not give back a partial reservation; it stays charged until its TTL"
+                    "could not give back a partial reservation; it stays charged until its window passes"
                 ),
             }
         }
     }
 
-    /// A reserve whose call failed after it was sent may have been made
-    /// all the same, its answer lost: the deadline passed while Redis was
-    /// slow, or the connection broke after sending and the call made
-    /// again on a new one (`caller`) did not answer either. Its caller,
-    /// told UNAVAILABLE, holds no id to settle it with, so what it took
-    /// would stay charged until its window passed. Settles it at 0 in the
-    /// background, after [`LATE_GIVE_BACK`]'s delays until one finds it:
-    /// a settle that finds no marker (the reserve was never made, or not
-    /// yet: the pool's connections reach Redis in any order) touches
-    /// nothing.
-    fn give_back_if_made_late(&self, checks: &[Check], group: Vec<usize>, nonce: &str) {
-        let store = self.for_lane(self.lane);
-        let keys: Vec<String> = checks.iter().map(|c| c.key.clone()).collect();
-        let nonce = nonce.to_owned();
-        spawn_give_back(async move {
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            for delay in LATE_GIVE_BACK {
-                tokio::time::sleep(delay).await;
-                match store.settle_slot(&keys, &group, &nonce, 0, 0).await {
-                    Ok(SlotSettled::Unknown) | Err(_) => continue,
-                    Ok(_) => {
-                        tracing::info!("gave back a reservation made after its call had failed");
-                        return;
-                    }
-                }
-            }
-        });
-    }
-
-    /// On a cluster, how long a multi-slot reservation's first marker lives
+    /// On a cluster, how long a multi-slot reservation's first record lives
     /// at least once settled, so that a retry of a settle cut short after
     /// it finds it: a minute for the retry, what the settle's call may
-    /// take, and (in the later markers' extra life, twice this) what the
+    /// take, and (in the later slots' extra life, twice this) what the
     /// nodes' clocks may differ by.
     fn settle_grace_ms(&self) -> u64 {
         (self.caller().call_timeout + Duration::from_secs(60)).as_millis() as u64
     }
 
-    /// Settles the reservation `nonce` of `keys` at `actual`. On a cluster
-    /// its first slot (the first marker made, and the first to expire)
-    /// decides: unknown there, nothing is touched; settled there now or
-    /// before, the other slots (in parallel) settle at the actual it holds,
-    /// so a retry of a settle cut short completes it as it began. The first
-    /// marker, once settled, lives the grace at least, and the later ones
-    /// longer still (see `reserve`); one gone all the same was lost by the
-    /// store, an error.
-    pub async fn settle(&self, keys: &[String], nonce: &str, actual: u64) -> Result<Settled> {
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let groups = self.groups(keys.iter().copied());
+    /// Settles `reservation` at `actual`. On a cluster its first slot (the
+    /// first reserved, and the first to expire) decides: expired there,
+    /// nothing is touched; settled there now or before, the other slots
+    /// (in parallel) settle at the actual it holds, so a retry of a settle
+    /// cut short completes it as it began. The first slot's record, once
+    /// settled, lives the grace at least, and the later slots may settle
+    /// twice the grace longer (see `reserve`); one found expired all the
+    /// same is an error.
+    pub async fn settle(&self, reservation: &Reservation<'_>, actual: u64) -> Result<Settled> {
+        let checks = reservation.checks;
+        let groups = self.groups(checks.iter().map(|c| c.key.as_str()));
         let Some((first, later)) = groups.split_first() else {
             return Ok(Settled::Unknown);
         };
-        let mut outcomes = vec![None; keys.len()];
+        let mut outcomes = vec![None; checks.len()];
         let mut fill = |group: &[usize], slot_outcomes: Vec<Outcome>| {
             for (&i, outcome) in group.iter().zip(slot_outcomes) {
                 outcomes[i] = Some(outcome);
             }
         };
-        let keep_ms = if later.is_empty() {
-            0
-        } else {
-            self.settle_grace_ms()
+        let grace = self.settle_grace_ms();
+        let record = |group: &[usize]| record_key(&checks[group[0]].key, reservation.nonce);
+        let slot = |group: &[usize], extra_ms: u64, keep_ms: u64| SlotSettle {
+            expires_ms: reservation.taken[group[0]]
+                .at_ms
+                .saturating_add(reservation.ttl_ms)
+                .saturating_add(extra_ms),
+            keep_ms,
+            taken: group.iter().map(|&i| reservation.taken[i]).collect(),
         };
+        let keep_ms = if later.is_empty() { 0 } else { grace };
         let before = match self
-            .settle_slot(&keys, first, nonce, actual, keep_ms)
+            .settle_slot(
+                checks,
+                first,
+                record(first),
+                actual,
+                slot(first, 0, keep_ms),
+            )
             .await?
         {
             SlotSettled::Unknown => return Ok(Settled::Unknown),
@@ -651,20 +694,17 @@ impl RedisStore {
             }
         };
         let settled_at = before.unwrap_or(actual);
-        let answers = join_all(
-            later
-                .iter()
-                .map(|group| self.settle_slot(&keys, group, nonce, settled_at, 0)),
-        )
+        let answers = join_all(later.iter().map(|group| {
+            let settle = slot(group, 2 * grace, 0);
+            self.settle_slot(checks, group, record(group), settled_at, settle)
+        }))
         .await;
         for (group, answer) in later.iter().zip(answers) {
             match answer? {
                 SlotSettled::Settled(o) => fill(group, o),
                 SlotSettled::Already(earlier, o) => {
                     if earlier != settled_at {
-                        // A replica of an earlier version settled the
-                        // slots in parallel, each at its own call's actual,
-                        // or a failover lost the first slot's settlement.
+                        // A failover lost the first slot's settlement.
                         tracing::warn!(
                             earlier,
                             settled_at,
@@ -675,8 +715,8 @@ impl RedisStore {
                 }
                 SlotSettled::Unknown => {
                     return Err(Error::Store(
-                        "the reservation's marker in another hash slot is gone (lost by the \
-                         store): that part stays charged at the estimate"
+                        "the reservation expired in another hash slot before it was settled \
+                         there (its clock runs ahead): that part stays charged at the estimate"
                             .into(),
                     ))
                 }
@@ -692,27 +732,21 @@ impl RedisStore {
         })
     }
 
-    /// One slot's settle: `group` indexes `keys`, the reservation's keys;
-    /// `keep_ms` as [`BudgetOp::keep_ms`].
+    /// One slot's settle: `group` indexes `checks`, the reservation's.
     async fn settle_slot(
         &self,
-        keys: &[&str],
+        checks: &[Check],
         group: &[usize],
-        nonce: &str,
+        record: String,
         actual: u64,
-        keep_ms: u64,
+        settle: SlotSettle,
     ) -> Result<SlotSettled> {
-        let Some(&first) = group.first() else {
-            return Ok(SlotSettled::Unknown);
-        };
         let op = BudgetOp {
             op: "settle",
-            marker: marker_key(keys[first], nonce),
-            keys: group.iter().map(|&i| keys[i].to_owned()).collect(),
-            all_keys: whole_reservation(group, keys.iter().copied()),
+            record,
             amount: actual,
-            checks: Vec::new(),
-            keep_ms,
+            checks: group.iter().map(|&i| checks[i].clone()).collect(),
+            settle: Some(settle),
         };
         let reply = self.budget_call(op).await?;
         SlotSettled::read(&reply, group.len())
@@ -915,6 +949,18 @@ impl RedisStore {
             let _: i64 = self.caller().invoke(invocation).await?;
         }
         Ok(())
+    }
+
+    /// The value under `name`, set to `candidate` first if it had none
+    /// (see [`super::Store::shared_value`]).
+    pub async fn shared_value(&self, name: &str, candidate: &str) -> Result<String> {
+        let mut set = redis::cmd("SET");
+        set.arg(name).arg(candidate).arg("NX");
+        let _: Option<String> = self.caller().query(&set).await?;
+        let mut get = redis::cmd("GET");
+        get.arg(name);
+        let value: Option<String> = self.caller().query(&get).await?;
+        value.ok_or_else(|| Error::Store(format!("{name} was deleted as it was set")))
     }
 
     /// The unexpired leases of a lease set, soonest expiry first.

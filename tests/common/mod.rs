@@ -1126,3 +1126,63 @@ pub fn make_certs(dir: &std::path::Path, san: &str) {
         ]);
     }
 }
+
+/// The reservations a test made on a store, by nonce: what their settles
+/// name (in the service, the signed reservation id carries it).
+#[derive(Debug, Default)]
+pub struct Ledger(std::sync::Mutex<std::collections::HashMap<String, Reserved>>);
+
+/// A granted reservation as a [`Ledger`] keeps it.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    pub checks: Vec<ratekeeper::limiter::Check>,
+    pub taken: Vec<ratekeeper::store::Taken>,
+    pub ttl_ms: u64,
+}
+
+impl Ledger {
+    /// Reserves `checks` on `store` as `nonce`, kept when granted.
+    pub async fn reserve(
+        &self,
+        store: &Store,
+        checks: &[ratekeeper::limiter::Check],
+        nonce: &str,
+        ttl_ms: u64,
+    ) -> ratekeeper::Result<ratekeeper::store::Reserved> {
+        let reserved = store.reserve(checks, nonce, ttl_ms).await?;
+        if reserved.granted {
+            let kept = Reserved {
+                checks: checks.to_vec(),
+                taken: reserved.taken.clone(),
+                ttl_ms,
+            };
+            let mut ledger = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            ledger.insert(nonce.to_owned(), kept);
+        }
+        Ok(reserved)
+    }
+
+    /// Settles the reservation `nonce` on `store`; Unknown when none was
+    /// granted under it.
+    pub async fn settle(
+        &self,
+        store: &Store,
+        nonce: &str,
+        actual: u64,
+    ) -> ratekeeper::Result<ratekeeper::store::Settled> {
+        let kept = {
+            let ledger = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            ledger.get(nonce).cloned()
+        };
+        let Some(kept) = kept else {
+            return Ok(ratekeeper::store::Settled::Unknown);
+        };
+        let reservation = ratekeeper::store::Reservation {
+            nonce,
+            checks: &kept.checks,
+            taken: &kept.taken,
+            ttl_ms: kept.ttl_ms,
+        };
+        store.settle(&reservation, actual).await
+    }
+}
