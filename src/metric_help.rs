@@ -70,7 +70,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "ratekeeper_store_give_backs_dropped",
-        "Give-backs of failed reserves or acquires not started: too many waiting.",
+        "Give-backs of failed lease acquires not started: too many waiting.",
     ),
     (
         "ratekeeper_config_load_success",

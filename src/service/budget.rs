@@ -5,9 +5,10 @@
 //! `Reserve` plans the request exactly as `ShouldRateLimit` does (same
 //! rules, counters and algorithms; `rls::Plan` with the estimate as hits)
 //! and asks the store to take the estimate from every limit or from none;
-//! a refusal consumes nothing. `Settle` takes a reservation id only: the id
-//! carries the keys (see `reservation_id`), the store's marker decides what
-//! is given back or charged, and says whether an earlier Settle already did.
+//! a refusal consumes nothing. The id it answers carries what the
+//! reservation took, signed (`reservation_id`, `id_key`). `Settle` takes
+//! that id only: checked, it says what to give back or charge, and the
+//! store records the settlement, or says an earlier Settle already did.
 //!
 //! A settle that gives hits back breaks what the over-limit cache relies
 //! on (a fixed window's count only grows within its window), so it forgets
@@ -211,8 +212,8 @@ impl Budget {
             .any(|check| self.stores.role_of(check) == Role::PerSecond)
         {
             // Their counters live in the per-second Redis, and a
-            // reservation's marker must sit beside every counter it took
-            // from (in one store, and in a Cluster one hash slot per slot).
+            // reservation is taken and settled in one atomic call per hash
+            // slot of one store.
             return Err(Status::failed_precondition(
                 "a per-second limit matches these descriptors, and with REDIS_PERSECOND its \
                  counters live in the per-second Redis, where budgets are not kept: budget \

@@ -101,7 +101,7 @@ pub struct MemoryStore {
     given_back: Mutex<budget::GivenBack>,
     /// When the admin API last reset a counter, per key, and until when
     /// that is remembered ([`budget::RESET_KEEP_MS`]); locked after the
-    /// counters' shards and the markers, never before, and never with
+    /// counters' shards and the settlements, never before, and never with
     /// `given_back`. A reservation made in the millisecond of a reset,
     /// after it, counts as made before it (gives nothing back: never more
     /// than it should), as in Redis.
@@ -445,7 +445,7 @@ impl MemoryStore {
 
     /// Drops expired counters from shards `[from, from + count)`, and (on
     /// the pass that starts at shard 0) expired leases, empty lease sets,
-    /// expired reservation markers and buckets' expired give-backs.
+    /// expired settlements and buckets' expired give-backs.
     fn sweep(&self, from: usize, count: usize) {
         let now = self.clock.now_ms();
         for shard in self.shards.iter().skip(from).take(count) {

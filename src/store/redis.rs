@@ -29,10 +29,10 @@ use crate::limiter::{Check, Outcome};
 use crate::vocab::Topology;
 use crate::{Error, Result};
 
-/// When a reserve or a lease acquire whose call failed is given back, in
-/// case Redis made it late, after its deadline (`give_back_if_made_late`,
-/// `release_later`): soon after, and once more for a Redis that
-/// stalled longer.
+/// When a lease acquire whose call failed is given back, in case Redis
+/// made it late, after its deadline (`release_later`): soon after, and
+/// once more for a Redis that stalled longer. (A reserve is given back
+/// from its late answer: `batcher::Batched::unclaimed`.)
 const LATE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
 
 /// Give-backs waiting at once, at most: a Redis slow for long makes one per
@@ -42,11 +42,11 @@ const LATE_GIVE_BACK: [Duration; 2] = [Duration::from_secs(1), Duration::from_se
 const MAX_WAITING_GIVE_BACKS: usize = 10_000;
 static WAITING_GIVE_BACKS: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs its give-back when dropped, unless [`done`](Self::done): a reserve
-/// or an acquire whose future is dropped before it returns (its caller
+/// Runs its give-back when dropped, unless [`done`](Self::done): an
+/// acquire whose future is dropped before it returns (its caller
 /// cancelled, or the call's `grpc-timeout` passed: tonic then drops the
-/// handler) may still be made by Redis, and no caller gets its id to settle
-/// or release it with. A call that returns gives back on its own paths
+/// handler) may still be made by Redis, and no caller gets its id to
+/// release it with. A call that returns gives back on its own paths
 /// what a failure or a refusal leaves.
 struct UnlessReturned<F: FnOnce()>(Option<F>);
 
