@@ -1103,7 +1103,8 @@ async fn a_settle_cut_short_between_slots_is_completed_by_a_retry_after_the_ttl(
 
 /// A Reserve answered UNAVAILABLE because Redis was too slow for the call
 /// deadline is made when Redis wakes; its caller holds no id to settle it
-/// with, so the replica gives it back itself (a settle at 0 a second later).
+/// with, so the replica gives it back itself, from Redis's answer (a
+/// settle at 0; the call waits for it past the deadline).
 #[tokio::test]
 async fn a_reserve_made_after_its_deadline_is_given_back() {
     a_lost_reserve_is_given_back("100", None, Code::Unavailable).await;
@@ -1111,8 +1112,8 @@ async fn a_reserve_made_after_its_deadline_is_given_back() {
 
 /// So is one whose caller gave up first (its `grpc-timeout` passed while
 /// Redis slept, well within the store's deadline; tonic's client then
-/// cancels the call): the server drops the call's handler, and with it the
-/// reserve under way.
+/// cancels the call): the server drops the call's handler, while the call
+/// carrying the reserve goes on.
 #[tokio::test]
 async fn a_reserve_whose_caller_gave_up_is_given_back() {
     let gave_up = Some(Duration::from_millis(100));
@@ -1122,7 +1123,7 @@ async fn a_reserve_whose_caller_gave_up_is_given_back() {
 /// A Reserve of 100 sent while Redis sleeps half a second, with
 /// `--redis-timeout-ms redis_timeout_ms` and the caller's `timeout`, fails
 /// with `code`; Redis makes it when it wakes, and the replica gives it
-/// back within 15 s.
+/// back (the test waits 15 s at most).
 async fn a_lost_reserve_is_given_back(
     redis_timeout_ms: &str,
     timeout: Option<Duration>,

@@ -25,6 +25,12 @@
 //! it, or carrying requests that arrived before it) end by its own
 //! deadline: it reaches a call, or its error, in time.
 //!
+//! Budget operations are the exception ([`Batched::late`]): their calls
+//! wait for Redis [`LATE_ANSWER`] past their callers' deadline, each caller
+//! on a timer of its own, so that a Reserve Redis granted after its caller
+//! stopped waiting is given back from its answer ([`Batched::unclaimed`]):
+//! nothing else records it.
+//!
 //! Tracing: a call carrying several requests, sampled ones among them, is
 //! reported back to them as one shared call (`otel::shared`), so that it
 //! appears once in a trace and the other decisions link to it.
