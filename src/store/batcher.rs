@@ -85,6 +85,10 @@ pub trait Batched: Send + Sync + 'static {
     fn unclaimed(&self, _request: &Self::Request, _answer: &Self::Answer) -> Option<Self::Request> {
         None
     }
+    /// Whether `answer`, to what `unclaimed` made, says it undid.
+    fn undid(_answer: &Self::Answer) -> bool {
+        true
+    }
 }
 
 /// The limiter's requests: checks, and whether all or nothing.
@@ -147,6 +151,30 @@ impl Batched for BudgetOps {
 
     fn unclaimed(&self, request: &BudgetOp, answer: &Result<Vec<i64>>) -> Option<BudgetOp> {
         limiter_script::give_back(request, answer.as_deref().ok()?)
+    }
+
+    /// A settle's answer: settled now (1) or before (2), not unknown (0).
+    fn undid(answer: &Result<Vec<i64>>) -> bool {
+        matches!(answer.as_deref(), Ok([1 | 2, ..]))
+    }
+}
+
+/// Logs how the give-back of a reservation made after its caller had
+/// stopped waiting ended: `Ok(true)` given back.
+pub fn log_give_back(ended: Result<bool>) {
+    match ended {
+        Ok(true) => {
+            tracing::info!("gave back a reservation made after its caller had stopped waiting")
+        }
+        Ok(false) => tracing::warn!(
+            "a reservation made after its caller had stopped waiting was not given back (its \
+             TTL had passed): it stays charged until its window passes"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "could not give back a reservation made after its caller had stopped waiting: it \
+             stays charged until its window passes"
+        ),
     }
 }
 
@@ -306,16 +334,7 @@ impl<K: Batched> Batcher<K> {
     /// call that `send` spawns, which spawns `send` in turn.
     fn undo(self: Arc<Self>, undo: K::Request) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            match self.apply(undo).await {
-                Ok(_) => tracing::info!(
-                    "gave back a reservation made after its caller had stopped waiting"
-                ),
-                Err(error) => tracing::warn!(
-                    %error,
-                    "could not give back a reservation made after its caller had stopped \
-                     waiting: it stays charged until its window passes"
-                ),
-            }
+            log_give_back(self.apply(undo).await.map(|answer| K::undid(&answer)));
         })
     }
 

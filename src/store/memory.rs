@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use super::budget::{record_key, Reservation, Reserved, Settled, Taken};
+use super::budget::{Reservation, Reserved, Settled, Taken};
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use crate::clock::Clock;
 use crate::limiter::{batch, budget, Check, Outcome, State};
@@ -80,10 +80,10 @@ struct Held {
     holder: Box<str>,
 }
 
-/// Settlements: record key -> the actual a reservation was settled at,
-/// and the reservation's expiry (ms). One per settled reservation, under
-/// the record key of its first counter (there are no hash slots here).
-/// Locked after the counters' shards, never before.
+/// Settlements: nonce -> the actual a reservation was settled at, and the
+/// reservation's expiry (ms). One per settled reservation (there are no
+/// hash slots here, so no record key per slot). Locked after the
+/// counters' shards, never before.
 type Settlements = HashMap<String, (u64, u64)>;
 
 /// Counters, leases and settlements kept in this process.
@@ -326,8 +326,7 @@ impl MemoryStore {
     /// Settles `reservation` at `actual` unless its TTL has passed, once;
     /// atomic like [`Self::apply`].
     pub fn settle(&self, reservation: &Reservation<'_>, actual: u64) -> Settled {
-        let (Some(first), Some(taken)) = (reservation.checks.first(), reservation.taken.first())
-        else {
+        let Some(taken) = reservation.taken.first() else {
             return Settled::Unknown;
         };
         let now = self.clock.now_ms();
@@ -335,8 +334,8 @@ impl MemoryStore {
         let checks = reservation.checks;
         let mut table = self.lock_keys(checks.iter().map(|c| c.key.as_str()));
         let mut settlements = Self::lock(&self.settlements);
-        let record = record_key(&first.key, reservation.nonce);
-        if let Some(&(earlier, _)) = settlements.get(&record).filter(|(_, e)| *e > now) {
+        let nonce = reservation.nonce;
+        if let Some(&(earlier, _)) = settlements.get(nonce).filter(|(_, e)| *e > now) {
             return Settled::Already {
                 actual: earlier,
                 outcomes: budget::standing(&mut table, checks, now),
@@ -345,7 +344,7 @@ impl MemoryStore {
         if now >= expiry {
             return Settled::Unknown;
         }
-        settlements.insert(record, (actual, expiry));
+        settlements.insert(nonce.to_owned(), (actual, expiry));
         let erased = self.erased(reservation, now);
         let given_back = &mut Self::lock(&self.given_back);
         let of = budget::Reservation {

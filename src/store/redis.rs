@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Script;
 
-use super::batcher::{Batcher, BudgetOps, Checks};
+use super::batcher::{log_give_back, Batcher, BudgetOps, Checks};
 use super::budget::{record_key, Reservation, Reserved, Settled, Taken};
 use super::caller::Caller;
 use super::connection::{role, Conn, Connections, OutageLines, PoolReader, RedisSettings};
@@ -501,16 +501,8 @@ impl RedisStore {
             taken: &reserved.taken,
             ttl_ms,
         };
-        match self.settle(&reservation, 0).await {
-            Ok(_) => {
-                tracing::info!("gave back a reservation made after its caller had stopped waiting")
-            }
-            Err(error) => tracing::warn!(
-                %error,
-                "could not give back a reservation made after its caller had stopped \
-                 waiting: it stays charged until its window passes"
-            ),
-        }
+        let settled = self.settle(&reservation, 0).await;
+        log_give_back(settled.map(|s| !matches!(s, Settled::Unknown)));
     }
 
     /// [`Self::reserve`]'s work, slot by slot.
