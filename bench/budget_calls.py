@@ -1,13 +1,15 @@
 """Calls of the budget function (lua/budget.lua) for bench/lua_instructions.sh:
 each call carries BATCH reserves of 100 on new fixed-window keys (one check
 each, as `ratekeeper-bench --mode budget` makes them) and the settles at 60
-of the previous call's reservations (their times and marks from its answers), as ratekeeper's batcher joins Reserves
-and Settles in flight together. Fails on an error reply or an answer that is
+of the previous call's reservations (their times and marks from its answers,
+each recorded in its second's bucket under its nonce), as ratekeeper's
+batcher joins Reserves and Settles in flight together. Fails on an error reply or an answer that is
 not granted / settled.
 
     python3 bench/budget_calls.py PORT FUNCTION CALLS BATCH FIRST_KEY
 """
 
+import hashlib
 import socket
 import struct
 import sys
@@ -81,14 +83,15 @@ def main():
         keys, argv, made = [], [""], []
         for i in range(batch):
             n = first + call * batch + i
-            tag = "rk:{bench_fw|user_id=k%d}" % n
-            record, counter = "%s:rsv.%032x" % (tag, n), tag + ":fw.3600"
+            counter = "rk:{bench_fw|user_id=k%d}:fw.3600" % n
+            nonce = hashlib.md5(b"%d" % n).hexdigest()
             keys.append(counter)
             argv += ["reserve 1 300000", FIELDS]
-            made.append((record, counter))
-        for (record, counter), (at, mark) in pending:
-            keys += [counter, record]
-            argv += ["settle 1 60 %d 0" % (at + 300000), FIELDS, "%d %d" % (at, mark)]
+            made.append((nonce, counter))
+        for (nonce, counter), (at, mark) in pending:
+            expires = at + 300000
+            keys += [counter, "rk:rsvb.%d.%s" % (expires // 1000, nonce[0])]
+            argv += ["settle 1 60 %d 0" % expires, FIELDS, "%d %d" % (at, mark), nonce]
         conn.sendall(command(["FCALL", function, str(len(keys))] + keys + argv))
         taken = []
         for answer in answers(read(f)):

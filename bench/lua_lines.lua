@@ -41,6 +41,19 @@ local commands = {
     hash[field] = tostring(n)
     return n
   end,
+  HSETNX = function(key, field, value)
+    local hash = db[key] or {}
+    db[key] = hash
+    if hash[field] then
+      return 0
+    end
+    hash[field] = value
+    return 1
+  end,
+  HGET = function(key, field)
+    return (db[key] or {})[field] or false
+  end,
+  PTTL = function() return -1 end,
   PEXPIRE = function() return 1 end,
   SET = function(key, value) db[key] = value; return { ok = 'OK' } end,
   GET = function(key)
@@ -97,18 +110,24 @@ local function count()
   end
 end
 
+-- Each call: PAIRS reserves on new keys, then the settles of the call
+-- before's reservations (their times and marks from its answers), each
+-- recorded in its second's bucket under its nonce.
 local pending = {}
 local function call(n0, counted)
   local keys, argv, made = {}, { '' }, {}
   for i = 1, pairs_per_call do
-    local tag = string.format('rk:{bench_fw|user_id=k%d}', n0 + i)
-    local marker, counter = string.format('%s:rsv.%032x', tag, n0 + i), tag .. ':fw.3600'
-    keys[#keys + 1], keys[#keys + 2] = marker, counter
+    local counter = string.format('rk:{bench_fw|user_id=k%d}:fw.3600', n0 + i)
+    keys[#keys + 1] = counter
     argv[#argv + 1], argv[#argv + 2] = 'reserve 1 300000', FIELDS
-    made[#made + 1] = { marker, counter }
+    made[#made + 1] = { counter, string.format('%032x', n0 + i) }
   end
   for _, m in ipairs(pending) do
-    keys[#keys + 1], keys[#keys + 2], argv[#argv + 1] = m[1], m[2], 'settle 1 60'
+    local expires = m.at + 300000
+    keys[#keys + 1] = m[1]
+    keys[#keys + 1] = string.format('rk:rsvb.%d.%s', math.floor(expires / 1000), m[2]:sub(1, 1))
+    argv[#argv + 1] = string.format('settle 1 60 %d 0', expires)
+    argv[#argv + 1], argv[#argv + 2], argv[#argv + 3] = FIELDS, m.at .. ' ' .. m.mark, m[2]
   end
   if counted then
     debug.sethook(count, '', 1)
@@ -116,6 +135,12 @@ local function call(n0, counted)
   local reply = budget(keys, argv)
   debug.sethook()
   assert(type(reply) == 'table' and reply.err == nil, 'the budget function failed')
+  -- The reserves' answers come first: length 6, granted, 3 fields, time, mark.
+  for i, m in ipairs(made) do
+    local at = (i - 1) * 7 + 1
+    assert(reply[at] == 6 and reply[at + 1] == 1, 'a reserve was refused')
+    m.at, m.mark = reply[at + 5], reply[at + 6]
+  end
   pending, now_ms = made, now_ms + 1
 end
 

@@ -10,8 +10,9 @@
 -- keys are in one hash slot (on a cluster a call carries one operation).
 -- ARGV[1] now in ms or "" for the server's TIME. Then per operation, in
 -- order: in KEYS the counter keys of its checks in this slot, in order (n
--- of them), then a settle's record key; in ARGV a header and then each check's fields as
--- batch.lua takes them (hits = the estimate; charges are ignored).
+-- of them), then a settle's record bucket (a hash); in ARGV a header and
+-- then each check's fields as batch.lua takes them (hits = the estimate;
+-- charges are ignored).
 --   reserve: header "reserve <n> <ttl ms>".
 --            -> {granted 1|0, then over, remaining, reset_ms per check,
 --            and when granted the time, then each check's mark (-1 when
@@ -21,16 +22,18 @@
 --            reservation did not reach once one slot refused).
 --   settle:  "settle <n> <actual> <expires ms> <keep ms>", the fields,
 --            then one argument of each check's reservation time and mark
---            ("<at> <mark>", '-' when it took nothing), space-separated.
---            Before `expires` (the reservation's TTL on this Redis's
---            clock), the first settle records the actual under the record
---            key (one SET NX, expiring at `expires`, or `keep` ms from now
---            when later: the first slot of several, src/store/redis.rs),
---            gives back or charges, and answers; a later one (past
---            `expires` too, while the record lives) finds the record and
---            changes nothing. Each key's last reset
---            (lua/reset.lua) is read in one MGET: a key reset since the
---            reservation gives nothing back (an excess is charged).
+--            ("<at> <mark>", '-' when it took nothing), space-separated,
+--            then the reservation's nonce. Before `expires` (the
+--            reservation's TTL on this Redis's clock), the first settle
+--            records the actual in the bucket under the nonce (HSETNX;
+--            the bucket, which ratekeeper names by the second the TTL
+--            ends, lives at least to the end of the second of `expires`,
+--            or `keep` ms from now when later: the first slot of several,
+--            src/store/redis.rs), gives back or charges, and answers; a later one (past `expires` too, while the
+--            bucket lives) finds the record and changes nothing. Each
+--            key's last reset (lua/reset.lua) is read in one MGET: a key
+--            reset since the reservation gives nothing back (an excess is
+--            charged).
 --            -> {0 unknown (expired) | 1 settled now | 2 settled before,
 --            the actual it is settled at, then over, remaining, reset_ms
 --            per check, the standing after the settlement}
@@ -38,7 +41,9 @@
 -- marks travel in its id, which ratekeeper signs (src/service/id_key.rs)
 -- and checks before any settle reaches Redis. A new key per pair costs
 -- Redis more time than its commands count for (BENCHMARKS.md), so the one
--- record a reservation makes is its settlement's.
+-- record a reservation makes is its settlement's, a field in a hash that
+-- the settlements of its second share (src/store/budget.rs,
+-- record_bucket).
 -- The reply (packed by cmsgpack, as batch.lua's): per operation the length
 -- of its answer, then the answer. An operation whose fields are malformed
 -- (answer {-1, 1}) does nothing; the others of the call stand.
@@ -298,9 +303,22 @@ local function resets(k, n)
   return redis.call('MGET', unpack(names))
 end
 
+-- Keeps the record bucket `bucket` of a settle (header o) as long as its
+-- new record may be looked for: to the end of the second of o.expires, or
+-- o.keep ms from now when later. Never shortened, for the records of
+-- others (a cluster's bucket holds first and later slots'); rounded up
+-- to the second so that the bucket's other settles find it long enough.
+-- PTTL is -1 on a bucket just made.
+local function keep_bucket(bucket, o)
+  local need = math.max(o.expires - o.expires % 1000 + 1000 - now, o.keep)
+  if redis.call('PTTL', bucket) < need then
+    redis.call('PEXPIRE', bucket, int(need))
+  end
+end
+
 -- settle (header o) of the checks keys[k + 1 .. k + n], fields argv[a + 1
--- .. a + n], record keys[k + n + 1]. Its answer goes to out from index p; returns
--- the answer's length.
+-- .. a + n], record bucket keys[k + n + 1], nonce argv[a + n + 2]. Its answer
+-- goes to out from index p; returns the answer's length.
 local function settle(p, k, a, o)
   local n, actual = o.n, o.amount
   local checks, ats, marks = read_reservation(a, n)
@@ -309,10 +327,9 @@ local function settle(p, k, a, o)
   end
   -- Recorded once, while it may settle; a record found (or, past its
   -- TTL, looked for) answers as the first settle did.
-  local record = keys[k + n + 1]
-  if now >= o.expires
-    or not redis.call('SET', record, o.as, 'NX', 'PX', int(math.max(o.expires - now, o.keep))) then
-    local v = redis.call('GET', record)
+  local bucket, nonce = keys[k + n + 1], argv[a + n + 2]
+  if now >= o.expires or redis.call('HSETNX', bucket, nonce, o.as) == 0 then
+    local v = redis.call('HGET', bucket, nonce)
     if not v then
       return answer2(p, n, 0, 0)
     end
@@ -325,6 +342,7 @@ local function settle(p, k, a, o)
     forget(n)
     return 2 + 3 * n
   end
+  keep_bucket(bucket, o)
   local reset = resets(k, n)
   for i = 1, n do
     local c, at = checks[i], ats[i]
@@ -365,7 +383,7 @@ local op_of = memo(function(header)
     end
     -- Formatted once a call: the record of a settle at `amount`.
     return {
-      op = op, n = n, amount = amount, keys = n + 1, args = n + 1, as = int(amount),
+      op = op, n = n, amount = amount, keys = n + 1, args = n + 2, as = int(amount),
       expires = tonumber(expires), keep = tonumber(keep),
     }
   end

@@ -955,16 +955,18 @@ struct TwoSlots {
     server: TestServer,
     client: Client,
     id: String,
-    /// The keys its settlement is recorded under: ann's slot's, bob's
+    /// The hashes its settlement is recorded in: ann's slot's, bob's
     /// slot's.
     records: [String; 2],
+    /// Its settlement's field in them.
+    nonce: String,
     /// The clock the store's decisions follow.
     clock: Arc<ManualClock>,
 }
 
 async fn two_slot_reservation(cluster: &RedisCluster, ttl: Option<Duration>) -> TwoSlots {
     use ratekeeper::service::reservation_id::ReservationId;
-    use ratekeeper::store::budget::record_key;
+    use ratekeeper::store::budget::record_bucket;
     let clock = Arc::new(ManualClock::new(START_MS));
     let server = TestServer::start(&[LIMITS], cluster.store(Some(clock.clone()))).await;
     let mut client = connect(&server.addr.to_string()).await;
@@ -982,10 +984,16 @@ async fn two_slot_reservation(cluster: &RedisCluster, ttl: Option<Duration>) -> 
     assert!(r.granted, "{r:?}");
     let prefix = ratekeeper::keys::DEFAULT_PREFIX;
     let read = ReservationId::decode(&r.reservation_id, prefix).expect("an id");
-    let keys = read.reservation.counter_keys();
-    let nonce = &read.reservation.nonce;
+    let reservation = &read.reservation;
+    let keys = reservation.counter_keys();
+    let ttl_ends = |i: usize| reservation.keys[i].taken.at_ms + reservation.ttl_ms;
+    let nonce = &reservation.nonce;
     TwoSlots {
-        records: [record_key(&keys[0], nonce), record_key(&keys[1], nonce)],
+        records: [
+            record_bucket(&keys[0], nonce, ttl_ends(0), true),
+            record_bucket(&keys[1], nonce, ttl_ends(1), true),
+        ],
+        nonce: nonce.clone(),
         clock,
         id: r.reservation_id,
         server,
@@ -1023,6 +1031,7 @@ async fn a_multi_slot_settle_after_the_ttl_touches_nothing() {
         mut client,
         id,
         records: [ann, bob],
+        nonce,
         clock,
     } = two_slot_reservation(&cluster, Some(Duration::from_secs(1))).await;
     clock.advance(1_000);
@@ -1036,7 +1045,7 @@ async fn a_multi_slot_settle_after_the_ttl_touches_nothing() {
         "bob's slot keeps the estimate: nothing settled"
     );
     for record in [ann, bob] {
-        let exists: u64 = on_owner(&cluster, redis::cmd("EXISTS").arg(&record));
+        let exists: u64 = on_owner(&cluster, redis::cmd("HEXISTS").arg(&record).arg(&nonce));
         assert_eq!(exists, 0, "{record}: nothing recorded");
     }
     server.stop().await;
@@ -1050,11 +1059,12 @@ async fn a_retry_completes_a_multi_slot_settle_at_the_actual_it_began_with() {
         mut client,
         id,
         records: [ann, _],
+        nonce,
         ..
     } = two_slot_reservation(&cluster, None).await;
     // A settle at 10 that reached only the first slot before its call was
     // cut short: its settlement recorded there, bob's slot untouched.
-    let _: () = on_owner(&cluster, redis::cmd("SET").arg(&ann).arg("10"));
+    let _: u64 = on_owner(&cluster, redis::cmd("HSET").arg(&ann).arg(&nonce).arg("10"));
     let retry = settle(&mut client, &id, 12).await;
     assert!(retry.already_settled, "{retry:?}");
     assert_eq!(retry.settled, 10);
@@ -1074,10 +1084,11 @@ async fn a_settle_cut_short_between_slots_is_completed_by_a_retry_after_the_ttl(
         mut client,
         id,
         records: [ann, bob],
+        nonce,
         clock,
     } = two_slot_reservation(&cluster, Some(Duration::from_secs(1))).await;
-    // Bob's slot made to fail its settle (its record key holds what no
-    // settle writes): the settle records ann's and fails on bob's.
+    // Bob's slot made to fail its settle (its record bucket a string, not
+    // a hash): the settle records ann's and fails on bob's.
     let _: () = on_owner(&cluster, redis::cmd("SET").arg(&bob).arg("in the way"));
     let cut = try_settle(&mut client, &id, 5)
         .await
@@ -1089,6 +1100,8 @@ async fn a_settle_cut_short_between_slots_is_completed_by_a_retry_after_the_ttl(
         "bob's part not settled yet"
     );
     // Settled, ann's record lives on past the reservation's 1 s TTL.
+    let recorded: u64 = on_owner(&cluster, redis::cmd("HEXISTS").arg(&ann).arg(&nonce));
+    assert_eq!(recorded, 1, "{ann}");
     let kept: i64 = on_owner(&cluster, redis::cmd("PTTL").arg(&ann));
     assert!(kept > 60_000, "{kept}");
     let _: u64 = on_owner(&cluster, redis::cmd("DEL").arg(&bob));

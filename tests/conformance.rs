@@ -1830,10 +1830,7 @@ fn budget_table(algorithm: Algorithm) -> Vec<(u64, BudgetOp, bool, Outcome)> {
         .collect()
 }
 
-/// A budget table's check: each algorithm's its own hash tag, so its own
-/// reservation markers (the table's nonces repeat from one algorithm to
-/// the next, and a reserve that finds its nonce's marker is one made
-/// again: granted as it was).
+/// A budget table's check: each algorithm's its own key.
 fn budget_check(algorithm: Algorithm, hits: u64) -> Check {
     let burst = if algorithm.has_burst() { 10 } else { 0 };
     let key = format!("budget.{}", algorithm.key_tag());
@@ -2131,11 +2128,53 @@ async fn concurrent_budget_calls_share_redis_calls_and_decide_as_before() {
     }
 }
 
+/// A settlement's record is a field of a bucket hash that other
+/// settlements share: each settle keeps the bucket at least as long as its
+/// own record needs (to the end of its expiry's second, or `keep` from
+/// now) and never shortens it for the others; a retry finds its field.
+#[test]
+fn a_record_bucket_lives_as_long_as_its_longest_record_needs() {
+    let redis = common::RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let function = format!("{}_budget", common::load_limiter_library(&mut conn));
+    let (key, bucket) = ("rk:{kept|a}:fw.1000", "rk:rsvb.1800000060.a");
+    let now = "1800000000000";
+    let mut settle = |header: &str, nonce: &str| -> Vec<i64> {
+        let fields = "fw 5 1000 0 1 1 0";
+        let reply: Packed = redis::cmd("FCALL")
+            .arg(&function)
+            .arg(2)
+            .arg(&[key, bucket])
+            .arg(&[now, header, fields, "1800000000000 -", nonce])
+            .query(&mut conn)
+            .expect("settle");
+        reply.0
+    };
+    let pttl = |conn: &mut redis::Connection| -> i64 {
+        redis::cmd("PTTL").arg(bucket).query(conn).expect("PTTL")
+    };
+    let kept = settle("settle 1 3 1800000060000 100000", "a1");
+    assert_eq!(kept[..3], [5, 1, 3], "settled now at 3: {kept:?}");
+    let mut conn = redis.client().get_connection().unwrap();
+    assert!((99_000..=100_000).contains(&pttl(&mut conn)), "keep: 100 s");
+    let plain = settle("settle 1 0 1800000060500 0", "a2");
+    assert_eq!(plain[..3], [5, 1, 0], "{plain:?}");
+    assert!(pttl(&mut conn) > 99_000, "not shortened to 61 s");
+    let longer = settle("settle 1 0 1800000060000 200000", "a3");
+    assert_eq!(longer[..3], [5, 1, 0], "{longer:?}");
+    assert!(pttl(&mut conn) > 199_000, "lengthened to 200 s");
+    let retry = settle("settle 1 9 1800000060000 100000", "a1");
+    assert_eq!(retry[..3], [5, 2, 3], "already settled at 3: {retry:?}");
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(bucket).query(&mut conn).unwrap();
+    assert_eq!(fields.len(), 3, "{fields:?}");
+}
+
 /// Malformed budget calls get an error reply and save nothing: an unknown
 /// operation, a TTL or actual not a count, fewer fields than keys, a
 /// header's tail other than a settle's ` <expires> <keep>`, keys that do
-/// not add up (a settle's record key missing), an actual over 2^32
-/// (`MAX_HITS`), more arguments than operations, no time. A check's fields
+/// not add up (a settle's record bucket missing), a settle's nonce
+/// missing, an actual over 2^32 (`MAX_HITS`), more arguments than
+/// operations, no time. A check's fields
 /// or a settle's times and marks malformed fail that operation alone
 /// (`{-1, 1}`), saving nothing.
 #[test]
@@ -2143,7 +2182,7 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
     let redis = common::RedisServer::start();
     let mut conn = redis.client().get_connection().unwrap();
     let function = common::load_limiter_library(&mut conn);
-    let (record, key) = ("rk:{bad|a}:rsv.n", "rk:{bad|a}:fw.1000");
+    let (record, key) = ("rk:rsvb.1800000060.n", "rk:{bad|a}:fw.1000");
     let good = "fw 5 1000 0 1 1 0";
     let now = "1800000000000";
     let settle = "settle 1 1 1800000060000 0";
@@ -2157,21 +2196,22 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
             .map(|p| p.0)
     };
     let (one, two) = (&[key][..], &[key, record][..]);
-    let malformed: [(&[&str], &[&str]); 14] = [
+    let malformed: [(&[&str], &[&str]); 15] = [
         (one, &[now, "take 1 1000", good]),
         (one, &[now, "reserve 1 soon", good]),
         (one, &[now, "reserve 1 1000"]),
         (one, &[now, "reserve 1 1000 k", good]),
         (two, &[now, "reserve 1 1000", good]),
-        (two, &[now, "settle 1 1 1800000060000", good, "1 0"]),
-        (two, &[now, "settle 1 1 soon 0", good, "1 0"]),
-        (two, &[now, "settle 1 -1 1800000060000 0", good, "1 0"]),
+        (two, &[now, "settle 1 1 1800000060000", good, "1 0", "n"]),
+        (two, &[now, "settle 1 1 soon 0", good, "1 0", "n"]),
+        (two, &[now, "settle 1 -1 1800000060000 0", good, "1 0", "n"]),
         (
             two,
-            &[now, "settle 1 4294967297 1800000060000 0", good, "1 0"],
+            &[now, "settle 1 4294967297 1800000060000 0", good, "1 0", "n"],
         ),
         (two, &[now, settle, good]),
-        (one, &[now, settle, good, "1 0"]),
+        (two, &[now, settle, good, "1 0"]),
+        (one, &[now, settle, good, "1 0", "n"]),
         (one, &[now, "reserve 1 1000", good, "reserve 1 1000", good]),
         (one, &["soon", "reserve 1 1000", good]),
         (&[], &[now]),
@@ -2192,7 +2232,7 @@ fn the_budget_function_refuses_malformed_arguments_and_saves_nothing() {
         (good, "1"),
         (good, "1 0 2 0"),
     ] {
-        let answer = call(two, &[now, settle, fields, marks]).unwrap();
+        let answer = call(two, &[now, settle, fields, marks, "n"]).unwrap();
         assert_eq!(answer, vec![2, -1, 1], "{fields:?} {marks:?}");
     }
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();

@@ -7,9 +7,9 @@
 //! [`Taken`]), and the service carries those, with the checks, in the id
 //! it signs (`service::reservation_id`). A settle brings them back; the
 //! store trusts them (the service verified the id) and, before the
-//! reservation's TTL has passed on its clock, records the settlement under
-//! the record key of the reservation's nonce, in each hash slot it took
-//! from, and makes the charge the actual cost. A retry finds the record
+//! reservation's TTL has passed on its clock, records the settlement as a
+//! field named by the reservation's nonce ([`record_bucket`]), in each hash
+//! slot it took from, and makes the charge the actual cost. A retry finds the record
 //! and answers as the first did, charging nothing. After the TTL a settle
 //! does nothing: an expired reservation stays charged at its estimate.
 //!
@@ -58,20 +58,29 @@ pub struct Reservation<'a> {
     pub ttl_ms: u64,
 }
 
-/// The record key of a reservation's settlement in the hash slot of
-/// `counter_key`: `<counter key up to and including its closing
-/// '}'>:rsv.<nonce>`. A key without a hash tag gets its whole self as one
-/// (`{<key>}:rsv.<nonce>`), which Redis Cluster files in the same slot as
-/// the key (unless it holds a `}`: counter keys always carry a tag, see
-/// `keys`).
-pub fn record_key(counter_key: &str, nonce: &str) -> String {
-    let tag_end = counter_key.find('{').and_then(|open| {
+/// The hash a reservation's settlement is recorded in, as the field named
+/// by its nonce: `<head>rsvb.<second of ttl_ends_ms>.<nonce's first
+/// character>`, `ttl_ends_ms` when its TTL ends on the store's clock. A field in a shared hash costs Redis far less than a key of
+/// its own (BENCHMARKS.md), and the second and the shard (one of 16 by a hex
+/// nonce) keep each hash small, so freeing one never stalls Redis. Named by
+/// what the reservation's id holds, so a retried settle finds it. The head
+/// is the counter key's prefix (up to its tag), or on a cluster its tag and
+/// a `:` so the hash shares the counters' slot. A key without a tag (counter
+/// keys always carry one, see `keys`) heads with `{<key>}:`, which Redis
+/// Cluster files in its slot unless it holds a `}`.
+pub fn record_bucket(counter_key: &str, nonce: &str, ttl_ends_ms: u64, in_slot: bool) -> String {
+    let tag = counter_key.find('{').and_then(|open| {
         let close = open + 1 + counter_key[open + 1..].find('}')?;
-        (close > open + 1).then_some(close)
+        (close > open + 1).then_some((open, close))
     });
-    match tag_end {
-        Some(close) => format!("{}:rsv.{nonce}", &counter_key[..=close]),
-        None => format!("{{{counter_key}}}:rsv.{nonce}"),
+    let shard = nonce.get(..1).unwrap_or("");
+    let second = ttl_ends_ms / 1000;
+    match tag {
+        Some((_, close)) if in_slot => {
+            format!("{}:rsvb.{second}.{shard}", &counter_key[..=close])
+        }
+        Some((open, _)) => format!("{}rsvb.{second}.{shard}", &counter_key[..open]),
+        None => format!("{{{counter_key}}}:rsvb.{second}.{shard}"),
     }
 }
 
@@ -124,13 +133,19 @@ mod tests {
     use crate::keys::cluster_slot;
 
     #[test]
-    fn a_record_lives_in_its_counters_hash_slot() {
+    fn a_record_bucket_is_shared_unless_it_must_share_a_slot() {
         let counter = "rk:{api|user=alice}:fw.60";
-        let record = record_key(counter, "n1");
-        assert_eq!(record, "rk:{api|user=alice}:rsv.n1");
+        assert_eq!(
+            record_bucket(counter, "a1f", 1_234_567, false),
+            "rk:rsvb.1234.a"
+        );
+        assert_eq!(
+            record_bucket(counter, "a1f", 1_234_999, true),
+            "rk:{api|user=alice}:rsvb.1234.a"
+        );
         for key in [counter, "plain", "x{y"] {
             assert_eq!(
-                cluster_slot(&record_key(key, "n")),
+                cluster_slot(&record_bucket(key, "n", 0, true)),
                 cluster_slot(key),
                 "{key}"
             );

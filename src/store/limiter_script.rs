@@ -25,6 +25,7 @@ use redis::{
     Arg, Cmd, ErrorKind, RedisError, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
 };
 
+use super::budget::record_bucket;
 use super::generation::Generation;
 use super::packed::Packed;
 use crate::clock::Clock;
@@ -87,6 +88,9 @@ pub struct LimiterScript {
     generation: Generation,
     /// The most ms a call adds to the TTL of the keys it saves (0: none).
     expiry_jitter_ms: u64,
+    /// Settlements are recorded in their counters' hash slot (on a
+    /// cluster), not in hashes the whole store shares: `record_bucket`.
+    records_in_slot: bool,
 }
 
 impl LimiterScript {
@@ -122,6 +126,16 @@ impl LimiterScript {
             functions: AtomicBool::new(functions),
             generation: Generation::default(),
             expiry_jitter_ms: 0,
+            records_in_slot: false,
+        }
+    }
+
+    /// For a Redis Cluster: each settlement's record shares its counters'
+    /// hash slot (`record_bucket`).
+    pub fn on_cluster(self, clustered: bool) -> Self {
+        LimiterScript {
+            records_in_slot: clustered,
+            ..self
         }
     }
 
@@ -255,8 +269,10 @@ impl LimiterScript {
             for check in &op.checks {
                 cmd.arg(check.key.as_str());
             }
-            if op.settle.is_some() {
-                cmd.arg(op.record.as_str());
+            if let (Some(settle), Some(first)) = (&op.settle, op.checks.first()) {
+                let ends_ms = settle.ttl_ends_ms();
+                let in_slot = self.records_in_slot;
+                cmd.arg(record_bucket(&first.key, &op.nonce, ends_ms, in_slot));
             }
         }
         cmd.arg(now);
@@ -267,6 +283,7 @@ impl LimiterScript {
             }
             if let Some(settle) = &op.settle {
                 cmd.arg(TakenArg(&settle.taken));
+                cmd.arg(op.nonce.as_str());
             }
         }
         cmd
@@ -361,9 +378,10 @@ impl LimiterScript {
 pub struct BudgetOp {
     /// `reserve`, `check` or `settle`.
     pub op: &'static str,
-    /// The key the reservation's settlement is recorded under in this
-    /// slot (sent with a settle only).
-    pub record: String,
+    /// The reservation's nonce: its settlement's field in the record
+    /// bucket (`record_bucket`; sent with a settle only, kept with a
+    /// reserve for its give-back).
+    pub nonce: String,
     /// The TTL in ms (reserve, check) or the actual cost (settle).
     pub amount: u64,
     /// This slot's checks (a settle's as reserved: hits the estimate).
@@ -375,14 +393,32 @@ pub struct BudgetOp {
 /// What a settle in one hash slot says of its reservation.
 #[derive(Debug, Clone)]
 pub struct SlotSettle {
-    /// When the reservation may no longer settle, on this slot's clock (ms).
-    pub expires_ms: u64,
+    /// The reservation's TTL in ms, from when this slot was reserved.
+    pub ttl_ms: u64,
+    /// How much longer than its TTL this slot takes a settle, in ms: the
+    /// later slots of a reservation over several (`RedisStore::settle`).
+    pub extra_ms: u64,
     /// How long at least its record lives once settled, in ms (0: until
-    /// `expires_ms`): the first slot of a reservation over several (see
-    /// `RedisStore::settle`).
+    /// it expires): the first slot of a reservation over several.
     pub keep_ms: u64,
     /// What the reservation took from each check.
     pub taken: Vec<Taken>,
+}
+
+impl SlotSettle {
+    /// When this slot's TTL ends, on its clock (ms): what names its
+    /// record's bucket. Not the expiry, whose extra follows the replica's
+    /// call timeout: a retry on a replica set otherwise finds the record.
+    fn ttl_ends_ms(&self) -> u64 {
+        let made_ms = self.taken.first().map_or(0, |taken| taken.at_ms);
+        made_ms.saturating_add(self.ttl_ms)
+    }
+
+    /// When the reservation may no longer settle in this slot, on its
+    /// clock (ms).
+    fn expires_ms(&self) -> u64 {
+        self.ttl_ends_ms().saturating_add(self.extra_ms)
+    }
 }
 
 /// An operation's header argument: `"<op> <keys> <amount>"`, and for a
@@ -394,7 +430,7 @@ impl fmt::Display for BudgetHeader<'_> {
         let op = self.0;
         write!(f, "{} {} {}", op.op, op.checks.len(), op.amount)?;
         if let Some(settle) = &op.settle {
-            write!(f, " {} {}", settle.expires_ms, settle.keep_ms)?;
+            write!(f, " {} {}", settle.expires_ms(), settle.keep_ms)?;
         }
         Ok(())
     }
@@ -452,14 +488,14 @@ pub fn give_back(op: &BudgetOp, reply: &[i64]) -> Option<BudgetOp> {
         return None;
     }
     let taken = reserved(reply, op.checks.len()).ok()?.1?;
-    let expires_ms = taken.first()?.at_ms.saturating_add(op.amount);
     Some(BudgetOp {
         op: "settle",
-        record: op.record.clone(),
+        nonce: op.nonce.clone(),
         amount: 0,
         checks: op.checks.clone(),
         settle: Some(SlotSettle {
-            expires_ms,
+            ttl_ms: op.amount,
+            extra_ms: 0,
             keep_ms: 0,
             taken,
         }),

@@ -17,7 +17,7 @@ use futures_util::future::join_all;
 use redis::Script;
 
 use super::batcher::{log_give_back, Batcher, BudgetOps, Checks};
-use super::budget::{record_key, Reservation, Reserved, Settled, Taken};
+use super::budget::{Reservation, Reserved, Settled, Taken};
 use super::caller::Caller;
 use super::connection::{role, Conn, Connections, OutageLines, PoolReader, RedisSettings};
 use super::generation::Generation;
@@ -219,8 +219,11 @@ impl RedisStore {
         let clustered = settings.topology == Topology::Cluster;
         let breaker = (!clustered).then(Caller::breaker);
         let jitter_ms = u64::try_from(settings.expiry_jitter.as_millis()).unwrap_or(u64::MAX);
-        let limiter =
-            Arc::new(LimiterScript::new(settings.functions).with_expiry_jitter(jitter_ms));
+        let limiter = Arc::new(
+            LimiterScript::new(settings.functions)
+                .with_expiry_jitter(jitter_ms)
+                .on_cluster(clustered),
+        );
         let lines = OutageLines::new();
         let lanes = lane_shares(settings.connections, settings.lanes)
             .map(|connections| {
@@ -579,7 +582,7 @@ impl RedisStore {
     ) -> Result<(Vec<Outcome>, Option<Vec<Taken>>)> {
         let op = BudgetOp {
             op,
-            record: record_key(&checks[group[0]].key, nonce),
+            nonce: nonce.to_owned(),
             amount: ttl_ms,
             checks: group.iter().map(|&i| checks[i].clone()).collect(),
             settle: None,
@@ -603,14 +606,14 @@ impl RedisStore {
             let Some(slot_taken) = slot_taken else {
                 continue;
             };
-            let record = record_key(&checks[group[0]].key, nonce);
             let settle = SlotSettle {
                 // Made just now: the grace is ample.
-                expires_ms: slot_taken[0].at_ms.saturating_add(self.settle_grace_ms()),
+                ttl_ms: self.settle_grace_ms(),
+                extra_ms: 0,
                 keep_ms: 0,
                 taken: slot_taken,
             };
-            match self.settle_slot(checks, group, record, 0, settle).await {
+            match self.settle_slot(checks, group, nonce, 0, settle).await {
                 Ok(SlotSettled::Settled(slot_outcomes)) => {
                     for (&i, outcome) in group.iter().zip(slot_outcomes) {
                         outcomes[i] = Some(outcome);
@@ -655,12 +658,9 @@ impl RedisStore {
             }
         };
         let grace = self.settle_grace_ms();
-        let record = |group: &[usize]| record_key(&checks[group[0]].key, reservation.nonce);
         let slot = |group: &[usize], extra_ms: u64, keep_ms: u64| SlotSettle {
-            expires_ms: reservation.taken[group[0]]
-                .at_ms
-                .saturating_add(reservation.ttl_ms)
-                .saturating_add(extra_ms),
+            ttl_ms: reservation.ttl_ms,
+            extra_ms,
             keep_ms,
             taken: group.iter().map(|&i| reservation.taken[i]).collect(),
         };
@@ -669,7 +669,7 @@ impl RedisStore {
             .settle_slot(
                 checks,
                 first,
-                record(first),
+                reservation.nonce,
                 actual,
                 slot(first, 0, keep_ms),
             )
@@ -688,7 +688,7 @@ impl RedisStore {
         let settled_at = before.unwrap_or(actual);
         let answers = join_all(later.iter().map(|group| {
             let settle = slot(group, 2 * grace, 0);
-            self.settle_slot(checks, group, record(group), settled_at, settle)
+            self.settle_slot(checks, group, reservation.nonce, settled_at, settle)
         }))
         .await;
         for (group, answer) in later.iter().zip(answers) {
@@ -729,13 +729,13 @@ impl RedisStore {
         &self,
         checks: &[Check],
         group: &[usize],
-        record: String,
+        nonce: &str,
         actual: u64,
         settle: SlotSettle,
     ) -> Result<SlotSettled> {
         let op = BudgetOp {
             op: "settle",
-            record,
+            nonce: nonce.to_owned(),
             amount: actual,
             checks: group.iter().map(|&i| checks[i].clone()).collect(),
             settle: Some(settle),

@@ -1127,58 +1127,63 @@ pub fn make_certs(dir: &std::path::Path, san: &str) {
     }
 }
 
-/// The reservations a test made on a store, by nonce: what their settles
-/// name (in the service, the signed reservation id carries it).
+/// The reservations a test made on a store, by the test's name for each:
+/// what their settles name (in the service, the signed reservation id
+/// carries it). Each gets a random nonce, as the service gives it, so names
+/// may repeat from one store or table to the next.
 #[derive(Debug, Default)]
 pub struct Ledger(std::sync::Mutex<std::collections::HashMap<String, Reserved>>);
 
 /// A granted reservation as a [`Ledger`] keeps it.
 #[derive(Debug, Clone)]
 pub struct Reserved {
+    pub nonce: String,
     pub checks: Vec<ratekeeper::limiter::Check>,
     pub taken: Vec<ratekeeper::store::Taken>,
     pub ttl_ms: u64,
 }
 
 impl Ledger {
-    /// Reserves `checks` on `store` as `nonce`, kept when granted.
+    /// Reserves `checks` on `store` as `name`, kept when granted.
     pub async fn reserve(
         &self,
         store: &Store,
         checks: &[ratekeeper::limiter::Check],
-        nonce: &str,
+        name: &str,
         ttl_ms: u64,
     ) -> ratekeeper::Result<ratekeeper::store::Reserved> {
-        let reserved = store.reserve(checks, nonce, ttl_ms).await?;
+        let nonce = ratekeeper::service::reservation_id::ReservationId::new_nonce();
+        let reserved = store.reserve(checks, &nonce, ttl_ms).await?;
         if reserved.granted {
             let kept = Reserved {
+                nonce,
                 checks: checks.to_vec(),
                 taken: reserved.taken.clone(),
                 ttl_ms,
             };
             let mut ledger = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            ledger.insert(nonce.to_owned(), kept);
+            ledger.insert(name.to_owned(), kept);
         }
         Ok(reserved)
     }
 
-    /// Settles the reservation `nonce` on `store`; Unknown when none was
+    /// Settles the reservation `name` on `store`; Unknown when none was
     /// granted under it.
     pub async fn settle(
         &self,
         store: &Store,
-        nonce: &str,
+        name: &str,
         actual: u64,
     ) -> ratekeeper::Result<ratekeeper::store::Settled> {
         let kept = {
             let ledger = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            ledger.get(nonce).cloned()
+            ledger.get(name).cloned()
         };
         let Some(kept) = kept else {
             return Ok(ratekeeper::store::Settled::Unknown);
         };
         let reservation = ratekeeper::store::Reservation {
-            nonce,
+            nonce: &kept.nonce,
             checks: &kept.checks,
             taken: &kept.taken,
             ttl_ms: kept.ttl_ms,
