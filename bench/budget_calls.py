@@ -3,8 +3,8 @@ each call carries BATCH reserves of 100 on new fixed-window keys (one check
 each, as `ratekeeper-bench --mode budget` makes them) and the settles at 60
 of the previous call's reservations (their times and marks from its answers,
 each recorded in its second's bucket under its nonce), as ratekeeper's
-batcher joins Reserves and Settles in flight together. Fails on an error reply or an answer that is
-not granted / settled.
+batcher joins Reserves and Settles in flight together. Fails on an error
+reply or an answer that is not granted / settled.
 
     python3 bench/budget_calls.py PORT FUNCTION CALLS BATCH FIRST_KEY
 """

@@ -29,11 +29,11 @@
 --            the bucket, which ratekeeper names by the second the TTL
 --            ends, lives at least to the end of the second of `expires`,
 --            or `keep` ms from now when later: the first slot of several,
---            src/store/redis.rs), gives back or charges, and answers; a later one (past `expires` too, while the
---            bucket lives) finds the record and changes nothing. Each
---            key's last reset (lua/reset.lua) is read in one MGET: a key
---            reset since the reservation gives nothing back (an excess is
---            charged).
+--            src/store/redis.rs), gives back or charges, and answers; a
+--            later one (past `expires` too, while the bucket lives) finds
+--            the record and changes nothing. Each key's last reset
+--            (lua/reset.lua) is read in one MGET: a key reset since the
+--            reservation gives nothing back (an excess is charged).
 --            -> {0 unknown (expired) | 1 settled now | 2 settled before,
 --            the actual it is settled at, then over, remaining, reset_ms
 --            per check, the standing after the settlement}
@@ -317,8 +317,8 @@ local function keep_bucket(bucket, o)
 end
 
 -- settle (header o) of the checks keys[k + 1 .. k + n], fields argv[a + 1
--- .. a + n], record bucket keys[k + n + 1], nonce argv[a + n + 2]. Its answer
--- goes to out from index p; returns the answer's length.
+-- .. a + n], record bucket keys[k + n + 1], nonce argv[a + n + 2]. Its
+-- answer goes to out from index p; returns the answer's length.
 local function settle(p, k, a, o)
   local n, actual = o.n, o.amount
   local checks, ats, marks = read_reservation(a, n)

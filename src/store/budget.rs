@@ -8,9 +8,9 @@
 //! it signs (`service::reservation_id`). A settle brings them back; the
 //! store trusts them (the service verified the id) and, before the
 //! reservation's TTL has passed on its clock, records the settlement as a
-//! field named by the reservation's nonce ([`record_bucket`]), in each hash
-//! slot it took from, and makes the charge the actual cost. A retry finds the record
-//! and answers as the first did, charging nothing. After the TTL a settle
+//! field named by the reservation's nonce ([`record_bucket`]), in each
+//! hash slot it took from, and makes the charge the actual cost. A retry
+//! finds the record and answers as the first did, charging nothing. After the TTL a settle
 //! does nothing: an expired reservation stays charged at its estimate.
 //!
 //! Nothing is recorded at reserve because a new key per reservation costs
@@ -60,14 +60,15 @@ pub struct Reservation<'a> {
 
 /// The hash a reservation's settlement is recorded in, as the field named
 /// by its nonce: `<head>rsvb.<second of ttl_ends_ms>.<nonce's first
-/// character>`, `ttl_ends_ms` when its TTL ends on the store's clock. A field in a shared hash costs Redis far less than a key of
-/// its own (BENCHMARKS.md), and the second and the shard (one of 16 by a hex
-/// nonce) keep each hash small, so freeing one never stalls Redis. Named by
-/// what the reservation's id holds, so a retried settle finds it. The head
-/// is the counter key's prefix (up to its tag), or on a cluster its tag and
-/// a `:` so the hash shares the counters' slot. A key without a tag (counter
-/// keys always carry one, see `keys`) heads with `{<key>}:`, which Redis
-/// Cluster files in its slot unless it holds a `}`.
+/// character>`, `ttl_ends_ms` when its TTL ends on the store's clock. A
+/// field in a shared hash costs Redis less time than a key of its own
+/// (BENCHMARKS.md); the second and the shard (one of 16 by a hex nonce)
+/// keep each hash to a sixteenth of a second's settlements, quick to free.
+/// Named by what the reservation's id holds, so a retried settle finds it.
+/// The head is the counter key's prefix (up to its tag), or on a cluster
+/// its tag and a `:` so the hash shares the counters' slot. A key without
+/// a tag (counter keys always carry one, see `keys`) heads with
+/// `{<key>}:`, which Redis Cluster files in its slot unless it holds a `}`.
 pub fn record_bucket(counter_key: &str, nonce: &str, ttl_ends_ms: u64, in_slot: bool) -> String {
     let tag = counter_key.find('{').and_then(|open| {
         let close = open + 1 + counter_key[open + 1..].find('}')?;
