@@ -418,24 +418,15 @@ impl RedisStore {
         groups: &[Vec<usize>],
         all_or_nothing: bool,
     ) -> Result<Pass> {
-        let dry = join_all(
-            groups
-                .iter()
-                .map(|group| self.apply_slot(checks, group, all_or_nothing, Pass::DryRun)),
-        )
-        .await;
-        for (group, answer) in groups.iter().zip(dry) {
-            if group
-                .iter()
-                .zip(answer?)
-                .any(|(&i, o)| checks[i].refused_by(&o))
-            {
-                return Ok(Pass::Refused);
-            }
-        }
-        Ok(Pass::Decide)
+        let dry = self
+            .apply_groups(checks, groups, all_or_nothing, Pass::DryRun)
+            .await?;
+        let refused = checks.iter().zip(&dry).any(|(c, o)| c.refused_by(o));
+        Ok(if refused { Pass::Refused } else { Pass::Decide })
     }
 
+    /// One slot's checks (`group` indexes `checks`) decided in `pass`, in
+    /// one call of the limiter.
     async fn apply_slot(
         &self,
         checks: &[Check],
