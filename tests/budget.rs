@@ -159,7 +159,7 @@ async fn reserve_then_settle_per_algorithm_on_every_store() {
             let at = format!("{name}/{algorithm}");
             let r = reserve(&mut client, algorithm, "u", 100).await;
             assert!(
-                r.granted && r.reservation_id.starts_with("r2."),
+                r.granted && r.reservation_id.starts_with("r3."),
                 "{at}: {r:?}"
             );
             assert_eq!(r.statuses.len(), 1, "{at}");
@@ -724,7 +724,7 @@ async fn bad_input_gets_a_status_with_a_reason() {
     // match.
     let id = &granted.reservation_id;
     let flipped = if &id[3..4] == "0" { "1" } else { "0" };
-    let other_nonce = format!("r2.{flipped}{}", &id[4..]);
+    let other_nonce = format!("r3.{flipped}{}", &id[4..]);
     let (fields, estimate) = ("_60000_0_10_", "_60000_0_1000_");
     assert!(id.contains(fields), "{id}");
     let other_estimate = id.replace(fields, estimate);
@@ -741,7 +741,12 @@ async fn bad_input_gets_a_status_with_a_reason() {
             "not a reservation id of this version",
         ),
         (
-            format!("r2.{}", "a".repeat(32)),
+            format!("r2.{}", &id[3..]),
+            Code::InvalidArgument,
+            "not a reservation id of this version",
+        ),
+        (
+            format!("r3.{}", "a".repeat(32)),
             Code::InvalidArgument,
             "malformed",
         ),

@@ -1,12 +1,14 @@
 //! Reservation ids (`BudgetService`): opaque to callers, self-describing to
 //! every replica, and signed.
 //!
-//! `r2.<nonce>.<ttl ms>.<descriptors>.<part>[.<part> ...].<mac>`, each
+//! `r3.<nonce>.<ttl ms>.<descriptors>.<part>[.<part> ...].<mac>`, each
 //! part `<descriptor>:<fields>:<at ms>:<mark>:<hex key>`
 //!
-//! `r2.` is the format's version (a later format gets another prefix, so a
-//! replica never misreads an id minted by a newer one; `r1.` ids, whose
-//! reservations were recorded in the store, are not read). The nonce is
+//! `r3.` is the format's version (a later format gets another prefix, so a
+//! replica never misreads an id minted by a newer one). Earlier ones are
+//! not read: `r1.` reservations were recorded in the store at reserve, and
+//! `r2.` ones settled under a key of their own, where a replica of this
+//! version would not look, and so would settle a retried one again. The nonce is
 //! 128 random bits: it names the record of the reservation's settlement.
 //! Then one part per counter key the reservation took its estimate from, in
 //! the order of its checks: the index of the Reserve's descriptor the key
@@ -33,7 +35,7 @@ use crate::limiter::budget::Taken;
 use crate::limiter::{Algorithm, Charges, Check};
 
 /// The version prefix of every reservation id this format mints.
-pub const PREFIX: &str = "r2.";
+pub const PREFIX: &str = "r3.";
 
 /// Longest reservation id accepted (and minted: a Reserve whose keys would
 /// not fit is refused before it takes anything).
@@ -343,7 +345,7 @@ mod tests {
         let r = reservation();
         let payload = r.payload();
         let id = ReservationId::signed(&payload, &[0xab; MAC_BYTES]);
-        assert!(id.starts_with("r2."), "{id}");
+        assert!(id.starts_with("r3."), "{id}");
         let read = ReservationId::decode(&id, "rk:").unwrap();
         assert_eq!(read.reservation, r);
         assert_eq!(
@@ -370,62 +372,66 @@ mod tests {
             (String::new(), "empty"),
             ("x".into(), "not a reservation id"),
             (format!("r1.{n}.300000.1.0:5:{key}"), "not a reservation id"),
-            (format!("r2.{n}.300000.1.0:{f}:1:0:{key}"), "MAC"),
-            (format!("r2.{n}.300000.1.0:{f}:1:0:{key}.abc"), "MAC"),
-            (format!("r2.{n}.300000.1.{mac}"), "checks"),
-            (format!("r2.{mac}"), "nothing but a MAC"),
-            (format!("r2.short.300000.1.0:{f}:1:0:{key}.{mac}"), "nonce"),
-            (format!("r2.{n}.ttl.1.0:{f}:1:0:{key}.{mac}"), "TTL is not"),
             (
-                format!("r2.{n}.300000.x.0:{f}:1:0:{key}.{mac}"),
+                format!("r2.{n}.300000.1.0:{f}:1:0:{key}.{mac}"),
+                "not a reservation id",
+            ),
+            (format!("r3.{n}.300000.1.0:{f}:1:0:{key}"), "MAC"),
+            (format!("r3.{n}.300000.1.0:{f}:1:0:{key}.abc"), "MAC"),
+            (format!("r3.{n}.300000.1.{mac}"), "checks"),
+            (format!("r3.{mac}"), "nothing but a MAC"),
+            (format!("r3.short.300000.1.0:{f}:1:0:{key}.{mac}"), "nonce"),
+            (format!("r3.{n}.ttl.1.0:{f}:1:0:{key}.{mac}"), "TTL is not"),
+            (
+                format!("r3.{n}.300000.x.0:{f}:1:0:{key}.{mac}"),
                 "descriptor count is not",
             ),
-            (format!("r2.{n}.999.1.0:{f}:1:0:{key}.{mac}"), "TTL outside"),
+            (format!("r3.{n}.999.1.0:{f}:1:0:{key}.{mac}"), "TTL outside"),
             (
-                format!("r2.{n}.300000.0.0:{f}:1:0:{key}.{mac}"),
+                format!("r3.{n}.300000.0.0:{f}:1:0:{key}.{mac}"),
                 "descriptor count",
             ),
-            (format!("r2.{n}.300000.1.1:{f}:1:0:{key}.{mac}"), "checks"),
+            (format!("r3.{n}.300000.1.1:{f}:1:0:{key}.{mac}"), "checks"),
             (
-                format!("r2.{n}.300000.1.0:xx_10_60000_0_5_1_0:1:0:{key}.{mac}"),
+                format!("r3.{n}.300000.1.0:xx_10_60000_0_5_1_0:1:0:{key}.{mac}"),
                 "checks",
             ),
             (
-                format!("r2.{n}.300000.1.0:fw_10_0_0_5_1_0:1:0:{key}.{mac}"),
+                format!("r3.{n}.300000.1.0:fw_10_0_0_5_1_0:1:0:{key}.{mac}"),
                 "checks",
             ),
             (
-                format!("r2.{n}.300000.1.0:fw_10_60000_0_5_2_0:1:0:{key}.{mac}"),
+                format!("r3.{n}.300000.1.0:fw_10_60000_0_5_2_0:1:0:{key}.{mac}"),
                 "checks",
             ),
             (
-                format!("r2.{n}.300000.1.0:fw_10_60000_0_5_1_3:1:0:{key}.{mac}"),
+                format!("r3.{n}.300000.1.0:fw_10_60000_0_5_1_3:1:0:{key}.{mac}"),
                 "checks",
             ),
             (
-                format!("r2.{n}.300000.1.0:fw_10_60000_0_5_1_0_9:1:0:{key}.{mac}"),
+                format!("r3.{n}.300000.1.0:fw_10_60000_0_5_1_0_9:1:0:{key}.{mac}"),
                 "checks",
             ),
-            (format!("r2.{n}.300000.1.0:{f}:x:0:{key}.{mac}"), "checks"),
-            (format!("r2.{n}.300000.1.0:{f}:1:+0:{key}.{mac}"), "checks"),
-            (format!("r2.{n}.300000.1.0:{f}:1:0:zz.{mac}"), "checks"),
+            (format!("r3.{n}.300000.1.0:{f}:x:0:{key}.{mac}"), "checks"),
+            (format!("r3.{n}.300000.1.0:{f}:1:+0:{key}.{mac}"), "checks"),
+            (format!("r3.{n}.300000.1.0:{f}:1:0:zz.{mac}"), "checks"),
             (
-                format!("r2.{n}.300000.1.0:{f}:1:0:{}.{mac}", hex("other:{d}:fw.60")),
+                format!("r3.{n}.300000.1.0:{f}:1:0:{}.{mac}", hex("other:{d}:fw.60")),
                 "checks",
             ),
             (
-                format!("r2.{n}.300000.1.0:{f}:1:0:{}.{mac}", hex("rk:d:fw")),
+                format!("r3.{n}.300000.1.0:{f}:1:0:{}.{mac}", hex("rk:d:fw")),
                 "checks",
             ),
             (
                 format!(
-                    "r2.{n}.300000.1.0:{f}:1:0:{}.{mac}",
+                    "r3.{n}.300000.1.0:{f}:1:0:{}.{mac}",
                     hex("rk:{d}:fw.60\nrk:{d}:sw.60")
                 ),
                 "checks",
             ),
             (
-                "r2.".to_owned() + &"a".repeat(MAX_RESERVATION_ID_BYTES),
+                "r3.".to_owned() + &"a".repeat(MAX_RESERVATION_ID_BYTES),
                 "longer than",
             ),
         ];

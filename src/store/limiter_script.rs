@@ -269,10 +269,12 @@ impl LimiterScript {
             for check in &op.checks {
                 cmd.arg(check.key.as_str());
             }
-            if let (Some(settle), Some(first)) = (&op.settle, op.checks.first()) {
+            if let Some(settle) = &op.settle {
+                // Its slot's: a settle always has checks (`Store::settle`).
+                let counter = op.checks.first().map_or("", |c| c.key.as_str());
                 let ends_ms = settle.ttl_ends_ms();
                 let in_slot = self.records_in_slot;
-                cmd.arg(record_bucket(&first.key, &op.nonce, ends_ms, in_slot));
+                cmd.arg(record_bucket(counter, &op.nonce, ends_ms, in_slot));
             }
         }
         cmd.arg(now);

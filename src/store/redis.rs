@@ -64,6 +64,17 @@ impl<F: FnOnce()> Drop for UnlessReturned<F> {
     }
 }
 
+/// On a cluster, how long a multi-slot reservation's first record lives at
+/// least once settled, so that a retry of a settle cut short after it
+/// finds it: a minute for the retry and ten seconds for the settle's call
+/// (bounded by the Redis call timeout, milliseconds in practice). The
+/// later slots take a settle twice this past the TTL, which covers what
+/// the nodes' clocks may differ by too. A constant, not derived from this
+/// replica's call timeout: replicas set otherwise would disagree on how
+/// long a later slot takes a settle, and one that allowed longer could
+/// settle a later slot again once its record was gone.
+const SETTLE_GRACE_MS: u64 = 70_000;
+
 /// Runs `give_back` in the background, unless too many wait already (or
 /// there is no runtime to run it on: a call dropped as its runtime stops).
 fn spawn_give_back(give_back: impl std::future::Future<Output = ()> + Send + 'static) {
@@ -446,7 +457,7 @@ impl RedisStore {
     /// cluster the slots are reserved one after another; when one refuses
     /// (or fails), those already reserved are settled at 0, the give-back
     /// path, and the slots not reached are only checked, for their outcomes.
-    /// The later slots keep a bucket's give-backs twice `settle_grace_ms`
+    /// The later slots keep a bucket's give-backs twice [`SETTLE_GRACE_MS`]
     /// longer than the first, as they may settle that much later (see
     /// `settle`).
     pub async fn reserve(&self, checks: &[Check], nonce: &str, ttl_ms: u64) -> Result<Reserved> {
@@ -505,7 +516,7 @@ impl RedisStore {
         let mut taken = vec![None; checks.len()];
         let mut reserved: Vec<Vec<usize>> = Vec::new();
         let mut granted = true;
-        let later_ttl_ms = ttl_ms.saturating_add(2 * self.settle_grace_ms());
+        let later_ttl_ms = ttl_ms.saturating_add(2 * SETTLE_GRACE_MS);
         for (n, group) in self
             .groups(checks.iter().map(|c| c.key.as_str()))
             .into_iter()
@@ -599,7 +610,7 @@ impl RedisStore {
             };
             let settle = SlotSettle {
                 // Made just now: the grace is ample.
-                ttl_ms: self.settle_grace_ms(),
+                ttl_ms: SETTLE_GRACE_MS,
                 extra_ms: 0,
                 keep_ms: 0,
                 taken: slot_taken,
@@ -617,15 +628,6 @@ impl RedisStore {
                 ),
             }
         }
-    }
-
-    /// On a cluster, how long a multi-slot reservation's first record lives
-    /// at least once settled, so that a retry of a settle cut short after
-    /// it finds it: a minute for the retry, what the settle's call may
-    /// take, and (in the later slots' extra life, twice this) what the
-    /// nodes' clocks may differ by.
-    fn settle_grace_ms(&self) -> u64 {
-        (self.caller().call_timeout + Duration::from_secs(60)).as_millis() as u64
     }
 
     /// Settles `reservation` at `actual`. On a cluster its first slot (the
@@ -648,14 +650,13 @@ impl RedisStore {
                 outcomes[i] = Some(outcome);
             }
         };
-        let grace = self.settle_grace_ms();
         let slot = |group: &[usize], extra_ms: u64, keep_ms: u64| SlotSettle {
             ttl_ms: reservation.ttl_ms,
             extra_ms,
             keep_ms,
             taken: group.iter().map(|&i| reservation.taken[i]).collect(),
         };
-        let keep_ms = if later.is_empty() { 0 } else { grace };
+        let keep_ms = if later.is_empty() { 0 } else { SETTLE_GRACE_MS };
         let before = match self
             .settle_slot(
                 checks,
@@ -678,7 +679,7 @@ impl RedisStore {
         };
         let settled_at = before.unwrap_or(actual);
         let answers = join_all(later.iter().map(|group| {
-            let settle = slot(group, 2 * grace, 0);
+            let settle = slot(group, 2 * SETTLE_GRACE_MS, 0);
             self.settle_slot(checks, group, reservation.nonce, settled_at, settle)
         }))
         .await;
