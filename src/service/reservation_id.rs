@@ -8,8 +8,9 @@
 //! replica never misreads an id minted by a newer one). Earlier ones are
 //! not read: `r1.` reservations were recorded in the store at reserve, and
 //! `r2.` ones settled under a key of their own, where a replica of this
-//! version would not look, and so would settle a retried one again. The nonce is
-//! 128 random bits: it names the record of the reservation's settlement.
+//! version would not look, and so would settle a retried one again. The
+//! nonce is 128 random bits: it names the record of the reservation's
+//! settlement.
 //! Then one part per counter key the reservation took its estimate from, in
 //! the order of its checks: the index of the Reserve's descriptor the key
 //! belongs to (so Settle answers one status per descriptor), the check's
