@@ -11,6 +11,7 @@ pub mod lease;
 pub mod limiter_script;
 pub mod memory;
 pub mod packed;
+pub mod placed;
 pub mod redis;
 pub mod stores;
 

@@ -23,6 +23,7 @@ use super::connection::{role, Conn, Connections, OutageLines, PoolReader, RedisS
 use super::generation::Generation;
 use super::lease::{Acquired, LeaseRef, LeaseSlot, LiveLease};
 use super::limiter_script::{self, script_now, BudgetOp, LimiterScript, Pass, SlotSettle};
+use super::placed::{every_answer, place};
 use crate::clock::Clock;
 use crate::keys::cluster_slot;
 use crate::limiter::{Check, Outcome};
@@ -392,14 +393,9 @@ impl RedisStore {
         .await;
         let mut outcomes = vec![None; checks.len()];
         for (group, answer) in groups.iter().zip(answers) {
-            for (&i, outcome) in group.iter().zip(answer?) {
-                outcomes[i] = Some(outcome);
-            }
+            place(&mut outcomes, group, answer?);
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
-            .collect()
+        every_answer(outcomes)
     }
 
     /// Applies one request's checks in `pass` ([`Pass::DryRun`]: which
@@ -535,14 +531,10 @@ impl RedisStore {
                     return Err(error);
                 }
             };
-            for (&i, outcome) in group.iter().zip(slot_outcomes) {
-                outcomes[i] = Some(outcome);
-            }
+            place(&mut outcomes, &group, slot_outcomes);
             match slot_taken {
                 Some(slot_taken) => {
-                    for (&i, t) in group.iter().zip(slot_taken) {
-                        taken[i] = Some(t);
-                    }
+                    place(&mut taken, &group, slot_taken);
                     reserved.push(group);
                 }
                 None if granted => {
@@ -553,15 +545,9 @@ impl RedisStore {
                 None => {}
             }
         }
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
-            .collect::<Result<_>>()?;
+        let outcomes = every_answer(outcomes)?;
         let taken = if granted {
-            taken
-                .into_iter()
-                .map(|t| t.ok_or_else(|| Error::Store("a check took no answer".into())))
-                .collect::<Result<_>>()?
+            every_answer(taken)?
         } else {
             Vec::new()
         };
@@ -616,11 +602,7 @@ impl RedisStore {
                 taken: slot_taken,
             };
             match self.settle_slot(checks, group, nonce, 0, settle).await {
-                Ok(SlotSettled::Settled(slot_outcomes)) => {
-                    for (&i, outcome) in group.iter().zip(slot_outcomes) {
-                        outcomes[i] = Some(outcome);
-                    }
-                }
+                Ok(SlotSettled::Settled(slot_outcomes)) => place(outcomes, group, slot_outcomes),
                 Ok(_) => tracing::warn!("a partial reservation was gone before it was given back"),
                 Err(error) => tracing::warn!(
                     %error,
@@ -646,9 +628,7 @@ impl RedisStore {
         };
         let mut outcomes = vec![None; checks.len()];
         let mut fill = |group: &[usize], slot_outcomes: Vec<Outcome>| {
-            for (&i, outcome) in group.iter().zip(slot_outcomes) {
-                outcomes[i] = Some(outcome);
-            }
+            place(&mut outcomes, group, slot_outcomes);
         };
         let slot = |group: &[usize], extra_ms: u64, keep_ms: u64| SlotSettle {
             ttl_ms: reservation.ttl_ms,
@@ -706,10 +686,7 @@ impl RedisStore {
                 }
             }
         }
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
-            .collect::<Result<_>>()?;
+        let outcomes = every_answer(outcomes)?;
         Ok(match before {
             Some(actual) => Settled::Already { actual, outcomes },
             None => Settled::Settled { outcomes },

@@ -11,6 +11,7 @@
 
 use futures_util::future::join;
 
+use super::placed::{every_answer, place};
 use super::Store;
 use crate::limiter::{Check, Outcome};
 use crate::{Error, Result};
@@ -138,11 +139,7 @@ impl Joined {
         };
         for (part, answer) in answers {
             match answer {
-                Ok(outcomes) => {
-                    for (&i, outcome) in part.indices.iter().zip(outcomes) {
-                        joined.outcomes[i] = Some(outcome);
-                    }
-                }
+                Ok(outcomes) => place(&mut joined.outcomes, &part.indices, outcomes),
                 Err(error) => {
                     joined.failure = joined.failure.or(Some((error, part.role)));
                 }
@@ -153,10 +150,7 @@ impl Joined {
 
     /// Every check's outcome (an error if a check got none).
     pub fn complete(self) -> Result<Vec<Outcome>> {
-        self.outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| Error::Store("a check got no answer".into())))
-            .collect()
+        every_answer(self.outcomes)
     }
 }
 
