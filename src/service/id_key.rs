@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use super::id_parts::{hex_byte, push_hex_bytes};
+use super::id_parts::{hex_bytes, push_hex_bytes};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -182,10 +182,7 @@ fn new_key_text() -> Result<String> {
 
 /// The 32 bytes of a stored key's text.
 fn key_bytes(text: &str) -> Option<Vec<u8>> {
-    if text.len() != 64 {
-        return None;
-    }
-    text.as_bytes().chunks_exact(2).map(hex_byte).collect()
+    hex_bytes(text).filter(|bytes| bytes.len() == 32)
 }
 
 #[cfg(test)]

@@ -49,12 +49,12 @@ pub fn push_hex_bytes(out: &mut String, bytes: &[u8]) {
 /// The UTF-8 text `hex` encodes; `None` for odd lengths, non-hex digits or
 /// bytes that are not UTF-8.
 pub fn from_hex(hex: &str) -> Option<String> {
-    let pairs = hex.as_bytes().chunks(2);
-    let mut bytes = Vec::with_capacity(pairs.len());
-    for pair in pairs {
-        bytes.push(hex_byte(pair)?);
-    }
-    String::from_utf8(bytes).ok()
+    String::from_utf8(hex_bytes(hex)?).ok()
+}
+
+/// The bytes `hex` encodes; `None` for odd lengths or non-hex digits.
+pub fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
+    hex.as_bytes().chunks(2).map(hex_byte).collect()
 }
 
 /// The byte two hex digits spell; `None` for anything else (a sign

@@ -30,7 +30,7 @@ use std::time::Duration;
 use super::caps::MAX_DESCRIPTORS;
 use super::id_key::MAC_BYTES;
 use super::id_parts::{
-    count, from_hex, hex_byte, is_nonce, push_hex, push_hex_bytes, quote_start, random_nonce,
+    count, from_hex, hex_bytes, is_nonce, push_hex, push_hex_bytes, quote_start, random_nonce,
 };
 use crate::limiter::budget::Taken;
 use crate::limiter::{Algorithm, Charges, Check};
@@ -210,15 +210,7 @@ impl ReservationId {
 
 /// A MAC's 32 hex digits as bytes.
 fn mac_of(hex: &str) -> Option<[u8; MAC_BYTES]> {
-    let bytes = hex.as_bytes();
-    if bytes.len() != 2 * MAC_BYTES {
-        return None;
-    }
-    let mut mac = [0; MAC_BYTES];
-    for (out, pair) in mac.iter_mut().zip(bytes.chunks_exact(2)) {
-        *out = hex_byte(pair)?;
-    }
-    Some(mac)
+    hex_bytes(hex)?.try_into().ok()
 }
 
 /// One `<descriptor>:<fields>:<at>:<mark>:<hex key>` part, if well formed.
