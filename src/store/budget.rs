@@ -10,8 +10,9 @@
 //! reservation's TTL has passed on its clock, records the settlement as a
 //! field named by the reservation's nonce ([`record_bucket`]), in each
 //! hash slot it took from, and makes the charge the actual cost. A retry
-//! finds the record and answers as the first did, charging nothing. After the TTL a settle
-//! does nothing: an expired reservation stays charged at its estimate.
+//! finds the record and answers as the first did, charging nothing. After
+//! the TTL a settle changes nothing: an expired reservation stays charged
+//! at its estimate.
 //!
 //! Nothing is recorded at reserve because a new key per reservation costs
 //! Redis more than the rest of its work (BENCHMARKS.md, "Reserve and

@@ -409,9 +409,9 @@ pub struct SlotSettle {
 
 impl SlotSettle {
     /// When this slot's TTL ends, on its clock (ms): what names its
-    /// record's bucket. Not the expiry, whose extra follows the replica's
-    /// call timeout: a retry on a replica whose timeout differs finds the
-    /// same bucket.
+    /// record's bucket, from what the reservation's id holds alone. Not
+    /// the expiry, whose extra is the store's (a later slot's grace), so
+    /// that the name never depends on how a replica is set.
     fn ttl_ends_ms(&self) -> u64 {
         let made_ms = self.taken.first().map_or(0, |taken| taken.at_ms);
         made_ms.saturating_add(self.ttl_ms)
